@@ -1,0 +1,1 @@
+"""settled.protocol."""

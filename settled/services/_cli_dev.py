@@ -1,0 +1,78 @@
+"""``settled dev up|down|status``: the local Kafka + PostgreSQL stack (DESIGN.md §8)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.console import Console
+
+from settled._settings import Settings
+from settled.services._devstack import DevStack, StackError
+
+dev_app = typer.Typer(
+    no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker."
+)
+_console = Console(stderr=True)
+
+
+def stack_from_settings(settings: Settings) -> DevStack:
+    """Build the dev stack that ``settings`` describes.
+
+    Args:
+        settings: The process settings (state folder, versions, ports, heap).
+
+    Returns:
+        The (not started) ``DevStack``.
+    """
+    return DevStack(
+        state_dir=settings.state_dir,
+        kafka_version=settings.kafka_version,
+        log4j2_version=settings.log4j2_version,
+        kafka_port=settings.kafka_port,
+        kafka_controller_port=settings.kafka_controller_port,
+        postgres_port=settings.postgres_port,
+        kafka_heap_mb=settings.kafka_heap_mb,
+    )
+
+
+@dev_app.command("up")
+def up() -> None:
+    """Start the broker and PostgreSQL (idempotent) and print their addresses as shell exports."""
+    stack = stack_from_settings(Settings())
+    before = stack.status()
+    started = time.monotonic()
+    try:
+        bootstrap, dsn = stack.up()
+    except StackError as exc:
+        _console.print(f"[red]settled dev up failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    took_s = time.monotonic() - started
+    for name, was_running in before.items():
+        _console.print(f"{name}: {'already running' if was_running else 'started'}")
+    _console.print(f"ready in {took_s:.1f} s; state in {stack.state_dir}")
+    typer.echo(f"export SETTLED_KAFKA_BOOTSTRAP={bootstrap}")
+    typer.echo(f"export SETTLED_POSTGRES_DSN={dsn}")
+
+
+@dev_app.command("down")
+def down() -> None:
+    """Stop the broker and PostgreSQL; their data stays for the next ``up``."""
+    stack = stack_from_settings(Settings())
+    try:
+        stack.down()
+    except StackError as exc:
+        _console.print(f"[red]settled dev down failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    _console.print("stopped")
+
+
+@dev_app.command("status")
+def status() -> None:
+    """Print whether each service is running; exit 1 when one is not."""
+    stack = stack_from_settings(Settings())
+    state = stack.status()
+    for name, running in state.items():
+        typer.echo(f"{name}: {'running' if running else 'stopped'}")
+    if not all(state.values()):
+        raise typer.Exit(1)

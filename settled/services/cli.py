@@ -1,0 +1,15 @@
+"""The ``settled`` command line (typer). Each command group lives in its own private module."""
+
+from __future__ import annotations
+
+import typer
+
+from settled.services._cli_dev import dev_app
+
+app = typer.Typer(no_args_is_help=True, help="settled: durable AI-agent conversations on Apache Kafka.")
+app.add_typer(dev_app, name="dev")
+
+
+def main() -> None:
+    """Run the ``settled`` command line."""
+    app()
