@@ -10,9 +10,7 @@ from rich.console import Console
 from settled._settings import Settings
 from settled.services._devstack import DevStack, StackError
 
-dev_app = typer.Typer(
-    no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker."
-)
+dev_app = typer.Typer(no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker.")
 _console = Console(stderr=True)
 
 

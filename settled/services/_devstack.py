@@ -108,9 +108,7 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def resolve_kafka_jars(
-    cache_dir: Path, kafka_version: str, log4j2_version: str, timeout_s: float = 600.0
-) -> Path:
+def resolve_kafka_jars(cache_dir: Path, kafka_version: str, log4j2_version: str, timeout_s: float = 600.0) -> Path:
     """Resolve the broker's jars from Maven Central into ``cache_dir`` once, and reuse them afterwards.
 
     Args:
@@ -272,9 +270,7 @@ class KafkaBroker:
                 capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
             if fmt.returncode != 0:
-                raise StackError(
-                    f"kafka StorageTool format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}"
-                )
+                raise StackError(f"kafka StorageTool format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
         with self.log_file.open("ab") as log:
             proc = subprocess.Popen(
                 [java, *jvm, "-cp", classpath, "kafka.Kafka", str(conf)],
@@ -299,9 +295,7 @@ class KafkaBroker:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if not self.is_running():
-                raise StackError(
-                    f"the Kafka broker exited during start-up; log tail:\n{_tail(self.log_file)}"
-                )
+                raise StackError(f"the Kafka broker exited during start-up; log tail:\n{_tail(self.log_file)}")
             try:
                 md = admin.list_topics(timeout=2)
                 if md.brokers:
