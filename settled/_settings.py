@@ -28,7 +28,8 @@ class Settings(BaseSettings):
         kafka_bootstrap: Kafka ``bootstrap.servers``; empty means "start or use the local dev stack".
         postgres_dsn: PostgreSQL connection string; empty means "start or use the local dev stack".
         partitions: Partition count of every co-partitioned topic (DESIGN.md §2).
-        state_dir: Folder holding the dev stack's data, logs and the Kafka jar cache.
+        state_dir: Folder holding the dev stack's data and logs.
+        jar_cache_dir: Folder of the Maven-resolved jar cache (Kafka broker, Avro oracle), shared by every stack.
         kafka_version: Apache Kafka version whose broker jars the dev stack resolves from Maven Central.
         log4j2_version: log4j2 version shipped with that Kafka release (for the SLF4J binding).
         kafka_port: Dev-stack broker port on 127.0.0.1.
@@ -55,6 +56,7 @@ class Settings(BaseSettings):
     postgres_dsn: str = ""
     partitions: int = Field(default=12, ge=1)
     state_dir: Path = Field(default_factory=_default_state_dir)
+    jar_cache_dir: Path = Field(default_factory=lambda: _default_state_dir() / "jars")
     kafka_version: str = "4.1.1"
     log4j2_version: str = "2.24.3"
     kafka_port: int = 19092

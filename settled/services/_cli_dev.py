@@ -25,6 +25,7 @@ def stack_from_settings(settings: Settings) -> DevStack:
     """
     return DevStack(
         state_dir=settings.state_dir,
+        jar_cache_dir=settings.jar_cache_dir,
         kafka_version=settings.kafka_version,
         log4j2_version=settings.log4j2_version,
         kafka_port=settings.kafka_port,

@@ -458,7 +458,8 @@ class DevStack:
     """The local Kafka + PostgreSQL pair behind ``settled dev up|down|status``.
 
     Attributes:
-        state_dir: Root folder: ``kafka/``, ``postgres/`` and the jar cache ``jars/`` live below it.
+        state_dir: Root folder: ``kafka/`` and ``postgres/`` live below it.
+        jar_cache_dir: Folder of the Maven-resolved jar cache.
         kafka_version: Kafka version of the broker.
         log4j2_version: log4j2 version that goes with it.
         kafka_port: Client port of the broker.
@@ -468,6 +469,7 @@ class DevStack:
     """
 
     state_dir: Path
+    jar_cache_dir: Path
     kafka_version: str
     log4j2_version: str
     kafka_port: int
@@ -477,7 +479,7 @@ class DevStack:
 
     def broker(self) -> KafkaBroker:
         """The stack's broker (not started)."""
-        lib = self.state_dir / "jars" / f"kafka-{self.kafka_version}" / "lib"
+        lib = self.jar_cache_dir / f"kafka-{self.kafka_version}" / "lib"
         return KafkaBroker(
             self.state_dir / "kafka", lib, self.kafka_port, self.kafka_controller_port, self.kafka_heap_mb
         )
@@ -495,7 +497,7 @@ class DevStack:
         Raises:
             StackError: A service could not be installed or started.
         """
-        resolve_kafka_jars(self.state_dir / "jars", self.kafka_version, self.log4j2_version)
+        resolve_kafka_jars(self.jar_cache_dir, self.kafka_version, self.log4j2_version)
         broker = self.broker()
         broker.start()
         pg = self.postgres()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from settled.services._cli_demo import demo
 from settled.services._cli_dev import dev_app
 
 app = typer.Typer(no_args_is_help=True, help="settled: durable AI-agent conversations on Apache Kafka.")
 app.add_typer(dev_app, name="dev")
+app.command("demo")(demo)
 
 
 def main() -> None:

@@ -1,0 +1,133 @@
+"""Run settled's CI suites in order, each within its time cap, and print one summary line.
+
+Usage: ``python scripts/run_suites.py [--suite NAME ...] [--list]``. ``scripts/dev test`` calls it after starting
+the services; ``.ci/run`` calls ``scripts/dev test``. A suite fails when its command fails, or when it runs past
+its cap (it is killed at the cap). pytest's exit 5 ("no tests collected") counts as an empty suite, not a failure.
+The last line is ``N passed, N failed, N skipped`` over every pytest suite; the fault-switch suite reports
+switches caught instead (its tests are expected to fail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+REPORTS = ROOT / ".state" / "reports"
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    cap_s: int
+    argv: tuple[tuple[str, ...], ...]
+    junit: bool = False
+
+
+def _pytest(path: str, *extra: str) -> tuple[str, ...]:
+    return (PY, "-m", "pytest", path, "-q", "-p", "no:cacheprovider", *extra)
+
+
+SUITES = [
+    Suite(
+        "static",
+        180,
+        (
+            (PY, "-m", "ruff", "check", "settled", "tests", "scripts", "bench"),
+            (PY, "-m", "mypy"),
+            (str(Path(PY).parent / "lint-imports"),),
+        ),
+    ),
+    Suite("unit", 120, (_pytest("tests/unit"),), junit=True),
+    Suite("integration", 720, (_pytest("tests/integration"),), junit=True),
+    Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
+    Suite("bfcl", 240, (_pytest("tests/bfcl"),), junit=True),
+    Suite("fault-switches", 180, ((PY, "scripts/fault_switches.py"),)),
+]
+
+
+def _run(argv: tuple[str, ...], deadline: float, env: dict[str, str]) -> tuple[int, bool]:
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(deadline - time.monotonic(), 1)), False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return -9, True
+
+
+def _junit_counts(path: Path) -> tuple[int, int, int]:
+    if not path.exists():
+        return 0, 0, 0
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    tests = failed = skipped = 0
+    for s in suites:
+        tests += int(s.get("tests", 0))
+        failed += int(s.get("failures", 0)) + int(s.get("errors", 0))
+        skipped += int(s.get("skipped", 0))
+    return tests - failed - skipped, failed, skipped
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", action="append", help="run only this suite (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the suites and their caps")
+    args = parser.parse_args()
+    if args.list:
+        for s in SUITES:
+            print(f"{s.name:15} cap {s.cap_s:4d} s")
+        return 0
+    chosen = [s for s in SUITES if not args.suite or s.name in args.suite]
+    unknown = set(args.suite or []) - {s.name for s in SUITES}
+    if unknown:
+        parser.error(f"unknown suite(s): {', '.join(sorted(unknown))}")
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    rows: list[tuple[str, str, float, int]] = []
+    passed = failed = skipped = 0
+    ok = True
+    for suite in chosen:
+        print(f"\n=== suite {suite.name} (cap {suite.cap_s} s) ===", flush=True)
+        started = time.monotonic()
+        deadline = started + suite.cap_s
+        status = "ok"
+        for argv in suite.argv:
+            junit = REPORTS / f"{suite.name}.xml"
+            full = (*argv, f"--junitxml={junit}") if suite.junit else argv
+            if suite.junit:
+                junit.unlink(missing_ok=True)
+            code, timed_out = _run(full, deadline, env)
+            if suite.junit:
+                p, f, s = _junit_counts(junit)
+                passed, failed, skipped = passed + p, failed + f, skipped + s
+            if timed_out:
+                status = f"FAILED: killed at its cap of {suite.cap_s} s"
+            elif suite.junit and code == 5:
+                status = "ok (no tests yet)"
+            elif code != 0:
+                status = f"FAILED: {Path(argv[2] if argv[1] == '-m' else argv[0]).name} exited {code}"
+            if status.startswith("FAILED"):
+                break
+        took_s = time.monotonic() - started
+        if not status.startswith("FAILED") and took_s > suite.cap_s:
+            status = f"FAILED: took {took_s:.0f} s, over its cap of {suite.cap_s} s"
+        ok = ok and not status.startswith("FAILED")
+        rows.append((suite.name, status, took_s, suite.cap_s))
+    print("\n=== suite durations ===")
+    for name, status, took_s, cap_s in rows:
+        print(f"{name:15} {took_s:7.1f} s / cap {cap_s:4d} s   {status}")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
