@@ -11,6 +11,16 @@ from settled.schemas._canonical import (
     canonicalize_json_text,
     json_digest,
 )
+from settled.schemas._envelope import (
+    ChainBreakError,
+    ChainEntry,
+    ChainHead,
+    LogBatch,
+    RepeatedBatchError,
+    RepeatedBatchGuard,
+    body_batch_digest,
+    verify_chain,
+)
 from settled.schemas._events import (
     AVRO_NAMESPACE,
     COMMAND_TYPES,
@@ -97,6 +107,9 @@ __all__ = [
     "AvroRecord",
     "CanonicalJson",
     "CanonicalJsonError",
+    "ChainBreakError",
+    "ChainEntry",
+    "ChainHead",
     "CommandKind",
     "CommandRejectReason",
     "CommandRejected",
@@ -110,6 +123,7 @@ __all__ = [
     "InputApplied",
     "InputQuarantined",
     "InputRef",
+    "LogBatch",
     "LogEvent",
     "ModelResponseCompleted",
     "ModelResponseDelta",
@@ -121,6 +135,8 @@ __all__ = [
     "ReceiptOutcome",
     "RecoveryDecision",
     "RecoveryDecisionKind",
+    "RepeatedBatchError",
+    "RepeatedBatchGuard",
     "RequestKind",
     "ResolutionKind",
     "ResolveUnknown",
@@ -145,6 +161,7 @@ __all__ = [
     "UnknownResolved",
     "Usage",
     "UtcMillis",
+    "body_batch_digest",
     "canonical_json",
     "canonicalize_json_text",
     "current_schemas",
@@ -152,4 +169,5 @@ __all__ = [
     "history_versions",
     "json_digest",
     "payload_digest",
+    "verify_chain",
 ]

@@ -22,6 +22,8 @@ __all__ = [
     "json_digest",
 ]
 
+_MAX_SAFE_INTEGER = 2**53 - 1
+
 DIGEST_HEX_CHARS = 64
 """Length of a digest: hexadecimal SHA-256."""
 
@@ -61,6 +63,9 @@ def canonical_json(value: Any) -> str:
 def canonicalize_json_text(text: str) -> str:
     """Parse JSON text and return its RFC 8785 canonical form.
 
+    Numbers are IEEE 754 doubles in RFC 8785: an integer literal beyond ±(2**53 - 1) (which is how RFC 8785 writes
+    a large double, e.g. ``1e16``) is read as a double, so canonical text always canonicalizes to itself.
+
     Args:
         text: Any JSON text.
 
@@ -71,10 +76,15 @@ def canonicalize_json_text(text: str) -> str:
         CanonicalJsonError: If ``text`` is not JSON or its value is not representable (see `canonical_json`).
     """
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_parse_int)
     except ValueError as exc:
         raise CanonicalJsonError(f"not JSON text: {exc}") from exc
     return canonical_json(value)
+
+
+def _parse_int(literal: str) -> int | float:
+    value = int(literal)
+    return value if -_MAX_SAFE_INTEGER <= value <= _MAX_SAFE_INTEGER else float(literal)
 
 
 def json_digest(text: str) -> str:

@@ -110,7 +110,9 @@ def test_resolve_unknown_kind_rules_and_signing_bytes() -> None:
     with pytest.raises(ValidationError, match="result_json is required"):
         ResolveUnknown(kind=ResolutionKind.CALL_OUTCOME, **common)  # type: ignore[arg-type]
     record = ResolveUnknown(
-        kind=ResolutionKind.OUTCOME_FOR_SUBMISSION, outcome=SettlementOutcome.FAILED, **common  # type: ignore[arg-type]
+        kind=ResolutionKind.OUTCOME_FOR_SUBMISSION,
+        outcome=SettlementOutcome.FAILED,
+        **common,  # type: ignore[arg-type]
     )
     message = record.signing_bytes()
     assert message == (

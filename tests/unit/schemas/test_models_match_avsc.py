@@ -15,9 +15,7 @@ import settled.schemas as S
 from settled.schemas import AVRO_NAMESPACE, AvroRecord, current_schemas, history_schemas, history_versions
 
 MODELS = [
-    obj
-    for obj in vars(S).values()
-    if isinstance(obj, type) and issubclass(obj, AvroRecord) and obj is not AvroRecord
+    obj for obj in vars(S).values() if isinstance(obj, type) and issubclass(obj, AvroRecord) and obj is not AvroRecord
 ]
 ENUMS = [obj for obj in vars(S).values() if isinstance(obj, type) and issubclass(obj, enum.StrEnum)]
 
@@ -38,8 +36,9 @@ def _expected_avro(annotation: Any, metadata: list[Any]) -> Any:
         return _expected_avro(base, more)
     if origin in (Union, types.UnionType):
         branches = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if type(None) not in get_args(annotation):  # the log-event union: records only
+            return [_expected_avro(branch, []) for branch in branches]
         assert len(branches) == 1, annotation
-        assert type(None) in get_args(annotation)
         return ["null", _expected_avro(branches[0], metadata)]
     if origin is tuple:
         items, ellipsis = get_args(annotation)
