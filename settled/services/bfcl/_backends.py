@@ -45,7 +45,7 @@ __all__ = [
 #: The ``bfcl-eval`` release this package was written and measured against (research doc, §1).
 BFCL_EVAL_VERSION = "2026.3.23"
 
-#: The eight multi-turn backend classes and the module each lives in (``bfcl_eval.constants.executable_backend_config``).
+#: The eight multi-turn backend classes and their modules (``bfcl_eval.constants.executable_backend_config``).
 BACKEND_CLASSES: Mapping[str, str] = {
     "GorillaFileSystem": "gorilla_file_system",
     "MathAPI": "math_api",
@@ -62,7 +62,7 @@ _STATELESS_CLASSES = frozenset({"MathAPI"})
 _ERROR_PREFIX = "Error during execution: "
 
 #: A JSON value as Python holds it: an int stays an int and a float stays a float.
-JsonValue: TypeAlias = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
+JsonValue: TypeAlias = str | int | float | bool | list["JsonValue"] | dict[str, "JsonValue"] | None
 
 
 def check_bfcl_version() -> str:

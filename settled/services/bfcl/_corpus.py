@@ -16,6 +16,7 @@ is missing from it.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -99,6 +100,10 @@ class GroundTruthCall:
         arguments: Named JSON arguments in signature order (positional ones named from the signature). Treat as
             read-only; executors deep-copy it.
         positional: The names of the arguments the source gave positionally, in order.
+        offered: False when the turn's tool set does not offer the method. One shipped call is like that:
+            ``multi_turn_miss_func_49/t1/c1`` calls ``tail`` two turns before the holdout turn restores it (BFCL's
+            checker executes whatever the model calls, so it never notices; a runtime that refuses unoffered tools
+            cannot replay that call).
     """
 
     call_id: str
@@ -110,6 +115,7 @@ class GroundTruthCall:
     class_name: str
     arguments: Mapping[str, JsonValue]
     positional: tuple[str, ...] = ()
+    offered: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,11 @@ class Entry:
     def calls(self) -> tuple[GroundTruthCall, ...]:
         """Every ground-truth call of the entry, turn by turn, in order."""
         return tuple(call for turn in self.turns for call in turn.calls)
+
+    @property
+    def unoffered_calls(self) -> tuple[GroundTruthCall, ...]:
+        """Ground-truth calls of a method their turn does not offer (see :attr:`GroundTruthCall.offered`)."""
+        return tuple(call for call in self.calls if not call.offered)
 
     def call(self, call_id: str) -> GroundTruthCall:
         """Return one ground-truth call by its id.
@@ -535,9 +546,7 @@ def _build_entry(category: str, row: dict[str, Any], ground_truth: object, docs:
                 f"{'restores ' + str(list(restored)) if restored else 'restores no function'}; "
                 "only a miss_func holdout turn may have an empty question"
             )
-        held_out = tuple(
-            name for later, names in sorted(missed.items()) if later > turn_index for name in names
-        )
+        held_out = tuple(name for later, names in sorted(missed.items()) if later > turn_index for name in names)
         if not isinstance(gt_calls, list) or not all(isinstance(c, str) for c in gt_calls):
             raise CorpusError(f"entry {entry_id!r}: ground truth of turn {turn_index} is not a list of strings")
         calls = tuple(
@@ -551,10 +560,7 @@ def _build_entry(category: str, row: dict[str, Any], ground_truth: object, docs:
             for call_index, source in enumerate(gt_calls)
         )
         offered = tuple(name for name in class_docs if name not in held_out)
-        for call in calls:
-            if call.method not in offered:
-                raise CorpusError(f"entry {entry_id!r}: ground-truth call {call.call_id} uses {call.method!r}, "
-                                  "which is not offered in its turn")
+        calls = tuple(call if call.method in offered else dataclasses.replace(call, offered=False) for call in calls)
         turns.append(Turn(turn_index, user_message, calls, offered, held_out, restored))
 
     excluded = row.get("excluded_function", [])

@@ -11,6 +11,7 @@ __all__ = [
     "IdempotencyConflictError",
     "StaleEpochError",
     "ToolServerError",
+    "ToolServerProcessError",
     "UnknownConversationError",
     "UnknownMethodError",
 ]
@@ -78,3 +79,7 @@ class IdempotencyConflictError(ToolServerError):
 
 class StaleEpochError(ToolServerError):
     """A call carried an owner epoch lower than one the tool server already saw for the conversation."""
+
+
+class ToolServerProcessError(BfclError):
+    """The tool-server process could not be started or stopped (the message carries the tail of its log)."""

@@ -1,0 +1,123 @@
+"""The BFCL multi-turn workload (issue 8; DESIGN.md §9; research: shared/research/bfcl-workload.md).
+
+* Corpus: :func:`load_corpus` reads ``BFCL_v4_multi_turn_{base,miss_func,...}`` from the pinned ``bfcl-eval`` wheel
+  into typed :class:`Entry` / :class:`Turn` / :class:`GroundTruthCall` values (calls parsed with ``ast``, never
+  ``eval``; positional arguments named from the backend signatures; ints stay ints).
+* Worlds: :class:`World` runs calls on BFCL's backends with BFCL's error-to-output convention.
+* Oracle: :func:`run_oracle` executes an entry's ground truth on a fresh world; :func:`check_final_state` runs
+  BFCL's own ``state_checker`` on a candidate world against the oracle's.
+* Tool server: a separate process (``python -m settled.services.bfcl.toolserver``) honouring idempotency keys and
+  owner epochs, with a durable execution ledger; :class:`ToolServerProcess` runs it, :class:`ToolServerClient`
+  talks to it, :class:`ToolServerStore` reads its SQLite file.
+
+Install: ``pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0`` plus the ``bfcl`` extra.
+"""
+
+from settled.services.bfcl._backends import (
+    BACKEND_CLASSES,
+    BFCL_EVAL_VERSION,
+    JsonValue,
+    MethodSpec,
+    World,
+    bfcl_output,
+    check_bfcl_version,
+    method_index,
+    method_spec,
+)
+from settled.services.bfcl._client import ToolServerClient, ToolServerProcess
+from settled.services.bfcl._corpus import (
+    CATEGORIES,
+    HOLDOUT_USER_TEXT,
+    Corpus,
+    Entry,
+    GroundTruthCall,
+    ToolDoc,
+    Turn,
+    call_id_for,
+    load_corpus,
+    load_tool_docs,
+    parse_call,
+)
+from settled.services.bfcl._errors import (
+    BfclError,
+    BfclVersionError,
+    CallParseError,
+    ConversationConflictError,
+    CorpusError,
+    IdempotencyConflictError,
+    StaleEpochError,
+    ToolServerError,
+    ToolServerProcessError,
+    UnknownConversationError,
+    UnknownMethodError,
+)
+from settled.services.bfcl._oracle import OracleCall, OracleRun, StateVerdict, check_final_state, run_oracle
+from settled.services.bfcl._service import ToolServerConfig, ToolService, request_fingerprint
+from settled.services.bfcl._store import ConversationRow, StoreError, ToolServerStore
+from settled.services.bfcl._wire import (
+    CallRequest,
+    CallResponse,
+    Capabilities,
+    ConversationInfo,
+    CreateConversationRequest,
+    ErrorBody,
+    ExecutionRecord,
+    LedgerRecord,
+    ToolInfo,
+)
+
+__all__ = [
+    "BACKEND_CLASSES",
+    "BFCL_EVAL_VERSION",
+    "CATEGORIES",
+    "HOLDOUT_USER_TEXT",
+    "BfclError",
+    "BfclVersionError",
+    "CallParseError",
+    "CallRequest",
+    "CallResponse",
+    "Capabilities",
+    "ConversationConflictError",
+    "ConversationInfo",
+    "ConversationRow",
+    "Corpus",
+    "CorpusError",
+    "CreateConversationRequest",
+    "Entry",
+    "ErrorBody",
+    "ExecutionRecord",
+    "GroundTruthCall",
+    "IdempotencyConflictError",
+    "JsonValue",
+    "LedgerRecord",
+    "MethodSpec",
+    "OracleCall",
+    "OracleRun",
+    "StaleEpochError",
+    "StateVerdict",
+    "StoreError",
+    "ToolDoc",
+    "ToolInfo",
+    "ToolServerClient",
+    "ToolServerConfig",
+    "ToolServerError",
+    "ToolServerProcess",
+    "ToolServerProcessError",
+    "ToolServerStore",
+    "ToolService",
+    "Turn",
+    "UnknownConversationError",
+    "UnknownMethodError",
+    "World",
+    "bfcl_output",
+    "call_id_for",
+    "check_bfcl_version",
+    "check_final_state",
+    "load_corpus",
+    "load_tool_docs",
+    "method_index",
+    "method_spec",
+    "parse_call",
+    "request_fingerprint",
+    "run_oracle",
+]
