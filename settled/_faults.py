@@ -1,0 +1,123 @@
+"""Fault switches: deliberate breakages, one per durability promise, that prove the tests catch them (issue 3).
+
+Each switch breaks exactly one promise when its name is listed in ``SETTLED_FAULT`` (comma separated). Product
+code asks ``fault_enabled("offsets_in_separate_transaction")`` at the one place the promise is kept and, when it
+is on, does the wrong thing. ``scripts/fault_switches.py`` runs each switch's named test with the switch on and
+counts the switch as caught only when that test fails with the promise's assertion id
+(``[PROMISE <id>]``, see ``tests/_promise.py``).
+
+The registry is closed: an unknown name in ``SETTLED_FAULT`` or in a ``fault_enabled`` call raises
+:class:`UnknownFaultError`. ``SETTLED_FAULT`` is read once, at the first call (no import-time side effects).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from types import MappingProxyType
+
+__all__ = ["FAULT_ENV_VAR", "KNOWN_FAULTS", "UnknownFaultError", "enabled_faults", "fault_enabled", "reload_faults"]
+
+FAULT_ENV_VAR = "SETTLED_FAULT"
+
+KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
+    {
+        "random_transactional_id": (
+            "the appender takes a random transactional.id instead of the partition's stable one, so a restarted "
+            "owner never fences its zombie (DUR-006, DESIGN.md §3)"
+        ),
+        "offsets_in_separate_transaction": (
+            "the worker commits its consumed offsets outside the transaction holding its output, so a crash "
+            "between the two loses or repeats a batch (DUR-007)"
+        ),
+        "tool_before_prepared_commit": (
+            "a tool is invoked before its Prepared record is committed, so a crash leaves an invocation with no "
+            "durable trace to classify (DUR-009, DUR-010)"
+        ),
+        "classifier_prepared_as_settled": (
+            "the recovery classifier treats a Prepared step without a result as Settled instead of Unknown "
+            "(DUR-009, DUR-013)"
+        ),
+        "admission_without_key_index": (
+            "admission ignores the idempotency-key index, so a resubmitted request is admitted twice (DUR-001)"
+        ),
+        "projection_offsets_separate_transaction": (
+            "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
+            "produced (DUR-015)"
+        ),
+    }
+)
+"""Every known switch name and the promise it breaks."""
+
+
+class UnknownFaultError(ValueError):
+    """A fault-switch name that is not in :data:`KNOWN_FAULTS`.
+
+    Attributes:
+        name: The unknown name.
+        source: Where it came from (``SETTLED_FAULT`` or a ``fault_enabled`` call).
+    """
+
+    def __init__(self, name: str, source: str) -> None:
+        known = ", ".join(sorted(KNOWN_FAULTS))
+        super().__init__(f"unknown fault switch {name!r} in {source}; known switches: {known}")
+        self.name = name
+        self.source = source
+
+
+_enabled: frozenset[str] | None = None
+_lock = threading.Lock()
+
+
+def _parse(value: str) -> frozenset[str]:
+    names = frozenset(part.strip() for part in value.split(",") if part.strip())
+    for name in sorted(names):
+        if name not in KNOWN_FAULTS:
+            raise UnknownFaultError(name, f"{FAULT_ENV_VAR}={value!r}")
+    return names
+
+
+def reload_faults() -> frozenset[str]:
+    """Read ``SETTLED_FAULT`` again (for tests that change it within one process).
+
+    Returns:
+        The switches now on.
+
+    Raises:
+        UnknownFaultError: If ``SETTLED_FAULT`` names an unknown switch.
+    """
+    global _enabled
+    with _lock:
+        _enabled = _parse(os.environ.get(FAULT_ENV_VAR, ""))
+        return _enabled
+
+
+def enabled_faults() -> frozenset[str]:
+    """Return the switches that are on, reading ``SETTLED_FAULT`` at the first call.
+
+    Returns:
+        The names listed in ``SETTLED_FAULT`` (empty when unset).
+
+    Raises:
+        UnknownFaultError: If ``SETTLED_FAULT`` names an unknown switch.
+    """
+    enabled = _enabled
+    return enabled if enabled is not None else reload_faults()
+
+
+def fault_enabled(name: str) -> bool:
+    """Tell whether the fault switch ``name`` is on.
+
+    Args:
+        name: A name from :data:`KNOWN_FAULTS`.
+
+    Returns:
+        True when ``SETTLED_FAULT`` lists ``name``.
+
+    Raises:
+        UnknownFaultError: If ``name`` (or any name in ``SETTLED_FAULT``) is not a known switch.
+    """
+    if name not in KNOWN_FAULTS:
+        raise UnknownFaultError(name, "a fault_enabled() call")
+    return name in enabled_faults()
