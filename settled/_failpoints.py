@@ -257,10 +257,9 @@ class _Runtime:
     def arming(self, rule: _Rule) -> _Arming:
         return _Arming(rule, random.Random(f"{self.seed}/{rule.name}"))
 
-    def refresh(self) -> None:
+    def refresh(self, control_dir: Path) -> None:
         """Pick up arm files added or removed since the last hit (cheap: one stat when nothing changed)."""
-        assert self.control_dir is not None
-        arm_dir = self.control_dir / "arm"
+        arm_dir = control_dir / "arm"
         mtime_ns = os.stat(arm_dir).st_mtime_ns
         if mtime_ns == self.clean_mtime_ns:
             return
@@ -280,7 +279,7 @@ class _Runtime:
     def hit(self, name: str) -> None:
         with self.lock:
             if self.control_dir is not None:
-                self.refresh()
+                self.refresh(self.control_dir)
             count = self.counts.get(name, 0) + 1
             self.counts[name] = count
             fired: list[tuple[_Action, float]] = []
