@@ -42,7 +42,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     Returns:
         The parsed namespace (``db``, ``host``, ``port``, ``no_dedup``, ``no_idempotency``, ``log_level``).
     """
-    parser = argparse.ArgumentParser(prog="python -m settled.services.bfcl.toolserver", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m settled.services.bfcl.toolserver",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--db", type=Path, required=True, help="SQLite file holding worlds and the ledger")
     parser.add_argument("--port", type=int, required=True, help="TCP port to listen on")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
