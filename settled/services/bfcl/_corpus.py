@@ -113,7 +113,7 @@ class GroundTruthCall:
     source: str
     method: str
     class_name: str
-    arguments: Mapping[str, JsonValue]
+    arguments: Mapping[str, JsonValue] = field(hash=False)
     positional: tuple[str, ...] = ()
     offered: bool = True
 
@@ -133,8 +133,8 @@ class ToolDoc:
     name: str
     class_name: str
     description: str
-    parameters: Mapping[str, Any]
-    response: Mapping[str, Any]
+    parameters: Mapping[str, Any] = field(hash=False)
+    response: Mapping[str, Any] = field(hash=False)
 
     def json_schema(self) -> dict[str, Any]:
         """Return the parameters as a JSON Schema object, with BFCL's type mapping (``dict``→``object``, ...).
@@ -214,12 +214,12 @@ class Entry:
 
     id: str
     category: str
-    initial_config: Mapping[str, Any]
+    initial_config: Mapping[str, Any] = field(hash=False)
     involved_classes: tuple[str, ...]
     turns: tuple[Turn, ...]
     long_context: bool = False
     excluded_functions: tuple[str, ...] = ()
-    tool_docs: Mapping[str, ToolDoc] = field(default_factory=dict)
+    tool_docs: Mapping[str, ToolDoc] = field(default_factory=dict, hash=False)
 
     @property
     def calls(self) -> tuple[GroundTruthCall, ...]:
