@@ -53,7 +53,7 @@ _EVENT_BY_NAME: dict[str, type[AvroRecord]] = {cls.AVRO_NAME: cls for cls in LOG
 PositiveInt64 = Annotated[int, Field(ge=1, le=2**63 - 1)]
 
 
-def body_batch_digest(body: bytes | memoryview) -> str:
+def body_batch_digest(body: bytes | bytearray | memoryview) -> str:
     """Return the batch digest of an envelope's Avro body as written (see the module doc).
 
     Args:

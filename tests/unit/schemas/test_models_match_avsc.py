@@ -17,7 +17,11 @@ from settled.schemas import AVRO_NAMESPACE, AvroRecord, current_schemas, history
 MODELS = [
     obj for obj in vars(S).values() if isinstance(obj, type) and issubclass(obj, AvroRecord) and obj is not AvroRecord
 ]
-ENUMS = [obj for obj in vars(S).values() if isinstance(obj, type) and issubclass(obj, enum.StrEnum)]
+ENUMS = [
+    obj
+    for obj in vars(S).values()
+    if isinstance(obj, type) and issubclass(obj, enum.StrEnum) and obj.__module__ == "settled.schemas._events"
+]
 
 
 def _short(full: str) -> str:
