@@ -13,7 +13,7 @@ import uuid
 import psycopg
 import typer
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from rich.console import Console
 
 from settled._settings import Settings

@@ -1,0 +1,362 @@
+"""A partition's owner: claim, restore, decide, append (DESIGN.md §3).
+
+`PartitionOwner` is the consume → decide → append loop for one owned partition. The domain logic is a `Decider`
+(pure: a fold over canonical batches and decisions that are functions of state and one input); the owner wraps it
+with what every decider needs:
+
+* the **claim** in DESIGN.md §3's order — the caller pauses the input partition (step 1); `claim` fences previous
+  owners with ``init_transactions`` (2), waits until the log partition has no open transaction (3), restores from the
+  log on an assign-only consumer (4) and appends ``OwnershipClaimed(epoch + 1)`` (5); the caller then resumes (6);
+* the **chain**: every batch is sealed on its conversation's head (event sequence, previous digest), with a
+  deterministic batch id ``<conversation>:<first event seq>`` so a repeated batch is detectable;
+* the **pending overlay**: decisions of the open checkpoint are folded into a scratch state that answers later
+  decisions (one key proposed twice in one open transaction is admitted once), while the committed state advances
+  only with what the appender reports committed;
+* **decided inputs**: every inbox record yields exactly one log record carrying its offset; restore collects them
+  so a re-read input is skipped, never decided twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, Protocol, TypeVar
+
+from settled._failpoints import failpoint
+from settled._settings import Settings
+from settled.producers import AppendBatch, OutRecord, TransactionalAppender, read_partition
+from settled.schemas import (
+    AvroRecord,
+    InboxRecord,
+    InputRef,
+    LogBatch,
+    LogEvent,
+    OwnershipClaimed,
+    QuarantineRecord,
+    Receipt,
+    RepeatedBatchGuard,
+    SettlementRecord,
+)
+
+__all__ = [
+    "Decider",
+    "Decision",
+    "InboxInput",
+    "PartitionOwner",
+    "StaleEpochError",
+]
+
+_log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+class StaleEpochError(Exception):
+    """A batch carries an owner epoch below the latest preceding claim: a fencing bug, surfaced (DESIGN.md §3)."""
+
+
+@dataclass(frozen=True)
+class InboxInput:
+    """One consumed inbox record, decoded or not.
+
+    Attributes:
+        topic: The inbox topic.
+        partition: Its partition.
+        offset: The record's offset.
+        key: The record key (the conversation id, UTF-8), if any.
+        value: The raw value, if any (``None`` when the consumer reported an error at this offset).
+        record: The decoded record, or ``None`` when it could not be decoded (see ``error``).
+        error: Why the record cannot be decided normally (undecodable, oversized, consumer error), else ``None``.
+        error_reason: The quarantine reason code that goes with ``error``.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    record: InboxRecord | None
+    error: str | None = None
+    error_reason: str | None = None
+
+    @property
+    def ref(self) -> InputRef:
+        """The input reference carried by this input's decision event."""
+        return InputRef(topic=self.topic, partition=self.partition, offset=self.offset)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a decider decided for one conversation: canonical events plus side records, in one batch.
+
+    Attributes:
+        conversation_id: The conversation whose log the events extend.
+        events: Canonical events, in order (at least one).
+        submission_id: The submission the batch is about, when one is.
+        receipts: Replies for ``settled.receipts``.
+        settlements: Records for ``settled.settlements``.
+        quarantined: Records for ``settled.quarantine``.
+        inputs: Inbox offsets this decision decides (each carried by one of ``events``' ``input_ref``).
+    """
+
+    conversation_id: str
+    events: tuple[LogEvent, ...]
+    submission_id: str | None = None
+    receipts: tuple[Receipt, ...] = ()
+    settlements: tuple[SettlementRecord, ...] = ()
+    quarantined: tuple[QuarantineRecord, ...] = ()
+    inputs: frozenset[int] = frozenset()
+
+
+class Decider(Protocol[S]):
+    """The pure domain logic of a partition (DESIGN.md §1b): a fold and decisions. No I/O, no clock."""
+
+    def initial_state(self, partition: int) -> S:
+        """Return the state of an empty partition."""
+        ...
+
+    def fold(self, state: S, batch: LogBatch) -> S:
+        """Return ``state`` advanced by one canonical batch (without mutating ``state``)."""
+        ...
+
+    def decide(self, state: S, inp: InboxInput, now: datetime) -> Sequence[Decision]:
+        """Decide one inbox input against ``state`` (committed plus pending)."""
+        ...
+
+    def poison(self, state: S, decisions: Sequence[Decision], reason: str, now: datetime) -> Sequence[Decision]:
+        """Return typed-failure decisions replacing ``decisions`` that cannot be appended, deciding the same inputs."""
+        ...
+
+
+@dataclass
+class _Head:
+    last_event_seq: int = 0
+    last_digest: str | None = None
+
+
+@dataclass
+class PartitionOwner(Generic[S]):
+    """The owner of one partition: claim, restore, decide, checkpoint.
+
+    Attributes:
+        settings: Namespace and Kafka settings.
+        partition: The owned partition number.
+        decider: The domain logic.
+        appender: The partition's transactional appender (not yet opened).
+        encode: Encodes a record for Kafka (the codec's single-object or registry framing).
+        decode_batch: Decodes a ``settled.log`` record value into a `LogBatch`
+            (``(value, topic, partition, offset) -> LogBatch``).
+        clock: Returns "now" (aware UTC); tests may offset it.
+        worker_id: This process's id, recorded in ``OwnershipClaimed``.
+    """
+
+    settings: Settings
+    partition: int
+    decider: Decider[S]
+    appender: TransactionalAppender
+    encode: Callable[[AvroRecord], bytes]
+    decode_batch: Callable[[bytes, str, int, int], LogBatch]
+    clock: Callable[[], datetime]
+    worker_id: str
+    epoch: int = field(default=0, init=False)
+    committed: S = field(init=False)
+    _overlay: S = field(init=False)
+    _heads: dict[str, _Head] = field(default_factory=dict, init=False)
+    _pending_heads: dict[str, _Head] = field(default_factory=dict, init=False)
+    _pending: list[tuple[AppendBatch, Decision, LogBatch]] = field(default_factory=list, init=False)
+    _pending_inputs: list[int] = field(default_factory=list, init=False)
+    _next_input_offset: int | None = field(default=None, init=False)
+    _decided: set[int] = field(default_factory=set, init=False)
+    _guard: RepeatedBatchGuard = field(default_factory=RepeatedBatchGuard, init=False)
+
+    def __post_init__(self) -> None:
+        self.committed = self.decider.initial_state(self.partition)
+        self._overlay = self.committed
+
+    @property
+    def input_topic(self) -> str:
+        """The inbox topic."""
+        return self.settings.topic("inbox")
+
+    @property
+    def log_topic(self) -> str:
+        """The canonical log topic."""
+        return self.settings.topic("log")
+
+    # -- claim (DESIGN.md §3 steps 2-5) -------------------------------------------------------------------------
+
+    def claim(self, restore_timeout_s: float = 120.0) -> None:
+        """Fence previous owners, restore from the log, and append ``OwnershipClaimed(epoch + 1)``.
+
+        The caller has paused the input partition (step 1) and resumes it afterwards (step 6).
+
+        Args:
+            restore_timeout_s: Bound on reading the log partition, in seconds.
+
+        Raises:
+            ProducerFencedError: A newer owner fenced us meanwhile.
+            OpenTransactionError: A foreign transaction stays open on the log partition.
+            ChainBreakError: The log is corrupt (a repeated batch id, a broken chain).
+            StaleEpochError: A batch was written under an epoch below a preceding claim.
+        """
+        self.appender.open()  # steps 2 and 3
+        failpoint("owner.after_fence")
+        self.restore(restore_timeout_s)  # step 4
+        claim_event = OwnershipClaimed(partition=self.partition, owner_epoch=self.epoch + 1, worker_id=self.worker_id,
+                                       claimed_at=self.clock())  # fmt: skip
+        decision = Decision(conversation_id=self._partition_conversation(), events=(claim_event,))
+        self._stage(decision, epoch=self.epoch + 1)
+        self.checkpoint()  # step 5: the claim is canonical before any input is decided
+        _log.info("partition claimed", extra={"partition": self.partition, "epoch": self.epoch})
+
+    def _partition_conversation(self) -> str:
+        return f"~partition/{self.partition}"
+
+    def restore(self, timeout_s: float) -> None:
+        """Fold the whole log partition from offset 0 (until snapshots exist, DESIGN.md §11). Call it once, on claim.
+
+        Args:
+            timeout_s: Bound on the read, in seconds.
+        """
+        state = self.decider.initial_state(self.partition)
+        for msg in read_partition(self.settings, self.log_topic, self.partition, 0, timeout_s):
+            offset = msg.offset()
+            value = msg.value()
+            if offset is None or value is None:
+                continue
+            batch = self.decode_batch(value, self.log_topic, self.partition, offset)
+            state = self._fold_committed(state, batch, offset)
+        self.committed = state
+        self._overlay = state
+
+    def _fold_committed(self, state: S, batch: LogBatch, offset: int) -> S:
+        self._guard.check(batch.batch_id, offset)
+        claim = next((e for e in batch.events if isinstance(e, OwnershipClaimed)), None)
+        if claim is not None:
+            self.epoch = max(self.epoch, claim.owner_epoch)
+        elif batch.owner_epoch < self.epoch:
+            raise StaleEpochError(
+                f"{self.log_topic}[{self.partition}]@{offset}: batch {batch.batch_id} has owner epoch "
+                f"{batch.owner_epoch}, below the preceding claim's {self.epoch}"
+            )
+        head = self._heads.setdefault(batch.conversation_id, _Head())
+        head.last_event_seq, head.last_digest = batch.last_event_seq, batch.batch_digest
+        for event in batch.events:
+            ref = getattr(event, "input_ref", None)
+            if isinstance(ref, InputRef) and ref.partition == self.partition and ref.topic == self.input_topic:
+                self._decided.add(ref.offset)
+        return self.decider.fold(state, batch)
+
+    # -- deciding ------------------------------------------------------------------------------------------------
+
+    def handle(self, inp: InboxInput) -> None:
+        """Decide one consumed inbox record against the committed state plus the pending overlay.
+
+        A record whose decision is already canonical (re-read after a restart) is skipped.
+
+        Args:
+            inp: The consumed record.
+        """
+        self._next_input_offset = inp.offset + 1
+        if inp.offset in self._decided:
+            return
+        self._pending_inputs.append(inp.offset)
+        for decision in self.decider.decide(self._overlay, inp, self.clock()):
+            self._stage(decision, epoch=self.epoch)
+
+    def _stage(self, decision: Decision, epoch: int) -> None:
+        head = self._pending_heads.get(decision.conversation_id) or self._heads.get(decision.conversation_id, _Head())
+        batch = self._seal(decision, head, epoch)
+        self._pending_heads[decision.conversation_id] = _Head(batch.last_event_seq, batch.batch_digest)
+        self._overlay = self.decider.fold(self._overlay, batch)
+        self._pending.append((self._encode_batch(batch, decision), decision, batch))
+
+    def _seal(self, decision: Decision, head: _Head, epoch: int) -> LogBatch:
+        first = head.last_event_seq + 1
+        return LogBatch.seal(
+            conversation_id=decision.conversation_id,
+            batch_id=f"{decision.conversation_id}:{first}",
+            first_event_seq=first,
+            owner_epoch=epoch,
+            prev_batch_digest=head.last_digest,
+            recorded_at=self.clock(),
+            events=decision.events,
+            submission_id=decision.submission_id,
+        )
+
+    def _encode_batch(self, batch: LogBatch, decision: Decision) -> AppendBatch:
+        key = decision.conversation_id.encode()
+        side: list[OutRecord] = []
+        side += [OutRecord(self.settings.topic("receipts"), key, self.encode(r)) for r in decision.receipts]
+        side += [OutRecord(self.settings.topic("settlements"), key, self.encode(r)) for r in decision.settlements]
+        side += [OutRecord(self.settings.topic("quarantine"), key, self.encode(r)) for r in decision.quarantined]
+        return AppendBatch(
+            batch_id=batch.batch_id,
+            conversation_id=decision.conversation_id,
+            log_record=OutRecord(self.log_topic, key, self.encode(batch)),
+            side_records=tuple(side),
+            inputs=decision.inputs,
+        )
+
+    # -- the checkpoint --------------------------------------------------------------------------------------------
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether decisions or consumed inputs wait for a checkpoint."""
+        return bool(self._pending) or bool(self._pending_inputs)
+
+    def checkpoint(self) -> int:
+        """Commit the pending batches with the input offset, then advance the committed state by what committed.
+
+        Returns:
+            The number of batches committed.
+
+        Raises:
+            ProducerFencedError: This owner was fenced; drop it.
+            AppenderFatalError: A fatal producer error; drop it and claim again.
+        """
+        if not self._pending and self._next_input_offset is None:
+            return 0
+        result = self.appender.checkpoint([b for b, _, _ in self._pending], self._pending_inputs,
+                                          self._next_input_offset)  # fmt: skip
+        # Replacements were appended to _pending after their originals, so they win for a shared batch id.
+        sealed = {batch.batch_id: (batch, decision, log_batch) for batch, decision, log_batch in self._pending}
+        for batch in result.committed:
+            self.committed = self._fold_committed(self.committed, sealed[batch.batch_id][2], -1)
+            self._decided |= batch.inputs
+        # Deferred batches (an abort with no batch to blame) stay pending, on top of the committed state.
+        self._pending = [sealed[b.batch_id] for b in result.deferred]
+        self._overlay = self.committed
+        self._pending_heads.clear()
+        for _, _, log_batch in self._pending:
+            self._overlay = self.decider.fold(self._overlay, log_batch)
+            self._pending_heads[log_batch.conversation_id] = _Head(log_batch.last_event_seq, log_batch.batch_digest)
+        self._pending_inputs = [o for o in self._pending_inputs if o not in self._decided]
+        if self._next_input_offset is not None and not self._pending_inputs:
+            self._next_input_offset = None
+        return len(result.committed)
+
+    def replace_poison(self, run: Sequence[AppendBatch], reason: str) -> tuple[AppendBatch, ...]:
+        """The appender's ``replace_poison``: re-decide a conversation's batches as typed failures (DESIGN.md §3).
+
+        Args:
+            run: One conversation's batches that cannot be appended.
+            reason: Why (size, or failed alone twice).
+
+        Returns:
+            Replacement batches sealed on the conversation's committed head, deciding the same inputs.
+        """
+        decisions = [d for b in run for batch, d, _ in self._pending if batch.batch_id == b.batch_id]
+        now = self.clock()
+        replaced = self.decider.poison(self.committed, decisions, reason, now)
+        head = self._heads.get(run[0].conversation_id, _Head())
+        out: list[AppendBatch] = []
+        for decision in replaced:
+            batch = self._seal(decision, head, self.epoch)
+            head = _Head(batch.last_event_seq, batch.batch_digest)
+            encoded = self._encode_batch(batch, decision)
+            out.append(encoded)
+            self._pending.append((encoded, decision, batch))
+        return tuple(out)

@@ -1,0 +1,269 @@
+"""The worker process loop: one consumer group over ``settled.inbox``, one `PartitionOwner` per owned partition.
+
+Single-threaded: each turn polls the group consumer, hands every record to its partition's owner, then checkpoints
+every owner with pending work. A newly assigned partition is paused at once (claim step 1) and claimed in the loop
+(steps 2-5), then resumed (step 6). A revoked partition is checkpointed first (graceful: its in-flight appends
+finish) and dropped; a lost one is dropped at once. An owner that gets fenced is dropped; one that hits another fatal
+producer error is dropped and claimed again from the log. DESIGN.md §3.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from settled._failpoints import failpoint
+from settled._settings import Settings
+from settled.processors._partition import Decider, InboxInput, PartitionOwner
+from settled.producers import (
+    AppenderFatalError,
+    ProducerFencedError,
+    TransactionalAppender,
+    consumer_config,
+)
+from settled.schemas import INBOX_TYPES, Codec, DecodeError, InboxRecord, LogBatch, QuarantineReason
+
+__all__ = ["Worker", "WorkerConfig"]
+
+_log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+#: Consumer errors that say nothing about a record: logged, never quarantined.
+_TRANSIENT = frozenset(
+    {
+        KafkaError._PARTITION_EOF,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._MAX_POLL_EXCEEDED,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    }
+)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Tuning of the worker loop.
+
+    Attributes:
+        poll_timeout_s: How long one poll waits for records, in seconds.
+        max_poll_records: Most records taken per poll (and so per group-commit transaction per partition).
+        max_input_bytes: settled's hard size limit for one inbox record value, in bytes; larger ones are quarantined.
+        max_record_bytes: Largest record the appender produces, in bytes.
+    """
+
+    poll_timeout_s: float = 0.05
+    max_poll_records: int = 500
+    max_input_bytes: int = 1_000_000
+    max_record_bytes: int = 1_000_000
+
+
+@dataclass
+class Worker(Generic[S]):
+    """A settled worker process: consumes the inbox, owns partitions, appends canonical batches.
+
+    Attributes:
+        settings: Namespace, Kafka and group settings.
+        decider_factory: Builds the decider for a partition.
+        config: Loop tuning.
+        clock: Returns "now" (aware UTC).
+        worker_id: This process's id (recorded in ``OwnershipClaimed``).
+        codec: The record codec (single-object encoding unless a registry is configured).
+    """
+
+    settings: Settings
+    decider_factory: Callable[[int], Decider[S]]
+    config: WorkerConfig = field(default_factory=WorkerConfig)
+    clock: Callable[[], datetime] = _utcnow
+    worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    codec: Codec = field(default_factory=Codec)
+    owners: dict[int, PartitionOwner[S]] = field(default_factory=dict, init=False)
+    _to_claim: set[int] = field(default_factory=set, init=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _consumer: Consumer | None = field(default=None, init=False)
+
+    @property
+    def group_id(self) -> str:
+        """The workers' consumer group."""
+        return f"{self.settings.namespace}.{self.settings.app_id}.workers"
+
+    def stop(self) -> None:
+        """Ask the loop to finish its turn, checkpoint, leave the group and return (a graceful revoke)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGTERM and SIGINT a graceful stop."""
+
+        def handler(_sig: int, _frame: FrameType | None) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Run the loop until `stop` is called (or ``until()`` is true).
+
+        Args:
+            until: Optional predicate checked every turn.
+        """
+        consumer = Consumer(consumer_config(self.settings, self.group_id))
+        self._consumer = consumer
+        consumer.subscribe(
+            [self.settings.topic("inbox")], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        try:
+            while not self._stop.is_set() and not (until is not None and until()):
+                self.turn()
+            for owner in list(self.owners.values()):
+                self._checkpoint(owner)
+        finally:
+            consumer.close()  # leaves the group: the partitions move at once
+            self._consumer = None
+
+    def turn(self) -> None:
+        """One turn: claim new partitions, poll, decide, checkpoint."""
+        consumer = self._consumer
+        assert consumer is not None  # run() sets it
+        for p in sorted(self._to_claim):
+            self._claim(p)
+        msgs = consumer.consume(self.config.max_poll_records, self.config.poll_timeout_s)
+        for msg in msgs:
+            part = msg.partition()
+            err = msg.error()
+            if err is not None and (part is None or part < 0 or msg.offset() is None or err.code() in _TRANSIENT):
+                _log.warning("consumer error", extra={"error": str(err), "partition": part})
+                continue
+            if part is None or part not in self.owners:
+                continue
+            self.owners[part].handle(self._input(msg))
+        failpoint("worker.before_checkpoint")
+        for owner in list(self.owners.values()):
+            if owner.has_pending:
+                self._checkpoint(owner)
+
+    def _claim(self, p: int) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        decider = self.decider_factory(p)
+        owner: PartitionOwner[S] = PartitionOwner(
+            settings=self.settings,
+            partition=p,
+            decider=decider,
+            appender=TransactionalAppender(
+                settings=self.settings,
+                partition=p,
+                input_topic=self.settings.topic("inbox"),
+                group_metadata=consumer.consumer_group_metadata,
+                replace_poison=lambda run, reason: owner.replace_poison(run, reason),
+                max_record_bytes=self.config.max_record_bytes,
+            ),
+            encode=self.codec.encode,
+            decode_batch=self._decode_batch,
+            clock=self.clock,
+            worker_id=self.worker_id,
+        )
+        try:
+            owner.claim()
+        except ProducerFencedError:
+            _log.warning("fenced while claiming", extra={"partition": p})
+            self._to_claim.discard(p)
+            return
+        self._to_claim.discard(p)
+        self.owners[p] = owner
+        tp = TopicPartition(self.settings.topic("inbox"), p)
+        committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]
+        if committed.offset >= 0:
+            consumer.seek(committed)
+        consumer.resume([tp])  # claim step 6
+
+    def _checkpoint(self, owner: PartitionOwner[S]) -> None:
+        try:
+            owner.checkpoint()
+        except ProducerFencedError:
+            _log.warning("fenced: dropping the partition", extra={"partition": owner.partition})
+            self._drop(owner.partition)
+        except AppenderFatalError:
+            _log.exception("fatal producer error: claiming the partition again", extra={"partition": owner.partition})
+            self._drop(owner.partition)
+            self._pause_and_claim([owner.partition])
+
+    def _drop(self, p: int) -> None:
+        owner = self.owners.pop(p, None)
+        if owner is not None:
+            owner.appender.close()
+
+    def _pause_and_claim(self, partitions: list[int]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        consumer.pause([TopicPartition(self.settings.topic("inbox"), p) for p in partitions])  # claim step 1
+        self._to_claim.update(partitions)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        self._pause_and_claim([tp.partition for tp in partitions])
+        _log.info("assigned", extra={"partitions": [tp.partition for tp in partitions]})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            owner = self.owners.get(tp.partition)
+            if owner is not None and owner.has_pending:
+                self._checkpoint(owner)  # graceful: in-flight appends finish before the partition moves
+            self._drop(tp.partition)
+            self._to_claim.discard(tp.partition)
+        consumer.incremental_unassign(partitions)
+        _log.info("revoked", extra={"partitions": [tp.partition for tp in partitions]})
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._drop(tp.partition)
+            self._to_claim.discard(tp.partition)
+        consumer.incremental_unassign(partitions)
+        _log.warning("lost", extra={"partitions": [tp.partition for tp in partitions]})
+
+    def _decode_batch(self, value: bytes, topic: str, partition: int, offset: int) -> LogBatch:
+        return self.codec.decode_batch(value, topic=topic, partition=partition, offset=offset).batch
+
+    def _input(self, msg: Message) -> InboxInput:
+        topic = msg.topic() or self.settings.topic("inbox")
+        partition = msg.partition() or 0
+        offset = msg.offset() or 0
+        err = msg.error()
+        key = msg.key()
+        key_bytes = key.encode() if isinstance(key, str) else key
+        if err is not None:
+            return InboxInput(topic, partition, offset, key_bytes, None, None, f"consumer error: {err}",
+                              QuarantineReason.CONSUMER_ERROR)  # fmt: skip
+        value = msg.value()
+        raw = value.encode() if isinstance(value, str) else value
+        if raw is None:
+            return InboxInput(topic, partition, offset, key_bytes, None, None, "record has no value",
+                              QuarantineReason.UNDECODABLE)  # fmt: skip
+        if len(raw) > self.config.max_input_bytes:
+            return InboxInput(topic, partition, offset, key_bytes, raw, None,
+                              f"value of {len(raw)} bytes exceeds settled's limit of {self.config.max_input_bytes}",
+                              QuarantineReason.OVERSIZED)  # fmt: skip
+        try:
+            record: Any = self.codec.decode(raw, topic=topic, partition=partition, offset=offset, expected=INBOX_TYPES)
+        except DecodeError as exc:
+            return InboxInput(topic, partition, offset, key_bytes, raw, None, str(exc), exc.reason.quarantine_reason)
+        if not isinstance(record, InboxRecord):
+            why = f"{type(record).__name__} is not an inbox record"
+            return InboxInput(topic, partition, offset, key_bytes, raw, None, why, QuarantineReason.UNDECODABLE)
+        return InboxInput(topic, partition, offset, key_bytes, raw, record)

@@ -1,0 +1,477 @@
+"""The transactional appender: settled's one exactly-once path to Kafka (DESIGN.md §3; DUR-006, DUR-007).
+
+Everything authoritative — ``settled.log``, ``settled.receipts``, ``settled.settlements``, ``settled.quarantine`` —
+is produced here, inside a Kafka transaction of the partition owner's producer, together with the inbox offsets the
+transaction makes canonical. The caller (a partition's processor) hands over canonical batches that are already
+encoded; :meth:`TransactionalAppender.checkpoint` commits them and returns what became canonical. It never folds
+anything itself: the caller advances its in-memory state only with what ``checkpoint`` reports committed.
+
+The checkpoint, in numbered steps (the numbers appear in the code):
+
+1. Size check: a batch with a record over the limit is replaced, before it joins, by the caller's typed failure
+   batch (``replace_poison``), so one oversized record fails its own conversation, never the transaction.
+2. Begin a transaction.
+3. Produce every record of every joined batch to the owned partition, then flush, so a record-level delivery error
+   is pinned on its batch.
+4. Send the input offset — a low watermark that never passes an input whose effect is not yet canonical (or being
+   made canonical by this transaction) — with the consumer group's metadata (KIP-447).
+5. Commit.
+6. On an abortable error: abort. When records of some batches failed, their conversations leave the group and are
+   retried alone (a conversation that fails alone again is replaced by ``replace_poison``), and the rest go back to
+   2 — pending facts are re-appended, never lost. When no batch is to blame (a rebalance fenced the group metadata,
+   a coordinator error), the remaining batches are returned as deferred: the caller keeps them pending, polls (which
+   rejoins the group) and checkpoints again. On a retriable error: call the same function again. On a fatal error
+   (``_FENCED`` included): raise; the caller drops the producer and the partition's in-memory state.
+7. When a commit or abort times out its outcome is unknown: replace the producer (its ``init_transactions`` fences
+   any request still in flight; librdkafka has no KIP-890 part 2), check that no transaction is open on the log
+   partition (LSO = high watermark), read the log tail written since this checkpoint began, and count the batches
+   found there as committed; the rest go back to 2. No batch is ever written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from settled._failpoints import FailpointError, failpoint
+from settled._faults import fault_enabled
+from settled._settings import Settings
+from settled.producers._kafka import end_offsets, producer_config, read_partition, transactional_id
+
+__all__ = [
+    "BATCH_ID_HEADER",
+    "AppendBatch",
+    "AppenderFatalError",
+    "CheckpointResult",
+    "OpenTransactionError",
+    "OutRecord",
+    "ProducerFencedError",
+    "TransactionalAppender",
+    "low_watermark",
+]
+
+_log = logging.getLogger(__name__)
+
+#: Kafka header carrying a log record's batch id, so the appender can recognise its batches without decoding them.
+BATCH_ID_HEADER = "settled.batch_id"
+_MAX_RETRIABLE = 20
+
+
+class ProducerFencedError(Exception):
+    """A newer owner of the partition fenced this producer (``_FENCED``): drop the producer and the partition state."""
+
+
+class AppenderFatalError(Exception):
+    """A fatal producer error, or an error with no retriable/abortable flag: drop the producer and partition state."""
+
+
+class OpenTransactionError(Exception):
+    """Another producer's transaction stays open on the log partition past the bound (claim step 3, DESIGN.md §3)."""
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    """One encoded record to produce inside the transaction.
+
+    Attributes:
+        topic: Destination topic (co-partitioned with the inbox; the record goes to the owned partition).
+        key: Record key: the conversation id, UTF-8.
+        value: Encoded value.
+        headers: Kafka headers.
+    """
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class AppendBatch:
+    """A canonical batch of one conversation, encoded, with its side records and the inputs it decides.
+
+    Attributes:
+        batch_id: The batch's id (deterministic: a repeated batch id in the log is a bug, and readers raise on it).
+        conversation_id: The conversation the batch belongs to.
+        log_record: The encoded canonical batch envelope for ``settled.log``.
+        side_records: Receipts, settlements and quarantine records produced in the same transaction.
+        inputs: Inbox offsets whose decision this batch carries (DESIGN.md §3: every consumed inbox record yields
+            exactly one log record carrying its offset).
+    """
+
+    batch_id: str
+    conversation_id: str
+    log_record: OutRecord
+    side_records: tuple[OutRecord, ...] = ()
+    inputs: frozenset[int] = frozenset()
+
+    def records(self) -> tuple[OutRecord, ...]:
+        """Return the log record (with its batch-id header) followed by the side records."""
+        log = self.log_record
+        if not any(k == BATCH_ID_HEADER for k, _ in log.headers):
+            log = OutRecord(log.topic, log.key, log.value, (*log.headers, (BATCH_ID_HEADER, self.batch_id.encode())))
+        return (log, *self.side_records)
+
+    def largest_record_bytes(self) -> int:
+        """Return the size of the largest record (key + value + headers), in bytes."""
+        return max(len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers) for r in self.records())
+
+
+Run = tuple[AppendBatch, ...]
+"""One conversation's batches within a checkpoint, in order: they join, leave and are replaced together, so a
+conversation's chain (event sequences, previous-batch digests) is never reordered or broken by a retry."""
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    """What one :meth:`TransactionalAppender.checkpoint` made canonical.
+
+    Attributes:
+        committed: The batches now committed, in commit order (replacements instead of the batches they replaced).
+        replaced: ``(original run, replacement run)`` pairs for oversized or poison conversations.
+        deferred: Batches not appended because a transaction aborted with no batch to blame (a rebalance, a
+            coordinator error): the caller keeps them pending and checkpoints again after its next poll.
+        input_offset: The inbox offset committed with the last transaction, or ``None`` if none was sent.
+        transactions: How many transactions committed.
+        aborts: How many transactions were aborted on the way.
+    """
+
+    committed: tuple[AppendBatch, ...]
+    replaced: tuple[tuple[Run, Run], ...]
+    deferred: tuple[AppendBatch, ...]
+    input_offset: int | None
+    transactions: int
+    aborts: int
+
+
+def low_watermark(pending_inputs: Sequence[int], canonical: set[int] | frozenset[int], next_offset: int) -> int:
+    """Return the input offset a transaction may commit: never past an input whose effect is not canonical.
+
+    Args:
+        pending_inputs: Consumed inbox offsets not yet canonical before this transaction, ascending.
+        canonical: Offsets this transaction (or an earlier one) makes canonical.
+        next_offset: The offset after the last consumed input (what the consumer would commit if all were done).
+
+    Returns:
+        The lowest pending offset not in ``canonical``, or ``next_offset`` when every pending input is canonical.
+    """
+    for offset in pending_inputs:
+        if offset not in canonical:
+            return offset
+    return next_offset
+
+
+def _runs(batches: Sequence[AppendBatch]) -> list[Run]:
+    by_conversation: dict[str, list[AppendBatch]] = {}
+    for batch in batches:
+        by_conversation.setdefault(batch.conversation_id, []).append(batch)
+    return [tuple(run) for run in by_conversation.values()]
+
+
+@dataclass
+class _Group:
+    runs: list[Run]
+    alone: bool = False
+    failures: int = 0
+
+    def batches(self) -> list[AppendBatch]:
+        return [b for run in self.runs for b in run]
+
+
+@dataclass
+class TransactionalAppender:
+    """The partition owner's transactional producer and its checkpoint (DESIGN.md §3).
+
+    Attributes:
+        settings: Namespace, bootstrap servers, producer tuning and ``kafka_call_timeout_s``.
+        partition: The owned partition (of the inbox, the log and every co-partitioned topic).
+        input_topic: The inbox topic whose offsets commit with each transaction.
+        group_metadata: Returns the group consumer's ``consumer_group_metadata()`` (KIP-447 fencing).
+        replace_poison: Given one conversation's run of batches and the reason it cannot be appended (an oversized
+            record, or the run failed alone twice), returns the batches to append instead — re-sealed on the
+            conversation's committed chain, carrying a typed failure (e.g. a ``ToolCallSettled`` error
+            ``result_too_large`` or a failed ``Settlement``) — deciding exactly the same ``inputs``.
+        max_record_bytes: Largest record accepted, in bytes (the smaller of the topics' ``max.message.bytes`` and
+            the producer's ``message.max.bytes``).
+        open_transaction_wait_s: How long claim step 3 waits for a foreign open transaction, in seconds.
+    """
+
+    settings: Settings
+    partition: int
+    input_topic: str
+    group_metadata: Callable[[], Any]
+    replace_poison: Callable[[Run, str], Run]
+    max_record_bytes: int = 1_000_000
+    open_transaction_wait_s: float = 10.0
+    _producer: Producer | None = field(default=None, init=False, repr=False)
+    _log_end: int = field(default=0, init=False, repr=False)
+    _delivered_log_offsets: list[int] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def log_topic(self) -> str:
+        """The canonical log topic."""
+        return self.settings.topic("log")
+
+    @property
+    def timeout_s(self) -> float:
+        """Bound on every transactional call, in seconds."""
+        return self.settings.kafka_call_timeout_s
+
+    # -- ownership ---------------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create the producer and fence every previous owner (claim step 2), then wait out open transactions (step 3).
+
+        Raises:
+            ProducerFencedError: A newer owner fenced us while we started.
+            AppenderFatalError: ``init_transactions`` failed fatally.
+            OpenTransactionError: A foreign transaction stayed open on the log partition past the bound.
+        """
+        self._producer = self._new_producer()
+        self.wait_no_open_transaction()
+
+    def close(self) -> None:
+        """Drop the producer (after a revoke, a loss or a fatal error). Nothing is flushed or committed."""
+        self._producer = None
+
+    def _new_producer(self) -> Producer:
+        tid = transactional_id(self.settings, self.partition)
+        producer = Producer(producer_config(self.settings, transactional_id=tid))
+        self._call(lambda: producer.init_transactions(self.timeout_s), "init_transactions")
+        _log.info("producer ready", extra={"transactional_id": tid, "partition": self.partition})
+        return producer
+
+    def wait_no_open_transaction(self) -> None:
+        """Wait until the log partition's LSO equals its high watermark (claim step 3, DESIGN.md §3).
+
+        Raises:
+            OpenTransactionError: It did not within ``open_transaction_wait_s``.
+        """
+        deadline = time.monotonic() + self.open_transaction_wait_s
+        while True:
+            ends = end_offsets(self.settings, self.log_topic, self.partition, self.timeout_s)
+            if not ends.has_open_transaction:
+                self._log_end = max(self._log_end, ends.last_stable)
+                return
+            if time.monotonic() > deadline:
+                raise OpenTransactionError(
+                    f"{self.log_topic}[{self.partition}] keeps a foreign open transaction: LSO {ends.last_stable} < "
+                    f"high watermark {ends.high_watermark} after {self.open_transaction_wait_s} s"
+                )
+            time.sleep(0.1)
+
+    # -- the checkpoint --------------------------------------------------------------------------------------------
+
+    def checkpoint(
+        self, batches: Sequence[AppendBatch], pending_inputs: Sequence[int], next_input_offset: int | None
+    ) -> CheckpointResult:
+        """Append ``batches`` and the input offset they make canonical, exactly once (see the module's steps).
+
+        Args:
+            batches: Encoded canonical batches of this partition's conversations, in decision order.
+            pending_inputs: Consumed inbox offsets not yet canonical before this call, ascending (including the
+                inputs of ``batches``).
+            next_input_offset: The offset after the last consumed inbox record, or ``None`` to send no offset.
+
+        Returns:
+            What became canonical.
+
+        Raises:
+            ProducerFencedError: This producer was fenced; nothing more may be appended by it.
+            AppenderFatalError: A fatal producer error.
+            OpenTransactionError: After an outcome-unknown commit, a foreign transaction stayed open.
+        """
+        if self._producer is None:
+            raise AppenderFatalError("checkpoint() before open(): the partition has no producer")
+        committed: list[AppendBatch] = []
+        replaced: list[tuple[Run, Run]] = []
+        canonical: set[int] = set()
+        transactions = aborts = 0
+        input_offset: int | None = None
+        deferred: list[AppendBatch] = []
+
+        # Step 1: size check before joining.
+        joined: list[Run] = []
+        for run in _runs(batches):
+            sizes = [b.largest_record_bytes() for b in run]
+            if max(sizes) > self.max_record_bytes:
+                run = self._replacement(run, f"record of {max(sizes)} bytes exceeds the limit of "
+                                             f"{self.max_record_bytes} bytes", replaced)  # fmt: skip
+            joined.append(run)
+
+        # With nothing to append but an input offset to move (inputs re-read after a restart whose decisions are
+        # already canonical), one transaction carries just the offset.
+        queue: list[_Group] = [_Group(joined)] if joined or next_input_offset is not None else []
+        while queue:
+            group = queue.pop(0)
+            group_batches = group.batches()
+            include = {o for b in group_batches for o in b.inputs} | canonical
+            offset = None if next_input_offset is None else low_watermark(pending_inputs, include, next_input_offset)
+            outcome, failed = self._transaction(group_batches, offset)
+            if outcome == "committed":
+                committed.extend(group_batches)
+                canonical |= {o for b in group_batches for o in b.inputs}
+                transactions += 1
+                input_offset = offset
+                continue
+            if outcome == "unknown":
+                # Step 7: the outcome is unknown. Fence whatever is in flight, then read what the log holds.
+                self._producer = self._new_producer()
+                self.wait_no_open_transaction()
+                landed = self._batch_ids_since(self._log_end)
+                done = [b for b in group_batches if b.batch_id in landed]
+                if done:  # a transaction is all or nothing: either every batch landed or none did
+                    transactions += 1
+                    committed.extend(done)
+                    canonical |= {o for b in done for o in b.inputs}
+                    input_offset = offset
+                else:
+                    queue.insert(0, group)
+                continue
+            # Step 6: aborted. Pin the failure on the runs whose records failed and retry them alone; with no
+            # culprit (a rebalance, a coordinator error) defer the rest to the caller's next turn, after it polls.
+            aborts += 1
+            culprits = [run for run in group.runs if any(b.batch_id in failed for b in run)]
+            if not culprits:
+                deferred = [b for g in [group, *queue] for b in g.batches()]
+                break
+            if group.alone and group.failures >= 1:
+                (run,) = group.runs
+                why = f"its records failed twice, alone: {', '.join(sorted(failed))}"
+                queue.insert(0, _Group([self._replacement(run, why, replaced)], alone=True))
+                continue
+            others = [run for run in group.runs if run not in culprits]
+            queue[0:0] = ([_Group(others)] if others else []) + [
+                _Group([run], alone=True, failures=1) for run in culprits
+            ]
+        return CheckpointResult(tuple(committed), tuple(replaced), tuple(deferred), input_offset, transactions, aborts)
+
+    def _replacement(self, run: Run, reason: str, replaced: list[tuple[Run, Run]]) -> Run:
+        replacement = tuple(self.replace_poison(run, reason))
+        before = {o for b in run for o in b.inputs}
+        after = {o for b in replacement for o in b.inputs}
+        if before != after:
+            raise AppenderFatalError(
+                f"replacement of conversation {run[0].conversation_id}'s batches decides inputs {sorted(after)}, "
+                f"not {sorted(before)}"
+            )
+        if any(b.largest_record_bytes() > self.max_record_bytes for b in replacement):
+            raise AppenderFatalError(
+                f"replacement of conversation {run[0].conversation_id}'s batches is over the limit"
+            )
+        _log.warning("batches replaced", extra={"conversation_id": run[0].conversation_id, "reason": reason})
+        replaced.append((run, replacement))
+        return replacement
+
+    def _transaction(self, batches: Sequence[AppendBatch], input_offset: int | None) -> tuple[str, set[str]]:
+        """Run steps 2-5 once. Returns ("committed" | "aborted" | "unknown", ids of batches with delivery errors)."""
+        producer = self._producer
+        assert producer is not None  # checked by checkpoint()
+        failed: set[str] = set()
+        self._delivered_log_offsets.clear()
+        try:
+            # Step 2.
+            self._call(producer.begin_transaction, "begin_transaction")
+            # Step 3.
+            for batch in batches:
+                for rec in batch.records():
+                    self._produce(producer, rec, batch.batch_id, failed)
+            failpoint("appender.after_produce")
+            remaining = producer.flush(self.timeout_s)
+            if remaining:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+            if failed:
+                raise KafkaException(KafkaError(KafkaError._INCONSISTENT, f"delivery failed for batches {failed}"))
+            # Step 4.
+            if input_offset is not None:
+                offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
+                if fault_enabled("offsets_in_separate_transaction"):
+                    # Fault switch: records and offsets in two transactions (breaks atomicity on purpose).
+                    self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
+                    failpoint("appender.between_split_transactions")
+                    self._call(producer.begin_transaction, "begin_transaction")
+                meta = self.group_metadata()
+                self._call(lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
+                           "send_offsets_to_transaction")  # fmt: skip
+            # Step 5.
+            failpoint("appender.before_commit")
+            self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.code() == KafkaError._TIMED_OUT:
+                return "unknown", failed
+            if err.txn_requires_abort() or err.code() == KafkaError._INCONSISTENT:
+                _log.warning("transaction aborted", extra={"error": str(err), "partition": self.partition})
+                try:
+                    self._call(lambda: producer.abort_transaction(self.timeout_s), "abort_transaction")
+                except KafkaException as abort_exc:
+                    if abort_exc.args[0].code() == KafkaError._TIMED_OUT:
+                        return "unknown", failed
+                    raise self._fatal(abort_exc.args[0]) from abort_exc
+                return "aborted", failed
+            raise self._fatal(err) from exc
+        try:
+            failpoint("appender.commit_outcome_lost")
+        except FailpointError:
+            # Test hook: the commit succeeded but its answer is treated as lost (a commit that timed out).
+            return "unknown", failed
+        if self._delivered_log_offsets:
+            self._log_end = max(self._log_end, max(self._delivered_log_offsets) + 1)
+        failpoint("appender.after_commit")
+        return "committed", failed
+
+    def _produce(self, producer: Producer, rec: OutRecord, batch_id: str, failed: set[str]) -> None:
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                _log.warning("delivery failed", extra={"batch_id": batch_id, "error": str(err)})
+                failed.add(batch_id)
+            elif msg.topic() == self.log_topic:
+                self._delivered_log_offsets.append(msg.offset())
+
+        while True:
+            try:
+                producer.produce(rec.topic, value=rec.value, key=rec.key, partition=self.partition,
+                                 headers=list(rec.headers), on_delivery=on_delivery)  # fmt: skip
+                return
+            except BufferError:
+                producer.poll(0.05)  # local queue full: serve delivery reports, then try again
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    failed.add(batch_id)
+                    raise KafkaException(KafkaError(KafkaError._INCONSISTENT, str(err))) from exc
+                raise
+
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        """Call a transactional API, repeating it while it fails with a retriable error."""
+        for _ in range(_MAX_RETRIABLE):
+            try:
+                return fn()
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.retriable() and err.code() != KafkaError._TIMED_OUT:
+                    time.sleep(self.settings.retry_backoff_ms / 1000)
+                    continue
+                raise
+        raise AppenderFatalError(f"{what} still failed with a retriable error after {_MAX_RETRIABLE} calls")
+
+    def _fatal(self, err: KafkaError) -> Exception:
+        self._producer = None
+        if err.code() == KafkaError._FENCED:
+            return ProducerFencedError(f"partition {self.partition}: fenced by a newer owner ({err})")
+        return AppenderFatalError(f"partition {self.partition}: fatal producer error {err}")
+
+    def _batch_ids_since(self, start_offset: int) -> set[str]:
+        ids: set[str] = set()
+        for msg in read_partition(self.settings, self.log_topic, self.partition, start_offset, 30.0):
+            headers = msg.headers() or []
+            pairs = headers.items() if isinstance(headers, dict) else headers
+            for key, value in pairs:
+                if key == BATCH_ID_HEADER and isinstance(value, bytes):
+                    ids.add(value.decode())
+        return ids

@@ -1,0 +1,221 @@
+"""Kafka client configuration and small read helpers shared by settled's producers and processors.
+
+Every settled producer uses the Java client's murmur2 partitioner (``murmur2_random`` in librdkafka, DESIGN.md §2);
+transactional producers get the low ``retry.backoff.ms`` and ``linger.ms`` that DESIGN.md §3 measured, and every
+consumer reads ``read_committed`` with auto commit off.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from settled._settings import Settings
+
+__all__ = [
+    "EndOffsets",
+    "consumer_config",
+    "end_offsets",
+    "producer_config",
+    "read_partition",
+    "transactional_id",
+]
+
+
+def transactional_id(settings: Settings, partition: int) -> str:
+    """Return the stable, namespaced ``transactional.id`` of the owner of ``partition`` (DESIGN.md §3).
+
+    ``<namespace>.<app id>.<log topic>.<partition>``: stable across restarts so that a new owner's
+    ``init_transactions()`` fences the previous one; namespaced so that two deployments never fence each other.
+
+    Args:
+        settings: Namespace and app id.
+        partition: The owned partition number.
+
+    Returns:
+        The ``transactional.id``.
+    """
+    tid = f"{settings.namespace}.{settings.app_id}.{settings.topic('log')}.{partition}"
+    from settled._faults import fault_enabled
+
+    if fault_enabled("random_transactional_id"):  # fault switch: breaks fencing (DUR-006) on purpose
+        tid = f"{tid}.{uuid.uuid4().hex}"
+    return tid
+
+
+def producer_config(settings: Settings, *, transactional_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Return a confluent-kafka producer configuration.
+
+    Args:
+        settings: Bootstrap servers and the producer tuning (``linger_ms``, ``retry_backoff_ms``,
+            ``transaction_timeout_ms``).
+        transactional_id: When given, a transactional producer (``enable.idempotence`` implied).
+        **extra: Further librdkafka properties, applied last.
+
+    Returns:
+        The configuration dict.
+    """
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "partitioner": "murmur2_random",
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": settings.linger_ms,
+        "retry.backoff.ms": settings.retry_backoff_ms,
+        "retry.backoff.max.ms": settings.retry_backoff_max_ms,
+    }
+    if transactional_id is not None:
+        conf["transactional.id"] = transactional_id
+        conf["transaction.timeout.ms"] = settings.transaction_timeout_ms
+    conf.update(extra)
+    return conf
+
+
+def consumer_config(settings: Settings, group_id: str, **extra: Any) -> dict[str, Any]:
+    """Return a read_committed, manually committed consumer configuration (DESIGN.md §3, §6).
+
+    Args:
+        settings: Bootstrap servers and group timeouts.
+        group_id: The consumer group (namespaced by the caller).
+        **extra: Further librdkafka properties, applied last.
+
+    Returns:
+        The configuration dict.
+    """
+    conf: dict[str, Any] = {
+        "bootstrap.servers": settings.kafka_bootstrap,
+        "group.id": group_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+        "partition.assignment.strategy": "cooperative-sticky",
+    }
+    conf.update(extra)
+    return conf
+
+
+_NO_LEADER_YET = frozenset(
+    {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+@dataclass(frozen=True)
+class EndOffsets:
+    """A partition's end offsets.
+
+    Attributes:
+        last_stable: The read_committed end offset (LSO): no open transaction starts below it.
+        high_watermark: The read_uncommitted end offset.
+    """
+
+    last_stable: int
+    high_watermark: int
+
+    @property
+    def has_open_transaction(self) -> bool:
+        """Whether some transaction is still open on the partition (LSO < high watermark)."""
+        return self.last_stable < self.high_watermark
+
+
+def end_offsets(settings: Settings, topic: str, partition: int, timeout_s: float) -> EndOffsets:
+    """Query a partition's LSO and high watermark (claim step 3, DESIGN.md §3).
+
+    librdkafka's ``get_watermark_offsets`` answers with the LSO for a read_committed consumer and the high watermark
+    for a read_uncommitted one (checked against the broker in tests).
+
+    Args:
+        settings: Bootstrap servers.
+        topic: Topic name.
+        partition: Partition number.
+        timeout_s: Bound on each query, in seconds.
+
+    Returns:
+        Both end offsets.
+    """
+    out = []
+    deadline = time.monotonic() + timeout_s
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "settled-offsets-query",
+                      "isolation.level": isolation})  # fmt: skip
+        try:
+            while True:
+                try:
+                    tp = TopicPartition(topic, partition)
+                    out.append(c.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1])
+                    break
+                except KafkaException as exc:
+                    # A new topic has no leader for a moment: wait for one, within the bound.
+                    if exc.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        finally:
+            c.close()
+    return EndOffsets(last_stable=out[0], high_watermark=out[1])
+
+
+def read_partition(
+    settings: Settings, topic: str, partition: int, start_offset: int, timeout_s: float
+) -> Iterator[Message]:
+    """Yield every committed record of a partition from ``start_offset`` up to its current LSO.
+
+    Reads on an assign-only read_committed consumer (never the group consumer, DESIGN.md §3 step 4) until its position
+    reaches the end offset captured at the start; the last offset is usually a transaction marker, so it never waits
+    for "end - 1".
+
+    Args:
+        settings: Bootstrap servers.
+        topic: Topic name.
+        partition: Partition number.
+        start_offset: First offset to read.
+        timeout_s: Bound on the whole read, in seconds.
+
+    Yields:
+        The records, in offset order.
+
+    Raises:
+        KafkaException: A consumer error, or the read did not reach the end offset within ``timeout_s``.
+    """
+    c = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"{settings.namespace}.settled-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        tp = TopicPartition(topic, partition)
+        end = c.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1]
+        if start_offset >= end:
+            return
+        c.assign([TopicPartition(topic, partition, start_offset)])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = c.poll(0.2)
+            if msg is not None:
+                err = msg.error()
+                if err is not None:
+                    raise KafkaException(err)
+                yield msg
+                offset = msg.offset()
+                if offset is not None and offset + 1 >= end:
+                    return
+                continue
+            position = c.position([tp])[0].offset
+            if position >= end:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, f"reading {topic}[{partition}] to {end} took over {timeout_s} s")
+                )
+    finally:
+        c.close()
