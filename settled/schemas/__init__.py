@@ -2,6 +2,9 @@
 
 The ``.avsc`` files in ``settled/schemas/avsc/`` are the public contract (namespace ``dev.settled.v1``); the models
 here mirror them one to one.
+
+The Confluent Schema Registry adapter lives in `settled.schemas.registry` and is not imported here, so that importing
+``settled.schemas`` never reaches confluent-kafka (the pure core imports this package; DESIGN.md §1b).
 """
 
 from settled.schemas._canonical import (
@@ -95,7 +98,6 @@ from settled.schemas._events import (
     UtcMillis,
     payload_digest,
 )
-from settled.schemas._registry import ConfluentSchemaRegistry
 from settled.schemas._schemaset import (
     NamedSchema,
     SchemaError,
@@ -130,7 +132,6 @@ __all__ = [
     "CommandKind",
     "CommandRejectReason",
     "CommandRejected",
-    "ConfluentSchemaRegistry",
     "DeclaredToolCall",
     "DecodeError",
     "DecodeFailure",

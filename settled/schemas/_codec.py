@@ -181,7 +181,7 @@ class SchemaRegistryUnavailableError(RuntimeError):
 class SchemaRegistry(Protocol):
     """What the codec needs from a Schema Registry.
 
-    `settled.schemas.ConfluentSchemaRegistry` adapts confluent-kafka's ``SchemaRegistryClient``.
+    `settled.schemas.registry.ConfluentSchemaRegistry` adapts confluent-kafka's ``SchemaRegistryClient``.
     """
 
     def register(self, subject: str, schema_json: str) -> int:

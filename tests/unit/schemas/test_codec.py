@@ -20,7 +20,6 @@ from settled.schemas import (
     TOPIC_RECORD_TYPES,
     AvroRecord,
     Codec,
-    ConfluentSchemaRegistry,
     DecodeError,
     DecodeFailure,
     EncodeError,
@@ -39,6 +38,7 @@ from settled.schemas import (
     history_versions,
     verify_chain,
 )
+from settled.schemas.registry import ConfluentSchemaRegistry
 from tests.unit.schemas._strategies import records
 
 ALL_TYPES: list[type[AvroRecord]] = [*TOPIC_RECORD_TYPES, LogBatch, *LOG_EVENT_TYPES, InputRef]

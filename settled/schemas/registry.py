@@ -1,8 +1,9 @@
 """confluent-kafka's Schema Registry client behind settled's `SchemaRegistry` protocol (DESIGN.md §7, §10).
 
-confluent-kafka is imported only when a registry is built, so the schemas layer stays free of Kafka at import time
-(DESIGN.md §1b). ``mock://`` URLs give confluent-kafka's in-memory ``MockSchemaRegistryClient`` (no registry server
-can run here; research/kafka-eos-python.md §1.7).
+A public module that ``settled.schemas`` does not import: the pure core imports ``settled.schemas`` and must never
+reach confluent-kafka (DESIGN.md §1b, the import-linter contract). Import it where a registry is configured:
+``from settled.schemas.registry import ConfluentSchemaRegistry``. ``mock://`` URLs give confluent-kafka's in-memory
+``MockSchemaRegistryClient`` (no registry server can run here; research/kafka-eos-python.md §1.7).
 """
 
 from __future__ import annotations
