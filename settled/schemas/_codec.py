@@ -31,6 +31,7 @@ from fastavro import parse_schema
 from fastavro.read import SchemaResolutionError
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.validation import ValidationError as AvroValidationError
+from pydantic import ValidationError
 
 from settled.schemas._binary import read_body, write_body
 from settled.schemas._envelope import ChainEntry, LogBatch, body_batch_digest
@@ -120,7 +121,10 @@ class DecodeFailure(enum.StrEnum):
     NO_REGISTRY = "no_registry"
     """A Confluent-framed value but no registry is configured."""
     INVALID = "invalid"
-    """The body is not valid for its schema, bytes trail it, or the record breaks a model rule."""
+    """The body is not valid for its schema, or bytes trail it."""
+    INVALID_FIELD = "invalid_field"
+    """Valid Avro, but a field breaks a model rule (`DecodeError.field` names it, `DecodeError.datum` holds the
+    decoded dict): for an inbox record, the admission answers with a rejection, not quarantine (DESIGN.md §4)."""
     UNEXPECTED_TYPE = "unexpected_type"
     """A valid record of a type the caller does not accept here (e.g. a receipt on the inbox)."""
     UPCAST_FAILED = "upcast_failed"
@@ -149,15 +153,32 @@ class DecodeError(ValueError):
         offset: Its offset (-1 when not from Kafka).
         reason: Why.
         detail: Human-readable detail.
+        avro_name: For ``invalid_field``: the record's full name, else None.
+        field: For ``invalid_field``: the dotted path of the first offending field, e.g. ``"payload.input_json"``.
+        datum: For ``invalid_field``: the decoded dict (ids for a rejection receipt), else None.
     """
 
-    def __init__(self, topic: str, partition: int, offset: int, reason: DecodeFailure, detail: str) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        reason: DecodeFailure,
+        detail: str,
+        *,
+        avro_name: str | None = None,
+        field: str | None = None,
+        datum: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"cannot decode {topic}[{partition}]@{offset}: {reason.value}: {detail}")
         self.topic = topic
         self.partition = partition
         self.offset = offset
         self.reason = reason
         self.detail = detail
+        self.avro_name = avro_name
+        self.field = field
+        self.datum = datum
 
 
 class EncodeError(ValueError):
@@ -461,7 +482,7 @@ class Codec:
         try:
             return model.from_avro(decoded.datum)
         except ValueError as exc:  # pydantic.ValidationError is a ValueError
-            raise DecodeError(topic, partition, offset, DecodeFailure.INVALID, str(exc)) from exc
+            raise _invalid_field(topic, partition, offset, decoded, exc) from exc
 
     def decode_dict(
         self,
@@ -510,7 +531,7 @@ class Codec:
         try:
             batch = LogBatch.from_avro(decoded.datum)
         except ValueError as exc:
-            raise DecodeError(topic, partition, offset, DecodeFailure.INVALID, str(exc)) from exc
+            raise _invalid_field(topic, partition, offset, decoded, exc) from exc
         return ChainEntry(offset, batch, decoded.body_digest)
 
     def _decode(
@@ -611,3 +632,19 @@ def _is_truncation(exc: BaseException) -> bool:
     and ``IndexError("string index out of range")`` for a varint cut short (a unit test cuts a body at every byte).
     """
     return isinstance(exc, EOFError) or (isinstance(exc, IndexError) and str(exc) == "string index out of range")
+
+
+def _invalid_field(topic: str, partition: int, offset: int, decoded: Decoded, exc: ValueError) -> DecodeError:
+    field = None
+    if isinstance(exc, ValidationError) and exc.errors():
+        field = ".".join(str(part) for part in exc.errors()[0]["loc"]) or None
+    return DecodeError(
+        topic,
+        partition,
+        offset,
+        DecodeFailure.INVALID_FIELD,
+        f"{decoded.avro_name}: {exc}",
+        avro_name=decoded.avro_name,
+        field=field,
+        datum=decoded.datum,
+    )

@@ -189,7 +189,9 @@ def test_a_record_breaking_a_model_rule_is_invalid() -> None:
     assert SINGLE.decode_dict(value).datum["payload"]["input_json"] == proposal["payload"]["input_json"]  # type: ignore[index]
     with pytest.raises(DecodeError) as info:
         SINGLE.decode(value, topic="settled.inbox", partition=0, offset=3)
-    assert info.value.reason is DecodeFailure.INVALID and "input_json" in info.value.detail
+    assert info.value.reason is DecodeFailure.INVALID_FIELD
+    assert (info.value.avro_name, info.value.field) == (SubmissionProposed.AVRO_NAME, "payload.input_json")
+    assert info.value.datum is not None and info.value.datum["submission_id"] == "s"
 
 
 def test_unexpected_types_are_refused() -> None:
