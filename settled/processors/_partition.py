@@ -29,6 +29,7 @@ from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, TransactionalAppender, read_partition
 from settled.schemas import (
     AvroRecord,
+    Genesis,
     InboxRecord,
     InputRef,
     LogBatch,
@@ -150,6 +151,9 @@ class PartitionOwner(Generic[S]):
             (``(value, topic, partition, offset) -> LogBatch``).
         clock: Returns "now" (aware UTC); tests may offset it.
         worker_id: This process's id, recorded in ``OwnershipClaimed``.
+        epoch: The logical owner epoch (of the latest claim folded).
+        genesis: The partition's genesis event, once restored.
+        committed: The decider's state folded from committed batches only.
     """
 
     settings: Settings
@@ -161,6 +165,7 @@ class PartitionOwner(Generic[S]):
     clock: Callable[[], datetime]
     worker_id: str
     epoch: int = field(default=0, init=False)
+    genesis: Genesis | None = field(default=None, init=False)
     committed: S = field(init=False)
     _overlay: S = field(init=False)
     _heads: dict[str, _Head] = field(default_factory=dict, init=False)
@@ -233,6 +238,8 @@ class PartitionOwner(Generic[S]):
 
     def _fold_committed(self, state: S, batch: LogBatch, offset: int) -> S:
         self._guard.check(batch.batch_id, offset)
+        if self.genesis is None and isinstance(batch.events[0], Genesis):
+            self.genesis = batch.events[0]
         claim = next((e for e in batch.events if isinstance(e, OwnershipClaimed)), None)
         if claim is not None:
             self.epoch = max(self.epoch, claim.owner_epoch)
@@ -336,6 +343,8 @@ class PartitionOwner(Generic[S]):
         self._pending_inputs = [o for o in self._pending_inputs if o not in self._decided]
         if self._next_input_offset is not None and not self._pending_inputs:
             self._next_input_offset = None
+        if result.deferred:
+            failpoint("owner.after_deferred")
         return len(result.committed)
 
     def replace_poison(self, run: Sequence[AppendBatch], reason: str) -> tuple[AppendBatch, ...]:

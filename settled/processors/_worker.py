@@ -26,9 +26,11 @@ from settled._settings import Settings
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.producers import (
     AppenderFatalError,
+    PartitionCountMismatchError,
     ProducerFencedError,
     TransactionalAppender,
     consumer_config,
+    describe_topics,
 )
 from settled.schemas import INBOX_TYPES, Codec, DecodeError, InboxRecord, LogBatch, QuarantineReason
 
@@ -66,13 +68,15 @@ class WorkerConfig:
         poll_timeout_s: How long one poll waits for records, in seconds.
         max_poll_records: Most records taken per poll (and so per group-commit transaction per partition).
         max_input_bytes: settled's hard size limit for one inbox record value, in bytes; larger ones are quarantined.
-        max_record_bytes: Largest record the appender produces, in bytes.
+        max_record_bytes: Largest record the appender produces, in bytes; ``None`` (the default) takes the smallest
+            ``max.message.bytes`` of the topics it writes. An explicit value overrides them (a test uses a value above
+            a topic's limit to exercise the broker's own rejection).
     """
 
     poll_timeout_s: float = 0.05
     max_poll_records: int = 500
     max_input_bytes: int = 1_000_000
-    max_record_bytes: int = 1_000_000
+    max_record_bytes: int | None = None
 
 
 @dataclass
@@ -98,6 +102,8 @@ class Worker(Generic[S]):
     _to_claim: set[int] = field(default_factory=set, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _consumer: Consumer | None = field(default=None, init=False)
+    _record_limit: int = field(default=1_000_000, init=False)
+    _partition_count: int = field(default=0, init=False)
 
     @property
     def group_id(self) -> str:
@@ -123,6 +129,7 @@ class Worker(Generic[S]):
         Args:
             until: Optional predicate checked every turn.
         """
+        self._check_topics()
         consumer = Consumer(consumer_config(self.settings, self.group_id))
         self._consumer = consumer
         consumer.subscribe(
@@ -136,6 +143,18 @@ class Worker(Generic[S]):
         finally:
             consumer.close()  # leaves the group: the partitions move at once
             self._consumer = None
+
+    def _check_topics(self) -> None:
+        infos = describe_topics(self.settings, self.settings.kafka_call_timeout_s)
+        missing = [i.name for i in infos if not i.partitions]
+        if missing:
+            raise PartitionCountMismatchError(f"topics missing: {', '.join(missing)}; run `settled topics create`")
+        counts = {i.name: i.partitions for i in infos}
+        if len(set(counts.values())) != 1:
+            raise PartitionCountMismatchError(f"settled's topics are not co-partitioned: {counts}")
+        self._partition_count = infos[0].partitions
+        limits = [int(i.config["max.message.bytes"]) for i in infos if i.name != self.settings.topic("inbox")]
+        self._record_limit = self.config.max_record_bytes or min(limits)
 
     def turn(self) -> None:
         """One turn: claim new partitions, poll, decide, checkpoint."""
@@ -172,7 +191,7 @@ class Worker(Generic[S]):
                 input_topic=self.settings.topic("inbox"),
                 group_metadata=consumer.consumer_group_metadata,
                 replace_poison=lambda run, reason: owner.replace_poison(run, reason),
-                max_record_bytes=self.config.max_record_bytes,
+                max_record_bytes=self._record_limit,
             ),
             encode=self.codec.encode,
             decode_batch=self._decode_batch,
@@ -186,6 +205,13 @@ class Worker(Generic[S]):
             self._to_claim.discard(p)
             return
         self._to_claim.discard(p)
+        genesis = owner.genesis
+        if genesis is None or genesis.partition_count != self._partition_count:
+            found = "no genesis record" if genesis is None else f"a genesis of {genesis.partition_count} partitions"
+            raise PartitionCountMismatchError(
+                f"{self.settings.topic('log')}[{p}] has {found}, but the topics have {self._partition_count} "
+                "partitions: halting (DESIGN.md §2: adding partitions would re-admit keys)"
+            )
         self.owners[p] = owner
         tp = TopicPartition(self.settings.topic("inbox"), p)
         committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]

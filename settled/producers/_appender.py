@@ -16,12 +16,13 @@ The checkpoint, in numbered steps (the numbers appear in the code):
 4. Send the input offset — a low watermark that never passes an input whose effect is not yet canonical (or being
    made canonical by this transaction) — with the consumer group's metadata (KIP-447).
 5. Commit.
-6. On an abortable error: abort. When records of some batches failed, their conversations leave the group and are
-   retried alone (a conversation that fails alone again is replaced by ``replace_poison``), and the rest go back to
-   2 — pending facts are re-appended, never lost. When no batch is to blame (a rebalance fenced the group metadata,
-   a coordinator error), the remaining batches are returned as deferred: the caller keeps them pending, polls (which
-   rejoins the group) and checkpoints again. On a retriable error: call the same function again. On a fatal error
-   (``_FENCED`` included): raise; the caller drops the producer and the partition's in-memory state.
+6. On an abortable error: abort; pending facts are re-appended, never lost. Records failing in a shared transaction
+   cannot be pinned on one batch (a broker rejects whole record batches), so every conversation of the group is then
+   retried alone; one whose records fail alone twice with a record fault (oversized, invalid) is poison and replaced
+   by ``replace_poison``. When no record failed (a rebalance fenced the group metadata, a coordinator error), the
+   remaining batches are returned as deferred: the caller keeps them pending, polls (which rejoins the group) and
+   checkpoints again. On a retriable error: call the same function again. On a fatal error (``_FENCED`` included):
+   raise; the caller drops the producer and the partition's in-memory state.
 7. When a commit or abort times out its outcome is unknown: replace the producer (its ``init_transactions`` fences
    any request still in flight; librdkafka has no KIP-890 part 2), check that no transaction is open on the log
    partition (LSO = high watermark), read the log tail written since this checkpoint began, and count the batches
@@ -60,6 +61,19 @@ _log = logging.getLogger(__name__)
 #: Kafka header carrying a log record's batch id, so the appender can recognise its batches without decoding them.
 BATCH_ID_HEADER = "settled.batch_id"
 _MAX_RETRIABLE = 20
+_MAX_COLLATERAL = 3
+#: Delivery errors that a record itself causes (a conversation failing alone with one of them twice is poison).
+_RECORD_FAULTS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_MSG,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError.INVALID_REQUIRED_ACKS,
+        KafkaError.POLICY_VIOLATION,
+    }
+)
 
 
 class ProducerFencedError(Exception):
@@ -178,6 +192,7 @@ class _Group:
     runs: list[Run]
     alone: bool = False
     failures: int = 0
+    poisoned: bool = False
 
     def batches(self) -> list[AppendBatch]:
         return [b for run in self.runs for b in run]
@@ -333,22 +348,32 @@ class TransactionalAppender:
                 else:
                     queue.insert(0, group)
                 continue
-            # Step 6: aborted. Pin the failure on the runs whose records failed and retry them alone; with no
-            # culprit (a rebalance, a coordinator error) defer the rest to the caller's next turn, after it polls.
+            # Step 6: aborted.
             aborts += 1
-            culprits = [run for run in group.runs if any(b.batch_id in failed for b in run)]
-            if not culprits:
+            if not failed:
+                # No record failed (a rebalance fenced the group metadata, a coordinator error): nothing to blame.
+                # Defer the rest to the caller's next turn, after it polls (which rejoins the group).
                 deferred = [b for g in [group, *queue] for b in g.batches()]
                 break
-            if group.alone and group.failures >= 1:
-                (run,) = group.runs
-                why = f"its records failed twice, alone: {', '.join(sorted(failed))}"
+            if not group.alone:
+                # Records failed in a shared transaction. A broker rejects whole record batches and the idempotent
+                # producer's later batches fail too, so delivery errors cannot pin the culprit: retry every
+                # conversation alone.
+                queue[0:0] = [_Group([run], alone=True) for run in group.runs]
+                continue
+            (run,) = group.runs
+            faults = sorted({KafkaError(code).name() for codes in failed.values() for code in codes})
+            if not any(codes & _RECORD_FAULTS for codes in failed.values()):
+                if group.failures >= _MAX_COLLATERAL:
+                    deferred = [b for g in [group, *queue] for b in g.batches()]
+                    break
+                queue.insert(0, _Group([run], alone=True, failures=group.failures + 1))
+                continue
+            if group.poisoned:
+                why = f"its records failed alone twice ({', '.join(faults)})"
                 queue.insert(0, _Group([self._replacement(run, why, replaced)], alone=True))
                 continue
-            others = [run for run in group.runs if run not in culprits]
-            queue[0:0] = ([_Group(others)] if others else []) + [
-                _Group([run], alone=True, failures=1) for run in culprits
-            ]
+            queue.insert(0, _Group([run], alone=True, poisoned=True))
         return CheckpointResult(tuple(committed), tuple(replaced), tuple(deferred), input_offset, transactions, aborts)
 
     def _replacement(self, run: Run, reason: str, replaced: list[tuple[Run, Run]]) -> Run:
@@ -368,13 +393,24 @@ class TransactionalAppender:
         replaced.append((run, replacement))
         return replacement
 
-    def _transaction(self, batches: Sequence[AppendBatch], input_offset: int | None) -> tuple[str, set[str]]:
+    def _transaction(self, batches: Sequence[AppendBatch], input_offset: int | None) -> tuple[str, dict[str, set[int]]]:
         """Run steps 2-5 once. Returns ("committed" | "aborted" | "unknown", ids of batches with delivery errors)."""
         producer = self._producer
         assert producer is not None  # checked by checkpoint()
-        failed: set[str] = set()
+        failed: dict[str, set[int]] = {}
         self._delivered_log_offsets.clear()
         try:
+            if input_offset is not None and fault_enabled("offsets_in_separate_transaction"):
+                # Fault switch: the input offset commits in its own transaction before the records (the classic
+                # "offset stored before the durable write"): a crash in between loses inputs. Breaks it on purpose.
+                self._call(producer.begin_transaction, "begin_transaction")
+                offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
+                meta = self.group_metadata()
+                self._call(lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
+                           "send_offsets_to_transaction")  # fmt: skip
+                self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
+                failpoint("appender.between_split_transactions")
+                input_offset = None
             # Step 2.
             self._call(producer.begin_transaction, "begin_transaction")
             # Step 3.
@@ -390,11 +426,6 @@ class TransactionalAppender:
             # Step 4.
             if input_offset is not None:
                 offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
-                if fault_enabled("offsets_in_separate_transaction"):
-                    # Fault switch: records and offsets in two transactions (breaks atomicity on purpose).
-                    self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
-                    failpoint("appender.between_split_transactions")
-                    self._call(producer.begin_transaction, "begin_transaction")
                 meta = self.group_metadata()
                 self._call(lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
                            "send_offsets_to_transaction")  # fmt: skip
@@ -425,11 +456,11 @@ class TransactionalAppender:
         failpoint("appender.after_commit")
         return "committed", failed
 
-    def _produce(self, producer: Producer, rec: OutRecord, batch_id: str, failed: set[str]) -> None:
+    def _produce(self, producer: Producer, rec: OutRecord, batch_id: str, failed: dict[str, set[int]]) -> None:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
                 _log.warning("delivery failed", extra={"batch_id": batch_id, "error": str(err)})
-                failed.add(batch_id)
+                failed.setdefault(batch_id, set()).add(err.code())
             elif msg.topic() == self.log_topic:
                 self._delivered_log_offsets.append(msg.offset())
 
@@ -443,7 +474,7 @@ class TransactionalAppender:
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    failed.add(batch_id)
+                    failed.setdefault(batch_id, set()).add(err.code())
                     raise KafkaException(KafkaError(KafkaError._INCONSISTENT, str(err))) from exc
                 raise
 
