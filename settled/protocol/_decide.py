@@ -1,0 +1,873 @@
+"""Decision functions: state + one input (+ time and ids) → the events to append and the side records to emit.
+
+Each function reads a `ConversationState` (the worker passes its *scratch* state: the committed state with the
+open transaction's pending batches folded in, DESIGN.md §3, so one key proposed twice inside one open transaction
+is admitted once) and returns a `Decision`: the log events, in order, and the receipt, settlement record or
+quarantine record that must commit in the same Kafka transaction. Nothing here reads a clock, makes an id or does
+I/O: ``now`` and ids are arguments (DESIGN.md §1b).
+
+Every inbox input yields exactly one log event carrying its ``input_ref`` (DESIGN.md §3): `SubmissionAdmitted`,
+`SubmissionDuplicate`, `SubmissionRejected`, `InputQuarantined`, `AbortRecorded`, `CommandRejected` or
+`UnknownResolved`. A decision asked for an input that is already decided raises `InputAlreadyDecided`: the caller
+skips re-read inputs (`ConversationState.is_decided`, `PartitionState.is_decided`).
+
+Receipt reasons read ``"<code>: <detail>"``; ``<code>`` is a `SubmissionRejectReason` or `CommandRejectReason`
+value (`reason_code` splits it off). A lost abort race reads ``"already_terminal: <outcome> won: ..."``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from settled.protocol._errors import (
+    IllegalTransition,
+    InputAlreadyDecided,
+    TerminalOutcomeConflict,
+    UnknownSubmission,
+    WrongConversation,
+)
+from settled.protocol._fold import ConversationState, PartitionState, Submission
+from settled.protocol._states import SubmissionState, outcome_state
+from settled.schemas import (
+    AbortRecorded,
+    AbortRequested,
+    AttemptInterrupted,
+    AttemptStarted,
+    CommandKind,
+    CommandRejected,
+    CommandRejectReason,
+    InputApplied,
+    InputQuarantined,
+    InputRef,
+    LogEvent,
+    OwnershipClaimed,
+    QuarantineReason,
+    QuarantineRecord,
+    Receipt,
+    ReceiptOutcome,
+    RequestKind,
+    ResolutionKind,
+    ResolveUnknown,
+    Settlement,
+    SettlementOutcome,
+    SettlementRecord,
+    SubmissionAdmitted,
+    SubmissionDuplicate,
+    SubmissionProposed,
+    SubmissionReady,
+    SubmissionRejected,
+    SubmissionRejectReason,
+    UnknownResolved,
+    json_digest,
+    payload_digest,
+)
+
+__all__ = [
+    "Decision",
+    "SettleAborted",
+    "StartAttempt",
+    "abort",
+    "admit",
+    "claim",
+    "interrupt",
+    "quarantine",
+    "reason_code",
+    "reject_command",
+    "reject_submission",
+    "resolve",
+    "schedule",
+    "start_attempt",
+    "terminalize",
+]
+
+S = SubmissionState
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one decision appends and emits, all in one Kafka transaction (DESIGN.md §3, §4).
+
+    Attributes:
+        events: Log events for the conversation's next canonical batch, in order.
+        receipt: The reply for ``settled.receipts``, when the input is a submission or a command.
+        settlement: The ``settled.settlements`` record, when the decision settles a submission (issue 5 item 5:
+            it commits with the canonical `Settlement`, which is the whole terminalization boundary).
+        quarantine: The ``settled.quarantine`` record, when the input is set aside.
+    """
+
+    events: tuple[LogEvent, ...]
+    receipt: Receipt | None = None
+    settlement: SettlementRecord | None = None
+    quarantine: QuarantineRecord | None = None
+
+    @property
+    def submission_id(self) -> str | None:
+        """The submission the batch is about (the envelope's ``submission_id``), when its first event names one."""
+        return getattr(self.events[0], "submission_id", None) if self.events else None
+
+
+@dataclass(frozen=True, slots=True)
+class StartAttempt:
+    """`schedule`'s answer: start the next attempt of this submission (spec §5).
+
+    Attributes:
+        submission_id: The submission.
+        attempt: The attempt number `start_attempt` will record.
+    """
+
+    submission_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class SettleAborted:
+    """`schedule`'s answer: an inactive submission with a recorded abort settles aborted now (spec §13).
+
+    Call `terminalize` with `SettlementOutcome.ABORTED`.
+
+    Attributes:
+        submission_id: The submission.
+    """
+
+    submission_id: str
+
+
+def reason_code(reason: str) -> str:
+    """Return the code part of a receipt reason (``"<code>: <detail>"``).
+
+    Args:
+        reason: A receipt's ``reason``.
+
+    Returns:
+        The code, e.g. ``"idempotency_conflict"``.
+    """
+    return reason.split(":", 1)[0]
+
+
+def _reason(code: str, detail: str) -> str:
+    return f"{code}: {detail}"
+
+
+def _check_input(state: ConversationState, conversation_id: str, input_ref: InputRef) -> None:
+    if conversation_id != state.conversation_id:
+        raise WrongConversation(state.conversation_id, conversation_id)
+    if state.is_decided(input_ref):
+        raise InputAlreadyDecided(input_ref)
+
+
+def _get(state: ConversationState, submission_id: str) -> Submission:
+    found = state.submission(submission_id)
+    if found is None:
+        raise UnknownSubmission(state.conversation_id, submission_id)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------- admission
+
+
+def _invalid_field(proposal: SubmissionProposed) -> tuple[str, str] | None:
+    for name in ("submission_id", "principal", "idempotency_key"):
+        value: str = getattr(proposal, name)
+        if not value.strip():
+            return name, f"{name} is empty"
+    tools = proposal.payload.tools_offered
+    for tool in tools:
+        if not tool.strip():
+            return "payload.tools_offered", "a tool name is empty"
+    if len(set(tools)) != len(tools):
+        repeated = sorted({tool for tool in tools if tools.count(tool) > 1})
+        return "payload.tools_offered", f"tool names repeat: {repeated}"
+    return None
+
+
+def admit(state: ConversationState, proposal: SubmissionProposed, input_ref: InputRef, now: datetime) -> Decision:
+    """Decide a `SubmissionProposed` (DUR-001, DESIGN.md §4, spec §4).
+
+    In order: a decodable but invalid proposal is rejected naming the field; a ``payload_digest`` that is not the
+    digest of the canonical payload (recomputed here with `settled.schemas.payload_digest`) is rejected; the key is
+    resolved in scope principal + conversation: a known key with the same digest is a duplicate (a
+    `SubmissionDuplicate` and a receipt pointing at the original and its sequence), with another digest a conflict
+    (`SubmissionRejected` ``idempotency_conflict`` naming the key); a new key whose ``submission_id`` already names
+    another submission is rejected naming ``submission_id``; otherwise the next submission sequence is allocated
+    and `SubmissionAdmitted` + `SubmissionReady` + an admitted receipt are returned (readiness and the receipt
+    commit together: DUR-001).
+
+    Args:
+        state: The conversation's scratch state (committed + pending; DESIGN.md §3).
+        proposal: The decoded, upcast proposal.
+        input_ref: Where it was read.
+        now: The decision time (receipt ``decided_at``).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversation: If the proposal is for another conversation.
+        InputAlreadyDecided: If ``input_ref`` is already decided.
+    """
+    _check_input(state, proposal.conversation_id, input_ref)
+    invalid = _invalid_field(proposal)
+    if invalid is not None:
+        return reject_submission(
+            state, proposal, input_ref, now, reason=SubmissionRejectReason.INVALID, field=invalid[0], detail=invalid[1]
+        )
+    digest = payload_digest(proposal.payload)
+    if digest != proposal.payload_digest:
+        return reject_submission(
+            state,
+            proposal,
+            input_ref,
+            now,
+            reason=SubmissionRejectReason.DIGEST_MISMATCH,
+            field="payload_digest",
+            detail=f"payload_digest {proposal.payload_digest} is not the canonical payload's digest {digest}",
+        )
+    known = state.lookup_key(proposal.principal, proposal.idempotency_key)
+    if known is not None:
+        if known.payload_digest != digest:
+            return reject_submission(
+                state,
+                proposal,
+                input_ref,
+                now,
+                reason=SubmissionRejectReason.IDEMPOTENCY_CONFLICT,
+                field="idempotency_key",
+                detail=(
+                    f"idempotency key {proposal.idempotency_key!r} of principal {proposal.principal!r} was admitted "
+                    f"as submission {known.submission_id!r} with another payload"
+                ),
+            )
+        return Decision(
+            events=(
+                SubmissionDuplicate(
+                    submission_id=proposal.submission_id,
+                    original_submission_id=known.submission_id,
+                    idempotency_key=proposal.idempotency_key,
+                    input_ref=input_ref,
+                ),
+            ),
+            receipt=Receipt(
+                request_kind=RequestKind.SUBMISSION,
+                request_id=proposal.submission_id,
+                outcome=ReceiptOutcome.DUPLICATE,
+                original_submission_id=known.submission_id,
+                submission_seq=known.submission_seq,
+                conversation_id=state.conversation_id,
+                decided_at=now,
+            ),
+        )
+    if state.submission(proposal.submission_id) is not None:
+        return reject_submission(
+            state,
+            proposal,
+            input_ref,
+            now,
+            reason=SubmissionRejectReason.INVALID,
+            field="submission_id",
+            detail=f"submission_id {proposal.submission_id!r} already names a submission admitted under another key",
+        )
+    seq = state.last_submission_seq + 1
+    return Decision(
+        events=(
+            SubmissionAdmitted(
+                submission_id=proposal.submission_id,
+                conversation_id=state.conversation_id,
+                principal=proposal.principal,
+                idempotency_key=proposal.idempotency_key,
+                payload_digest=digest,
+                submission_seq=seq,
+                tools_offered=proposal.payload.tools_offered,
+                input_json=proposal.payload.input_json,
+                input_ref=input_ref,
+            ),
+            SubmissionReady(submission_id=proposal.submission_id, submission_seq=seq),
+        ),
+        receipt=Receipt(
+            request_kind=RequestKind.SUBMISSION,
+            request_id=proposal.submission_id,
+            outcome=ReceiptOutcome.ADMITTED,
+            submission_seq=seq,
+            conversation_id=state.conversation_id,
+            decided_at=now,
+        ),
+    )
+
+
+def reject_submission(
+    state: ConversationState,
+    proposal: SubmissionProposed,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    reason: SubmissionRejectReason,
+    detail: str,
+    field: str | None = None,
+) -> Decision:
+    """Reject a decodable proposal: `SubmissionRejected` + a rejected receipt (DESIGN.md §4).
+
+    `admit` uses it; the worker calls it directly for what only the shell can see (``misrouted``: the key hashes to
+    another partition, DESIGN.md §2; ``unauthorized``).
+
+    Args:
+        state: The conversation's scratch state.
+        proposal: The proposal.
+        input_ref: Where it was read.
+        now: The decision time.
+        reason: The reason code.
+        detail: Human-readable detail, naming the field or key.
+        field: The offending field, when one is.
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversation: If the proposal is for another conversation.
+        InputAlreadyDecided: If ``input_ref`` is already decided.
+    """
+    _check_input(state, proposal.conversation_id, input_ref)
+    return Decision(
+        events=(
+            SubmissionRejected(
+                submission_id=proposal.submission_id,
+                idempotency_key=proposal.idempotency_key,
+                reason=reason,
+                field=field,
+                detail=detail,
+                input_ref=input_ref,
+            ),
+        ),
+        receipt=Receipt(
+            request_kind=RequestKind.SUBMISSION,
+            request_id=proposal.submission_id,
+            outcome=ReceiptOutcome.REJECTED,
+            reason=_reason(reason.value, detail),
+            conversation_id=state.conversation_id,
+            decided_at=now,
+        ),
+    )
+
+
+def quarantine(
+    input_ref: InputRef,
+    reason: QuarantineReason,
+    detail: str,
+    *,
+    raw: bytes,
+    raw_size_bytes: int,
+    now: datetime,
+    raw_limit_bytes: int,
+    key: bytes | None = None,
+) -> Decision:
+    """Set aside an inbox record that cannot be decoded or is over the hard size limit (DESIGN.md §4, issue 4).
+
+    A decodable but invalid submission is rejected instead (`admit`). The caller folds `InputQuarantined` into any
+    conversation's batch (the record's key when it is one, else a partition-level id); `PartitionState.is_decided`
+    finds it whatever the conversation.
+
+    Args:
+        input_ref: Where it was read.
+        reason: The reason code.
+        detail: Human-readable detail (e.g. the decode error).
+        raw: The record's value (truncated here to ``raw_limit_bytes``).
+        raw_size_bytes: The value's full size.
+        now: The decision time.
+        raw_limit_bytes: How much of ``raw`` (and ``key``) the quarantine record keeps.
+        key: The record's key, when it had one.
+
+    Returns:
+        The decision: `InputQuarantined` and the quarantine record.
+
+    Raises:
+        ValueError: If ``raw_limit_bytes`` or ``raw_size_bytes`` is negative.
+    """
+    if raw_limit_bytes < 0:
+        raise ValueError(f"raw_limit_bytes must be >= 0, got {raw_limit_bytes}")
+    if raw_size_bytes < 0:
+        raise ValueError(f"raw_size_bytes must be >= 0, got {raw_size_bytes}")
+    return Decision(
+        events=(InputQuarantined(reason=reason, detail=detail, raw_size_bytes=raw_size_bytes, input_ref=input_ref),),
+        quarantine=QuarantineRecord(
+            topic=input_ref.topic,
+            partition=input_ref.partition,
+            offset=input_ref.offset,
+            reason=reason,
+            detail=detail,
+            key=None if key is None else key[:raw_limit_bytes],
+            raw=raw[:raw_limit_bytes],
+            raw_size_bytes=raw_size_bytes,
+            quarantined_at=now,
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ scheduling
+
+
+def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
+    """Return what the conversation does next (DUR-004, DUR-005, spec §5, §13).
+
+    First, an inactive submission (admitted or ready) with a recorded abort settles aborted, lowest sequence
+    first, without waiting for its turn (spec §13). Else, when the lane is held (an active submission), its next
+    attempt starts only if it is back in Ready (interrupted, or an Unknown resolved); otherwise nothing starts
+    (at most one active, DUR-005). Else the queue's head starts if it is Ready (FIFO by submission sequence,
+    DUR-004); settled rows (aborted ones included) are not in the queue, and an admitted-but-not-ready head blocks.
+
+    Args:
+        state: The conversation's scratch state.
+
+    Returns:
+        `SettleAborted`, `StartAttempt`, or None when nothing is to do.
+    """
+    for submission_id in state.queue:
+        sub = state.submissions[submission_id]
+        if sub.abort_requested and sub.state in (S.ADMITTED, S.READY):
+            return SettleAborted(submission_id)
+    active = state.active()
+    if active is not None:
+        return StartAttempt(active.submission_id, active.attempt_count + 1) if active.state is S.READY else None
+    if not state.queue:
+        return None
+    head = state.submissions[state.queue[0]]
+    return StartAttempt(head.submission_id, head.attempt_count + 1) if head.state is S.READY else None
+
+
+def start_attempt(state: ConversationState, submission_id: str, attempt_id: str, owner_epoch: int) -> Decision:
+    """Start the next attempt: `AttemptStarted` (the attempt count, canonical before the attempt runs; DESIGN.md §5).
+
+    On the submission's first attempt `InputApplied` follows: its input enters the conversation's history before
+    the model can read it (spec §4).
+
+    Args:
+        state: The conversation's scratch state.
+        submission_id: The submission `schedule` named.
+        attempt_id: A new attempt id (made by the caller).
+        owner_epoch: The worker's current owner epoch (the batch's).
+
+    Returns:
+        The decision.
+
+    Raises:
+        UnknownSubmission: If the conversation holds no such submission.
+        IllegalTransition: If `schedule` does not name this submission to start.
+    """
+    sub = _get(state, submission_id)
+    nxt = schedule(state)
+    if not (isinstance(nxt, StartAttempt) and nxt.submission_id == submission_id):
+        raise IllegalTransition(
+            submission_id,
+            sub.state,
+            S.RUNNING,
+            "AttemptStarted",
+            f"the scheduler's next step is {nxt!r} (DUR-004 FIFO, DUR-005 one active, spec §13 aborts first)",
+        )
+    started = AttemptStarted(
+        submission_id=submission_id, attempt=nxt.attempt, attempt_id=attempt_id, owner_epoch=owner_epoch
+    )
+    if sub.input_applied or sub.input_json is None:
+        return Decision(events=(started,))
+    applied = InputApplied(submission_id=submission_id, attempt_id=attempt_id, input_digest=json_digest(sub.input_json))
+    return Decision(events=(started, applied))
+
+
+def interrupt(state: ConversationState, submission_id: str, reason: str) -> Decision:
+    """Record that a running attempt stops for an ownership change the log explains (graceful revoke; §5).
+
+    Folded, it takes Running → Ready, or Running → Recovery when a call is in doubt.
+
+    Args:
+        state: The conversation's scratch state.
+        submission_id: The running submission.
+        reason: Why, e.g. ``"graceful_revoke"``.
+
+    Returns:
+        The decision: one `AttemptInterrupted`.
+
+    Raises:
+        UnknownSubmission: If the conversation holds no such submission.
+        IllegalTransition: If it is not running.
+    """
+    sub = _get(state, submission_id)
+    if sub.state is not S.RUNNING or sub.attempt_id is None:
+        raise IllegalTransition(submission_id, sub.state, S.READY, "AttemptInterrupted", "only a running attempt")
+    return Decision(events=(AttemptInterrupted(submission_id=submission_id, attempt_id=sub.attempt_id, reason=reason),))
+
+
+def claim(state: PartitionState, worker_id: str, now: datetime) -> OwnershipClaimed:
+    """Return the new owner's claim, claim step 5 (DESIGN.md §3): the latest claim's epoch + 1.
+
+    The batch carrying it must have that epoch as its owner epoch; folded, every running attempt of the partition
+    goes to Recovery (its worker disappeared).
+
+    Args:
+        state: The restored partition state.
+        worker_id: The claiming worker.
+        now: The claim time.
+
+    Returns:
+        The `OwnershipClaimed` event.
+    """
+    return OwnershipClaimed(
+        partition=state.partition, owner_epoch=state.claim_epoch + 1, worker_id=worker_id, claimed_at=now
+    )
+
+
+# -------------------------------------------------------------------------------------------- terminalization
+
+
+def _settle(
+    state: ConversationState,
+    sub: Submission,
+    outcome: SettlementOutcome,
+    now: datetime,
+    *,
+    reply_json: str | None = None,
+    reply_digest: str | None = None,
+    reply_ref: str | None = None,
+    error_type: str | None = None,
+    error_reason: str | None = None,
+) -> tuple[Settlement, SettlementRecord]:
+    if reply_json is not None and reply_digest is None:
+        reply_digest = json_digest(reply_json)
+    settlement = Settlement(
+        submission_id=sub.submission_id,
+        outcome=outcome,
+        reply_json=reply_json,
+        reply_digest=reply_digest,
+        reply_ref=reply_ref,
+        error_type=error_type,
+        error_reason=error_reason,
+        attempt_count=sub.attempt_count,
+        settled_at=now,
+    )
+    record = SettlementRecord(
+        conversation_id=state.conversation_id,
+        submission_id=sub.submission_id,
+        submission_seq=sub.submission_seq,
+        outcome=outcome,
+        reply_json=reply_json,
+        reply_digest=reply_digest,
+        reply_ref=reply_ref,
+        error_type=error_type,
+        error_reason=error_reason,
+        attempt_count=sub.attempt_count,
+        settled_at=now,
+    )
+    return settlement, record
+
+
+def _abort_reason(sub: Submission) -> str:
+    return sub.abort_reason if sub.abort_reason else "aborted by request"
+
+
+def terminalize(
+    state: ConversationState,
+    submission_id: str,
+    outcome: SettlementOutcome,
+    now: datetime,
+    *,
+    reply_json: str | None = None,
+    reply_digest: str | None = None,
+    reply_ref: str | None = None,
+    error_type: str | None = None,
+    error_reason: str | None = None,
+) -> Decision:
+    """Settle a submission: the canonical `Settlement` and its ``settled.settlements`` record (spec §12, DUR-011).
+
+    The spec's reserve → canonical append → ledger finalize spans separate stores; here the `Settlement` and the
+    settlements record commit in one Kafka transaction, which is the whole boundary (issue 5 item 5). The lane is
+    released when the settlement is folded.
+
+    An abort recorded before the settlement wins (DUR-012, spec §13: the abort became canonical first and its
+    receipt said ``applied``): whatever ``outcome`` is asked, the settlement is ``aborted`` with the abort's reason
+    and no reply; read the outcome from ``Decision.settlement``.
+
+    Args:
+        state: The conversation's scratch state.
+        submission_id: The submission.
+        outcome: The outcome the run decided.
+        now: Settlement time.
+        reply_json: Final reply or return value, canonical JSON, when inline.
+        reply_digest: Its digest (computed from ``reply_json`` when not given; required with ``reply_ref``).
+        reply_ref: Where an over-limit reply is found (the caller stores it first).
+        error_type: For failed: the error type.
+        error_reason: For failed or aborted: the reason.
+
+    Returns:
+        The decision: one `Settlement` and the settlement record.
+
+    Raises:
+        UnknownSubmission: If the conversation holds no such submission.
+        TerminalOutcomeConflict: If the submission is already settled, or another outcome is reserved (§12).
+        IllegalTransition: If its state does not allow settling (e.g. queued without an abort, Unknown, Recovery).
+    """
+    sub = _get(state, submission_id)
+    if sub.outcome is not None:
+        raise TerminalOutcomeConflict(submission_id, sub.outcome, outcome, settled=True)
+    if sub.abort_requested:
+        outcome = SettlementOutcome.ABORTED
+        reply_json = reply_digest = reply_ref = error_type = None
+        error_reason = _abort_reason(sub)
+    elif sub.reserved_outcome is not None and sub.reserved_outcome is not outcome:
+        raise TerminalOutcomeConflict(submission_id, sub.reserved_outcome, outcome, settled=False)
+    settles_inactive = sub.state in (S.ADMITTED, S.READY) and outcome is SettlementOutcome.ABORTED
+    if not (sub.state in (S.RUNNING, S.TERMINALIZING, S.JOINED) or settles_inactive):
+        raise IllegalTransition(
+            submission_id,
+            sub.state,
+            outcome_state(outcome),
+            "Settlement",
+            "a submission settles when running, terminalizing or joined, or aborted while inactive (spec §3, §13)",
+        )
+    settlement, record = _settle(
+        state,
+        sub,
+        outcome,
+        now,
+        reply_json=reply_json,
+        reply_digest=reply_digest,
+        reply_ref=reply_ref,
+        error_type=error_type,
+        error_reason=error_reason,
+    )
+    return Decision(events=(settlement,), settlement=record)
+
+
+# ------------------------------------------------------------------------------------------------------ commands
+
+
+def reject_command(
+    state: ConversationState,
+    command: AbortRequested | ResolveUnknown,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    reason: CommandRejectReason,
+    detail: str,
+    winning_outcome: SettlementOutcome | None = None,
+) -> Decision:
+    """Reject a command: `CommandRejected` + a rejected receipt, nothing else (DESIGN.md §4; issue 5 items 6, 7).
+
+    `abort` and `resolve` use it; the worker calls it directly for a forged or unsigned resolution
+    (``bad_signature``, ``unsigned``, ``unknown_key``) or a misrouted command.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The command.
+        input_ref: Where it was read.
+        now: The decision time.
+        reason: The reason code.
+        detail: Human-readable detail.
+        winning_outcome: For ``already_terminal``: the outcome that won (DUR-012).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversation: If the command is for another conversation.
+        InputAlreadyDecided: If ``input_ref`` is already decided.
+    """
+    _check_input(state, command.conversation_id, input_ref)
+    kind = CommandKind.ABORT if isinstance(command, AbortRequested) else CommandKind.RESOLVE_UNKNOWN
+    return Decision(
+        events=(
+            CommandRejected(
+                command_id=command.command_id,
+                command_kind=kind,
+                submission_id=command.submission_id,
+                reason=reason,
+                detail=detail,
+                winning_outcome=winning_outcome,
+                input_ref=input_ref,
+            ),
+        ),
+        receipt=_command_receipt(
+            state, command.command_id, ReceiptOutcome.REJECTED, now, _reason(reason.value, detail)
+        ),
+    )
+
+
+def _command_receipt(
+    state: ConversationState, command_id: str, outcome: ReceiptOutcome, now: datetime, reason: str | None = None
+) -> Receipt:
+    return Receipt(
+        request_kind=RequestKind.COMMAND,
+        request_id=command_id,
+        outcome=outcome,
+        reason=reason,
+        conversation_id=state.conversation_id,
+        decided_at=now,
+    )
+
+
+def _precheck_command(
+    state: ConversationState, command: AbortRequested | ResolveUnknown, input_ref: InputRef, now: datetime
+) -> Decision | Submission:
+    """Shared checks: a repeated command id, an unknown target, a settled target. Returns the target if none hit."""
+    _check_input(state, command.conversation_id, input_ref)
+    previous_target = state.applied_commands.get(command.command_id)
+    if previous_target is not None and previous_target != command.submission_id:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.INVALID,
+            detail=f"command_id {command.command_id!r} was already applied to submission {previous_target!r}",
+        )
+    sub = state.submission(command.submission_id)
+    if sub is None:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.UNKNOWN_TARGET,
+            detail=f"conversation {state.conversation_id!r} has no submission {command.submission_id!r}",
+        )
+    if previous_target is None and sub.outcome is not None:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.ALREADY_TERMINAL,
+            detail=f"{sub.outcome.value} won: submission {sub.submission_id!r} settled {sub.outcome.value} first",
+            winning_outcome=sub.outcome,
+        )
+    return sub
+
+
+def abort(state: ConversationState, command: AbortRequested, input_ref: InputRef, now: datetime) -> Decision:
+    """Decide an `AbortRequested` (DUR-012, spec §13).
+
+    * unknown target → `CommandRejected` ``unknown_target`` and nothing else;
+    * the same command again (its id already applied) → a duplicate receipt; the log gets the same `AbortRecorded`
+      again with the new ``input_ref`` (it changes nothing; it records that input as decided);
+    * target settled → `CommandRejected` ``already_terminal`` naming the winning outcome (a completed or failed
+      submission cannot later become aborted);
+    * target with another outcome reserved (Terminalizing) → the same rejection naming the reserved outcome;
+    * target admitted or ready (queued, never claimed, or between attempts) → `AbortRecorded` and an aborted
+      `Settlement` at once, without an attempt or waiting for its turn, + the settlement record + applied receipt;
+    * target active (running, in recovery, Unknown, terminalizing without a reserved outcome, joining, joined) →
+      `AbortRecorded` (canonical before the worker is interrupted) + applied receipt. The worker then interrupts
+      the attempt and settles aborted (`terminalize`); recovery and resolutions settle it aborted later.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The decoded command.
+        input_ref: Where it was read.
+        now: The decision time.
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversation: If the command is for another conversation.
+        InputAlreadyDecided: If ``input_ref`` is already decided.
+    """
+    checked = _precheck_command(state, command, input_ref, now)
+    if isinstance(checked, Decision):
+        return checked
+    sub = checked
+    recorded = AbortRecorded(
+        command_id=command.command_id,
+        submission_id=command.submission_id,
+        principal=command.principal,
+        reason=command.reason,
+        input_ref=input_ref,
+    )
+    if command.command_id in state.applied_commands:
+        return Decision(
+            events=(recorded,), receipt=_command_receipt(state, command.command_id, ReceiptOutcome.DUPLICATE, now)
+        )
+    if sub.reserved_outcome is not None and sub.reserved_outcome is not SettlementOutcome.ABORTED:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.ALREADY_TERMINAL,
+            detail=f"{sub.reserved_outcome.value} won: submission {sub.submission_id!r} is terminalizing",
+            winning_outcome=sub.reserved_outcome,
+        )
+    applied = _command_receipt(state, command.command_id, ReceiptOutcome.APPLIED, now)
+    if sub.state in (S.ADMITTED, S.READY):
+        reason = command.reason if command.reason else (sub.abort_reason or "aborted by request")
+        settlement, record = _settle(state, sub, SettlementOutcome.ABORTED, now, error_reason=reason)
+        return Decision(events=(recorded, settlement), receipt=applied, settlement=record)
+    return Decision(events=(recorded,), receipt=applied)
+
+
+def resolve(state: ConversationState, command: ResolveUnknown, input_ref: InputRef, now: datetime) -> Decision:
+    """Decide a `ResolveUnknown` whose signature the caller has verified (DESIGN.md §4, §5; DUR-009).
+
+    The worker verifies the Ed25519 signature first and answers a forged or unsigned command with
+    `reject_command`. Then: unknown target → ``unknown_target``; settled target → ``already_terminal`` naming the
+    winner; the same command again → duplicate receipt (the same `UnknownResolved` again with the new
+    ``input_ref``); a call that is not Unknown → ``not_unknown``. Otherwise `UnknownResolved` + applied receipt;
+    ``outcome_for_submission`` also settles the submission in the same batch (Unknown → Terminalizing → outcome;
+    aborted when an abort was recorded, DESIGN.md §5), ``call_outcome`` / ``safe_to_retry`` make it Ready once its
+    last Unknown call is resolved.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The verified command.
+        input_ref: Where it was read.
+        now: The decision time.
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversation: If the command is for another conversation.
+        InputAlreadyDecided: If ``input_ref`` is already decided.
+    """
+    checked = _precheck_command(state, command, input_ref, now)
+    if isinstance(checked, Decision):
+        return checked
+    sub = checked
+    result_digest = None if command.result_json is None else json_digest(command.result_json)
+    resolved = UnknownResolved(
+        command_id=command.command_id,
+        submission_id=command.submission_id,
+        call_id=command.call_id,
+        kind=command.kind,
+        outcome=command.outcome,
+        result_json=command.result_json,
+        result_digest=result_digest,
+        principal=command.principal,
+        key_id=command.key_id,
+        input_ref=input_ref,
+    )
+    if command.command_id in state.applied_commands:
+        return Decision(
+            events=(resolved,), receipt=_command_receipt(state, command.command_id, ReceiptOutcome.DUPLICATE, now)
+        )
+    if sub.state is not S.UNKNOWN or command.call_id not in sub.unknown_calls:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.NOT_UNKNOWN,
+            detail=f"call {command.call_id!r} of submission {sub.submission_id!r} ({sub.state.value}) is not Unknown",
+        )
+    applied = _command_receipt(state, command.command_id, ReceiptOutcome.APPLIED, now)
+    if command.kind is not ResolutionKind.OUTCOME_FOR_SUBMISSION or command.outcome is None:
+        return Decision(events=(resolved,), receipt=applied)
+    if sub.abort_requested:
+        settlement, record = _settle(state, sub, SettlementOutcome.ABORTED, now, error_reason=_abort_reason(sub))
+    else:
+        by = f"resolved by {command.principal} (key {command.key_id}, command {command.command_id})"
+        failed = command.outcome is SettlementOutcome.FAILED
+        settlement, record = _settle(
+            state,
+            sub,
+            command.outcome,
+            now,
+            reply_json=command.result_json if command.outcome is SettlementOutcome.COMPLETED else None,
+            error_type="UnknownResolved" if failed else None,
+            error_reason=None if command.outcome is SettlementOutcome.COMPLETED else by,
+        )
+    return Decision(events=(resolved, settlement), receipt=applied, settlement=record)

@@ -1,0 +1,1002 @@
+"""Conversation state as a fold of canonical events (DESIGN.md §1b, §3, §4; spec §3, §5, §12, §13).
+
+One fold serves the worker's restore, its pending overlay, the recovery classifier (DUR-013) and a reference
+projection for tests: `apply` folds one canonical batch (a `settled.schemas.LogBatch` or anything shaped like it)
+into a `PartitionState` and returns a new state; the old one is unchanged. It is deterministic and total over the
+log event types: every event type has a rule, and every state change is an edge of `settled.protocol.EDGES`.
+
+The fold refuses, with a typed error, what a correct owner never writes (DESIGN.md §3: "a fencing bug shows up as
+an error, not as silent corruption"):
+
+* a batch whose owner epoch is below the latest preceding `OwnershipClaimed` (`StaleEpoch`), a claim that does not
+  raise the epoch, a batch appended at an epoch that was never claimed;
+* a batch that does not continue its conversation's chain (`ChainBroken`: event sequence or previous digest);
+* a transition that is not an edge, or an event in a state that does not permit it (`IllegalTransition`), among
+  them a second terminal outcome (DUR-002), an attempt start while another submission holds the lane (DUR-005) or
+  while an earlier submission is still queued (DUR-004), a settlement other than ``aborted`` after an abort was
+  recorded (DUR-012);
+* an inbox input decided twice, an idempotency key admitted twice, a gap in the submission sequence, an attempt
+  number that skips (`LogInconsistency`).
+
+Pending overlay (DESIGN.md §3): the worker keeps the committed state and a scratch state, ``apply(committed, b)``
+for every batch of the open transaction; decisions read the scratch, so a key proposed twice inside one open
+transaction is admitted once. On commit the scratch becomes the committed state; on abort it is dropped.
+
+Cost: states are copy-on-write. `apply` copies, per batch, the conversation maps the batch writes (the key index
+on an admission, the submission map on a transition) and the partition's conversation map; restoring with `fold`
+copies each map once for the whole run of batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from settled.protocol._errors import ChainBroken, IllegalTransition, LogInconsistency, StaleEpoch
+from settled.protocol._states import (
+    TERMINAL_STATES,
+    Edge,
+    SubmissionState,
+    find_edge,
+    outcome_state,
+)
+from settled.schemas import (
+    AbortRecorded,
+    AttemptInterrupted,
+    AttemptStarted,
+    AvroRecord,
+    CommandRejected,
+    EffectRecorded,
+    Genesis,
+    InputApplied,
+    InputQuarantined,
+    InputRef,
+    LogEvent,
+    ModelResponseCompleted,
+    ModelResponseDelta,
+    OwnershipClaimed,
+    RecoveryDecision,
+    RecoveryDecisionKind,
+    ResolutionKind,
+    Settlement,
+    SettlementOutcome,
+    StepRecorded,
+    SubmissionAdmitted,
+    SubmissionDuplicate,
+    SubmissionReady,
+    SubmissionRejected,
+    ToolCallPrepared,
+    ToolCallRefused,
+    ToolCallSettled,
+    ToolCallUnknown,
+    UnknownResolved,
+    canonical_json,
+    json_digest,
+)
+
+__all__ = [
+    "BatchLike",
+    "ConversationState",
+    "InputKey",
+    "KeyEntry",
+    "PartitionState",
+    "Submission",
+    "Transition",
+    "apply",
+    "apply_traced",
+    "fold",
+    "input_key",
+    "scope_digest",
+]
+
+S = SubmissionState
+
+InputKey = tuple[str, int, int]
+"""An inbox input's (topic, partition, offset)."""
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+def _empty() -> Mapping[Any, Any]:
+    return _EMPTY
+
+
+def input_key(ref: InputRef) -> InputKey:
+    """Return the hashable key of an input reference.
+
+    Args:
+        ref: Where an inbox record was read.
+
+    Returns:
+        ``(topic, partition, offset)``.
+    """
+    return (ref.topic, ref.partition, ref.offset)
+
+
+def scope_digest(principal: str, conversation_id: str, idempotency_key: str) -> str:
+    """Return the key-index entry of an idempotency key: its scope is principal + conversation (DESIGN.md §4).
+
+    Args:
+        principal: Who submits.
+        conversation_id: The conversation.
+        idempotency_key: The client's key.
+
+    Returns:
+        `json_digest` of the canonical JSON array ``[principal, conversation_id, idempotency_key]``.
+    """
+    return json_digest(canonical_json([principal, conversation_id, idempotency_key]))
+
+
+# ---------------------------------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    """What admission keeps per idempotency key for the life of the log (DESIGN.md §3 "Memory", §4).
+
+    Attributes:
+        submission_id: The admitted submission.
+        payload_digest: Digest of its canonical payload (compared with a retry's).
+        submission_seq: Its submission sequence (the receipt's).
+    """
+
+    submission_id: str
+    payload_digest: str
+    submission_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One admitted submission as the fold sees it.
+
+    Attributes:
+        submission_id: Its id.
+        submission_seq: Its conversation-local submission sequence (1, 2, ...; DUR-004).
+        principal: Who submitted.
+        idempotency_key: The client key.
+        payload_digest: Digest of the canonical payload (recomputed at admission).
+        state: Its state (spec §3).
+        input_json: The turn's input; dropped once settled.
+        tools_offered: Tool names offered for the turn; dropped once settled.
+        admitted_input_ref: The inbox record it was admitted from.
+        attempt_count: Attempts started (`AttemptStarted`; DESIGN.md §5).
+        attempt_id: The current (or last) attempt's id.
+        input_applied: True once `InputApplied` is canonical (spec §4).
+        abort_command_ids: Ids of the aborts recorded for it (DUR-012).
+        abort_reason: The first recorded abort's reason.
+        reserved_outcome: The outcome fixed before the settlement (a resolution's decision, or aborted).
+        open_calls: Prepared calls without a settlement or Unknown mark.
+        unknown_calls: Calls marked Unknown and not yet resolved (DUR-009).
+        outcome: The terminal outcome, once settled.
+    """
+
+    submission_id: str
+    submission_seq: int
+    principal: str
+    idempotency_key: str
+    payload_digest: str
+    state: SubmissionState
+    input_json: str | None
+    tools_offered: tuple[str, ...]
+    admitted_input_ref: InputRef | None
+    attempt_count: int = 0
+    attempt_id: str | None = None
+    input_applied: bool = False
+    abort_command_ids: tuple[str, ...] = ()
+    abort_reason: str | None = None
+    reserved_outcome: SettlementOutcome | None = None
+    open_calls: frozenset[str] = frozenset()
+    unknown_calls: frozenset[str] = frozenset()
+    outcome: SettlementOutcome | None = None
+
+    @property
+    def abort_requested(self) -> bool:
+        """True once an abort is recorded for it (its intent authorizes only an aborted settlement; §13)."""
+        return bool(self.abort_command_ids)
+
+    @property
+    def terminal(self) -> bool:
+        """True once settled."""
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    """A conversation's folded state (DESIGN.md §1b, §3, §4).
+
+    Attributes:
+        conversation_id: The conversation.
+        submissions: Every admitted submission by id, settled ones included (compacted).
+        queue: Ids of the nonterminal submissions in submission-sequence order (FIFO, DUR-004).
+        active_submission_id: The submission holding the lane: started and not settled (at most one, DUR-005).
+        last_submission_seq: The last allocated submission sequence.
+        last_event_seq: Event sequence of the conversation's last canonical event.
+        last_batch_digest: Digest of its last batch (the next batch's ``prev_batch_digest``).
+        owner_epoch: Epoch of the partition's latest `OwnershipClaimed`.
+        key_index: `scope_digest` of (principal, conversation, key) → `KeyEntry`, for the life of the log (§4).
+        decided_inputs: Inbox inputs whose decision is canonical; re-read ones are skipped (DESIGN.md §3).
+        applied_commands: Command id → target submission id of every applied command (abort, resolution).
+    """
+
+    conversation_id: str
+    submissions: Mapping[str, Submission] = field(default_factory=_empty)
+    queue: tuple[str, ...] = ()
+    active_submission_id: str | None = None
+    last_submission_seq: int = 0
+    last_event_seq: int = 0
+    last_batch_digest: str | None = None
+    owner_epoch: int = 0
+    key_index: Mapping[str, KeyEntry] = field(default_factory=_empty)
+    decided_inputs: frozenset[InputKey] = frozenset()
+    applied_commands: Mapping[str, str] = field(default_factory=_empty)
+
+    def submission(self, submission_id: str) -> Submission | None:
+        """Return a submission by id.
+
+        Args:
+            submission_id: The id.
+
+        Returns:
+            The submission, or None when the conversation has not admitted it.
+        """
+        return self.submissions.get(submission_id)
+
+    def state_of(self, submission_id: str) -> SubmissionState:
+        """Return a submission's state; `SubmissionState.PROPOSED` for one that is not admitted.
+
+        Args:
+            submission_id: The id.
+
+        Returns:
+            Its state.
+        """
+        found = self.submissions.get(submission_id)
+        return S.PROPOSED if found is None else found.state
+
+    def lookup_key(self, principal: str, idempotency_key: str) -> KeyEntry | None:
+        """Resolve an idempotency key in this conversation (DESIGN.md §4).
+
+        Args:
+            principal: Who submits.
+            idempotency_key: The client key.
+
+        Returns:
+            The admitted submission's entry, or None when the key is new.
+        """
+        return self.key_index.get(scope_digest(principal, self.conversation_id, idempotency_key))
+
+    def is_decided(self, ref: InputRef) -> bool:
+        """Tell whether an inbox input's decision is already canonical (DESIGN.md §3).
+
+        Args:
+            ref: The input.
+
+        Returns:
+            True when a folded event carries this input reference.
+        """
+        return input_key(ref) in self.decided_inputs
+
+    def active(self) -> Submission | None:
+        """Return the submission holding the lane, if any (DUR-005).
+
+        Returns:
+            The active submission or None.
+        """
+        return None if self.active_submission_id is None else self.submissions[self.active_submission_id]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """The folded state of one log partition: its conversations and its ownership (DESIGN.md §3).
+
+    Attributes:
+        partition: The partition number.
+        conversations: Conversation id → state.
+        claim_epoch: Epoch of the latest `OwnershipClaimed` (0 before the first claim).
+        claimed_by: Worker id of that claim.
+        partition_count: Partition count fixed by the `Genesis` record, once folded.
+        quarantined_inputs: Inbox inputs decided by `InputQuarantined`, whatever conversation's batch held them (an
+            undecodable record has no trustworthy conversation; DESIGN.md §3).
+    """
+
+    partition: int
+    conversations: Mapping[str, ConversationState] = field(default_factory=_empty)
+    claim_epoch: int = 0
+    claimed_by: str | None = None
+    partition_count: int | None = None
+    quarantined_inputs: frozenset[InputKey] = frozenset()
+
+    def conversation(self, conversation_id: str) -> ConversationState:
+        """Return a conversation's state, empty when the partition has none yet.
+
+        Args:
+            conversation_id: The conversation.
+
+        Returns:
+            Its state (a new empty one carrying the partition's claim epoch when unknown).
+        """
+        found = self.conversations.get(conversation_id)
+        if found is not None:
+            return found
+        return ConversationState(conversation_id=conversation_id, owner_epoch=self.claim_epoch)
+
+    def is_decided(self, ref: InputRef, conversation_id: str | None = None) -> bool:
+        """Tell whether an inbox input's decision is canonical (DESIGN.md §3).
+
+        Args:
+            ref: The input.
+            conversation_id: Its conversation, when the record could be decoded.
+
+        Returns:
+            True when it was quarantined, or decided in ``conversation_id``.
+        """
+        if input_key(ref) in self.quarantined_inputs:
+            return True
+        if conversation_id is None:
+            return False
+        found = self.conversations.get(conversation_id)
+        return found is not None and found.is_decided(ref)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change the fold made: which submission, which edge, which event.
+
+    Attributes:
+        conversation_id: The conversation.
+        submission_id: The submission.
+        edge: The table edge taken (an element of `settled.protocol.EDGES`).
+        event: The causing event.
+    """
+
+    conversation_id: str
+    submission_id: str
+    edge: Edge
+    event: AvroRecord
+
+
+class BatchLike(Protocol):
+    """What the fold reads of a canonical batch; `settled.schemas.LogBatch` has this shape."""
+
+    @property
+    def conversation_id(self) -> str:
+        """The conversation."""
+
+    @property
+    def first_event_seq(self) -> int:
+        """Event sequence of the first event."""
+
+    @property
+    def owner_epoch(self) -> int:
+        """The appender's logical owner epoch."""
+
+    @property
+    def prev_batch_digest(self) -> str | None:
+        """The conversation's previous batch digest."""
+
+    @property
+    def batch_digest(self) -> str:
+        """This batch's digest."""
+
+    @property
+    def events(self) -> Sequence[LogEvent]:
+        """The events."""
+
+
+# --------------------------------------------------------------------------------------------------- builders
+
+
+def _name(event: AvroRecord) -> str:
+    return type(event).__name__
+
+
+class _ConvBuilder:
+    """Mutable working copy of a `ConversationState`; maps are copied on first write."""
+
+    def __init__(self, base: ConversationState, trace: list[Transition]) -> None:
+        self.base = base
+        self.cid = base.conversation_id
+        self.trace = trace
+        self.queue = base.queue
+        self.active = base.active_submission_id
+        self.last_submission_seq = base.last_submission_seq
+        self.last_event_seq = base.last_event_seq
+        self.last_batch_digest = base.last_batch_digest
+        self.owner_epoch = base.owner_epoch
+        self._subs: dict[str, Submission] | None = None
+        self._keys: dict[str, KeyEntry] | None = None
+        self._inputs: set[InputKey] | None = None
+        self._commands: dict[str, str] | None = None
+
+    # -- copy-on-write access ---------------------------------------------------------------------------------
+
+    def subs(self) -> Mapping[str, Submission]:
+        return self.base.submissions if self._subs is None else self._subs
+
+    def put(self, sub: Submission) -> None:
+        if self._subs is None:
+            self._subs = dict(self.base.submissions)
+        self._subs[sub.submission_id] = sub
+
+    def keys(self) -> Mapping[str, KeyEntry]:
+        return self.base.key_index if self._keys is None else self._keys
+
+    def add_key(self, digest: str, entry: KeyEntry) -> None:
+        if self._keys is None:
+            self._keys = dict(self.base.key_index)
+        self._keys[digest] = entry
+
+    def commands(self) -> Mapping[str, str]:
+        return self.base.applied_commands if self._commands is None else self._commands
+
+    def add_command(self, command_id: str, submission_id: str) -> None:
+        if self._commands is None:
+            self._commands = dict(self.base.applied_commands)
+        self._commands[command_id] = submission_id
+
+    def decide(self, event: AvroRecord, ref: InputRef | None) -> None:
+        """Record an inbox input as decided; each input is decided exactly once (DESIGN.md §3)."""
+        if ref is None:
+            return
+        key = input_key(ref)
+        current: frozenset[InputKey] | set[InputKey] = (
+            self.base.decided_inputs if self._inputs is None else self._inputs
+        )
+        if key in current:
+            raise LogInconsistency(
+                self.cid, _name(event), "input_ref", key, "this inbox input is already decided (DESIGN.md §3)"
+            )
+        if self._inputs is None:
+            self._inputs = set(self.base.decided_inputs)
+        self._inputs.add(key)
+
+    def freeze(self) -> ConversationState:
+        return ConversationState(
+            conversation_id=self.cid,
+            submissions=self.base.submissions if self._subs is None else MappingProxyType(self._subs),
+            queue=self.queue,
+            active_submission_id=self.active,
+            last_submission_seq=self.last_submission_seq,
+            last_event_seq=self.last_event_seq,
+            last_batch_digest=self.last_batch_digest,
+            owner_epoch=self.owner_epoch,
+            key_index=self.base.key_index if self._keys is None else MappingProxyType(self._keys),
+            decided_inputs=self.base.decided_inputs if self._inputs is None else frozenset(self._inputs),
+            applied_commands=self.base.applied_commands if self._commands is None else MappingProxyType(self._commands),
+        )
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def get(self, submission_id: str, event: AvroRecord, target: SubmissionState | None) -> Submission:
+        found = self.subs().get(submission_id)
+        if found is None:
+            raise IllegalTransition(
+                submission_id, S.PROPOSED, target, _name(event), "the conversation has not admitted this submission"
+            )
+        return found
+
+    def move(self, sub: Submission, target: SubmissionState, event: AvroRecord, **changes: Any) -> Submission:
+        """Take the table edge ``sub.state -> target`` caused by ``event``, or raise `IllegalTransition`."""
+        edge = find_edge(sub.state, target, event)
+        if edge is None:
+            raise IllegalTransition(
+                sub.submission_id, sub.state, target, _name(event), "not an edge of the state table (spec §3)"
+            )
+        self.trace.append(Transition(self.cid, sub.submission_id, edge, event))
+        moved = dataclasses.replace(sub, state=target, **changes)
+        self.put(moved)
+        return moved
+
+    def require(self, sub: Submission, states: frozenset[SubmissionState], event: AvroRecord, why: str) -> None:
+        """Check that an in-state event (one that changes no state) is permitted in the submission's state."""
+        if sub.state not in states:
+            allowed = ", ".join(sorted(state.value for state in states))
+            raise IllegalTransition(
+                sub.submission_id, sub.state, None, _name(event), f"{why}; permitted only in: {allowed}"
+            )
+
+    def require_attempt(self, sub: Submission, attempt_id: str, event: AvroRecord) -> None:
+        if sub.attempt_id != attempt_id:
+            raise LogInconsistency(
+                self.cid,
+                _name(event),
+                "attempt_id",
+                attempt_id,
+                f"submission {sub.submission_id!r} runs attempt {sub.attempt_id!r}; a stale attempt cannot append "
+                "(spec §6)",
+            )
+
+    def fail(self, event: AvroRecord, field_name: str, value: object, reason: str) -> LogInconsistency:
+        return LogInconsistency(self.cid, _name(event), field_name, value, reason)
+
+    # -- the rules, one per event type -------------------------------------------------------------------------
+
+    def on_claim(self, event: OwnershipClaimed) -> None:
+        """The new owner's claim: an attempt still running in the log lost its worker (spec §3 Running → Recovery)."""
+        self.owner_epoch = event.owner_epoch
+        if self.active is None:
+            return
+        sub = self.subs()[self.active]
+        if sub.state is S.RUNNING:
+            self.move(sub, S.RECOVERY, event)
+
+    def on_admitted(self, event: SubmissionAdmitted, batch_epoch: int) -> None:
+        existing = self.subs().get(event.submission_id)
+        if existing is not None:
+            raise IllegalTransition(
+                event.submission_id, existing.state, S.ADMITTED, _name(event), "the submission is already admitted"
+            )
+        if event.conversation_id != self.cid:
+            raise self.fail(event, "conversation_id", event.conversation_id, "admitted into another conversation")
+        if event.submission_seq != self.last_submission_seq + 1:
+            raise self.fail(
+                event,
+                "submission_seq",
+                event.submission_seq,
+                f"expected {self.last_submission_seq + 1}: the submission sequence has no gaps (DUR-004)",
+            )
+        digest = scope_digest(event.principal, event.conversation_id, event.idempotency_key)
+        known = self.keys().get(digest)
+        if known is not None:
+            raise self.fail(
+                event,
+                "idempotency_key",
+                event.idempotency_key,
+                f"key already admitted as submission {known.submission_id!r} (DUR-001: admitted once per key)",
+            )
+        self.decide(event, event.input_ref)
+        proposed = Submission(
+            submission_id=event.submission_id,
+            submission_seq=event.submission_seq,
+            principal=event.principal,
+            idempotency_key=event.idempotency_key,
+            payload_digest=event.payload_digest,
+            state=S.PROPOSED,
+            input_json=event.input_json,
+            tools_offered=event.tools_offered,
+            admitted_input_ref=event.input_ref,
+        )
+        self.move(proposed, S.ADMITTED, event)
+        self.add_key(digest, KeyEntry(event.submission_id, event.payload_digest, event.submission_seq))
+        self.last_submission_seq = event.submission_seq
+        self.queue = (*self.queue, event.submission_id)
+
+    def on_ready(self, event: SubmissionReady, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, S.READY)
+        if event.submission_seq != sub.submission_seq:
+            raise self.fail(event, "submission_seq", event.submission_seq, f"the submission's is {sub.submission_seq}")
+        self.move(sub, S.READY, event)
+
+    def on_rejected(self, event: SubmissionRejected, batch_epoch: int) -> None:
+        self.decide(event, event.input_ref)
+
+    def on_duplicate(self, event: SubmissionDuplicate, batch_epoch: int) -> None:
+        original = self.subs().get(event.original_submission_id)
+        if original is None:
+            raise self.fail(
+                event, "original_submission_id", event.original_submission_id, "no such admitted submission"
+            )
+        if original.idempotency_key != event.idempotency_key:
+            raise self.fail(
+                event, "idempotency_key", event.idempotency_key, f"the original's key is {original.idempotency_key!r}"
+            )
+        self.decide(event, event.input_ref)
+
+    def on_quarantined(self, event: InputQuarantined, batch_epoch: int) -> None:
+        self.decide(event, event.input_ref)
+
+    def on_command_rejected(self, event: CommandRejected, batch_epoch: int) -> None:
+        self.decide(event, event.input_ref)
+
+    def on_abort(self, event: AbortRecorded, batch_epoch: int) -> None:
+        self.decide(event, event.input_ref)
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is not None:
+            # A repeated abort command: the record only marks its input decided (DUR-012: idempotent).
+            if previous_target != event.submission_id:
+                raise self.fail(
+                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
+                )
+            return
+        sub = self.get(event.submission_id, event, None)
+        if sub.terminal:
+            raise IllegalTransition(
+                sub.submission_id, sub.state, None, _name(event), "a settled submission cannot be aborted (DUR-012)"
+            )
+        if sub.reserved_outcome is not None and sub.reserved_outcome is not SettlementOutcome.ABORTED:
+            raise IllegalTransition(
+                sub.submission_id,
+                sub.state,
+                None,
+                _name(event),
+                f"outcome {sub.reserved_outcome.value} is already reserved (spec §12)",
+            )
+        changes: dict[str, Any] = {"abort_command_ids": (*sub.abort_command_ids, event.command_id)}
+        if not sub.abort_requested:
+            changes["abort_reason"] = event.reason
+        if sub.state is S.TERMINALIZING:
+            changes["reserved_outcome"] = SettlementOutcome.ABORTED
+        self.put(dataclasses.replace(sub, **changes))
+        self.add_command(event.command_id, event.submission_id)
+
+    def on_attempt_started(self, event: AttemptStarted, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, S.RUNNING)
+        if sub.state is S.READY:
+            if sub.abort_requested:
+                raise IllegalTransition(
+                    sub.submission_id, sub.state, S.RUNNING, _name(event), "an abort is recorded (spec §13)"
+                )
+            if self.active is not None and self.active != sub.submission_id:
+                raise IllegalTransition(
+                    sub.submission_id,
+                    sub.state,
+                    S.RUNNING,
+                    _name(event),
+                    f"submission {self.active!r} holds the lane (DUR-005: at most one active per conversation)",
+                )
+            if self.queue and self.queue[0] != sub.submission_id:
+                head = self.subs()[self.queue[0]]
+                raise IllegalTransition(
+                    sub.submission_id,
+                    sub.state,
+                    S.RUNNING,
+                    _name(event),
+                    f"submission {head.submission_id!r} (seq {head.submission_seq}) is ahead of seq "
+                    f"{sub.submission_seq} and not settled (DUR-004: FIFO by submission sequence)",
+                )
+        if event.attempt != sub.attempt_count + 1:
+            raise self.fail(event, "attempt", event.attempt, f"expected {sub.attempt_count + 1}")
+        if event.owner_epoch != batch_epoch:
+            raise self.fail(event, "owner_epoch", event.owner_epoch, f"the batch's owner epoch is {batch_epoch}")
+        self.move(sub, S.RUNNING, event, attempt_count=event.attempt, attempt_id=event.attempt_id)
+        self.active = sub.submission_id
+
+    def on_interrupted(self, event: AttemptInterrupted, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt is interrupted")
+        self.require_attempt(sub, event.attempt_id, event)
+        if sub.open_calls or sub.unknown_calls:
+            self.move(sub, S.RECOVERY, event)
+        else:
+            self.move(sub, S.READY, event)
+
+    def on_input_applied(self, event: InputApplied, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.RUNNING}), event, "input is applied by a running attempt (spec §4)")
+        self.require_attempt(sub, event.attempt_id, event)
+        if sub.input_json is not None and event.input_digest != json_digest(sub.input_json):
+            raise self.fail(event, "input_digest", event.input_digest, "not the digest of the admitted input")
+        self.put(dataclasses.replace(sub, input_applied=True))
+
+    def on_running_record(
+        self,
+        event: ModelResponseDelta | ModelResponseCompleted | ToolCallRefused | StepRecorded | EffectRecorded,
+        batch_epoch: int,
+    ) -> None:
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt appends history")
+        self.require_attempt(sub, event.attempt_id, event)
+
+    def on_prepared(self, event: ToolCallPrepared, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt prepares calls")
+        self.require_attempt(sub, event.attempt_id, event)
+        if event.call_id in sub.open_calls or event.call_id in sub.unknown_calls:
+            raise self.fail(event, "call_id", event.call_id, "the call is already prepared and not settled")
+        self.put(dataclasses.replace(sub, open_calls=sub.open_calls | {event.call_id}))
+
+    def on_tool_settled(self, event: ToolCallSettled, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.RUNNING, S.RECOVERY}), event, "a call settles in its run or by reconciliation")
+        if event.call_id not in sub.open_calls:
+            raise self.fail(event, "call_id", event.call_id, "no prepared, unsettled call with this id (DUR-009)")
+        self.put(dataclasses.replace(sub, open_calls=sub.open_calls - {event.call_id}))
+
+    def on_tool_unknown(self, event: ToolCallUnknown, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, None)
+        if event.call_id not in sub.open_calls:
+            raise self.fail(event, "call_id", event.call_id, "no prepared, unsettled call with this id (DUR-009)")
+        changes: dict[str, Any] = {
+            "open_calls": sub.open_calls - {event.call_id},
+            "unknown_calls": sub.unknown_calls | {event.call_id},
+        }
+        if sub.state is S.RUNNING:
+            self.move(sub, S.RECOVERY, event, **changes)
+        else:
+            self.require(sub, frozenset({S.RECOVERY}), event, "a call is marked Unknown by its run or by recovery")
+            self.put(dataclasses.replace(sub, **changes))
+
+    def on_recovery_decision(self, event: RecoveryDecision, batch_epoch: int) -> None:
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.RECOVERY}), event, "the classifier decides a submission in recovery (DUR-013)")
+        if event.decision is RecoveryDecisionKind.UNKNOWN:
+            if not sub.unknown_calls:
+                raise self.fail(event, "decision", event.decision.value, "no call is marked Unknown (ToolCallUnknown)")
+            self.move(sub, S.UNKNOWN, event)
+        elif event.decision is RecoveryDecisionKind.TERMINALIZE:
+            reserved = SettlementOutcome.ABORTED if sub.abort_requested else None
+            self.move(sub, S.TERMINALIZING, event, reserved_outcome=reserved)
+        else:
+            if sub.unknown_calls:
+                raise IllegalTransition(
+                    sub.submission_id,
+                    sub.state,
+                    S.READY,
+                    _name(event),
+                    f"calls {sorted(sub.unknown_calls)} are Unknown: they block continuation until resolved (§3)",
+                )
+            self.move(sub, S.READY, event, open_calls=frozenset())
+
+    def on_unknown_resolved(self, event: UnknownResolved, batch_epoch: int) -> None:
+        self.decide(event, event.input_ref)
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is not None:
+            if previous_target != event.submission_id:
+                raise self.fail(
+                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
+                )
+            return
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.UNKNOWN}), event, "only an Unknown submission is resolved")
+        if event.call_id not in sub.unknown_calls:
+            raise self.fail(event, "call_id", event.call_id, "the call is not Unknown")
+        remaining = sub.unknown_calls - {event.call_id}
+        if event.kind is ResolutionKind.OUTCOME_FOR_SUBMISSION:
+            if event.outcome is None:
+                raise self.fail(event, "outcome", None, "required for outcome_for_submission")
+            reserved = SettlementOutcome.ABORTED if sub.abort_requested else event.outcome
+            self.move(sub, S.TERMINALIZING, event, unknown_calls=remaining, reserved_outcome=reserved)
+        elif remaining:
+            self.put(dataclasses.replace(sub, unknown_calls=remaining))
+        else:
+            self.move(sub, S.READY, event, unknown_calls=remaining, open_calls=frozenset())
+        self.add_command(event.command_id, event.submission_id)
+
+    def on_settlement(self, event: Settlement, batch_epoch: int) -> None:
+        target = outcome_state(event.outcome)
+        sub = self.get(event.submission_id, event, target)
+        if sub.terminal:
+            raise IllegalTransition(
+                sub.submission_id,
+                sub.state,
+                target,
+                _name(event),
+                "the submission is already settled (DUR-002: exactly one terminal outcome)",
+            )
+        if sub.abort_requested and event.outcome is not SettlementOutcome.ABORTED:
+            raise IllegalTransition(
+                sub.submission_id,
+                sub.state,
+                target,
+                _name(event),
+                "an abort is recorded: only an aborted settlement is authorized (DUR-012, §13)",
+            )
+        if sub.reserved_outcome is not None and event.outcome is not sub.reserved_outcome:
+            raise IllegalTransition(
+                sub.submission_id,
+                sub.state,
+                target,
+                _name(event),
+                f"outcome {sub.reserved_outcome.value} is reserved (spec §12: conflicting outcomes are rejected)",
+            )
+        if event.attempt_count != sub.attempt_count:
+            raise self.fail(event, "attempt_count", event.attempt_count, f"the submission made {sub.attempt_count}")
+        if sub.state is not S.TERMINALIZING and sub.state is not S.JOINED:
+            # Reserve and append are one transaction here (issue 5 item 5): pass through Terminalizing.
+            sub = self.move(sub, S.TERMINALIZING, event)
+        self.move(
+            sub,
+            target,
+            event,
+            outcome=event.outcome,
+            input_json=None,
+            tools_offered=(),
+            open_calls=frozenset(),
+            unknown_calls=frozenset(),
+            reserved_outcome=None,
+        )
+        self.queue = tuple(sid for sid in self.queue if sid != sub.submission_id)
+        if self.active == sub.submission_id:
+            self.active = None  # the lane is released with the canonical settlement (spec §12 steps 3-4)
+
+
+_Rule = Callable[[_ConvBuilder, Any, int], None]
+
+_RULES: dict[type[AvroRecord], _Rule] = {
+    SubmissionAdmitted: _ConvBuilder.on_admitted,
+    SubmissionReady: _ConvBuilder.on_ready,
+    SubmissionRejected: _ConvBuilder.on_rejected,
+    SubmissionDuplicate: _ConvBuilder.on_duplicate,
+    InputQuarantined: _ConvBuilder.on_quarantined,
+    AbortRecorded: _ConvBuilder.on_abort,
+    CommandRejected: _ConvBuilder.on_command_rejected,
+    AttemptStarted: _ConvBuilder.on_attempt_started,
+    AttemptInterrupted: _ConvBuilder.on_interrupted,
+    InputApplied: _ConvBuilder.on_input_applied,
+    ModelResponseDelta: _ConvBuilder.on_running_record,
+    ModelResponseCompleted: _ConvBuilder.on_running_record,
+    ToolCallPrepared: _ConvBuilder.on_prepared,
+    ToolCallSettled: _ConvBuilder.on_tool_settled,
+    ToolCallRefused: _ConvBuilder.on_running_record,
+    ToolCallUnknown: _ConvBuilder.on_tool_unknown,
+    UnknownResolved: _ConvBuilder.on_unknown_resolved,
+    StepRecorded: _ConvBuilder.on_running_record,
+    EffectRecorded: _ConvBuilder.on_running_record,
+    Settlement: _ConvBuilder.on_settlement,
+    RecoveryDecision: _ConvBuilder.on_recovery_decision,
+}
+"""Conversation-scoped rules; `Genesis` and `OwnershipClaimed` are partition-scoped (`_PartitionBuilder`)."""
+
+PARTITION_EVENT_TYPES: tuple[type[AvroRecord], ...] = (Genesis, OwnershipClaimed)
+
+
+class _PartitionBuilder:
+    """Mutable working copy of a `PartitionState` across one or more batches."""
+
+    def __init__(self, base: PartitionState) -> None:
+        self.base = base
+        self.trace: list[Transition] = []
+        self.convs: dict[str, _ConvBuilder] = {}
+        self.claim_epoch = base.claim_epoch
+        self.claimed_by = base.claimed_by
+        self.partition_count = base.partition_count
+        self._quarantined: set[InputKey] | None = None
+
+    def conv(self, conversation_id: str) -> _ConvBuilder:
+        found = self.convs.get(conversation_id)
+        if found is None:
+            base = self.base.conversations.get(conversation_id)
+            if base is None:
+                base = ConversationState(conversation_id=conversation_id, owner_epoch=self.claim_epoch)
+            found = self.convs[conversation_id] = _ConvBuilder(base, self.trace)
+        return found
+
+    def batch(self, batch: BatchLike) -> None:
+        cid = batch.conversation_id
+        epoch = batch.owner_epoch
+        if epoch < self.claim_epoch:
+            raise StaleEpoch(cid, epoch, self.claim_epoch, "the batch was appended under a superseded owner")
+        events = tuple(batch.events)
+        if not events:
+            raise ChainBroken(cid, "events", "at least one event", "none")
+        conv = self.conv(cid)
+        if batch.first_event_seq != conv.last_event_seq + 1:
+            raise ChainBroken(cid, "first_event_seq", conv.last_event_seq + 1, batch.first_event_seq)
+        if batch.prev_batch_digest != conv.last_batch_digest:
+            raise ChainBroken(cid, "prev_batch_digest", conv.last_batch_digest, batch.prev_batch_digest)
+        for event in events:
+            if isinstance(event, OwnershipClaimed):
+                self.claim(cid, epoch, event)
+                continue
+            if isinstance(event, Genesis):
+                self.genesis(cid, event)
+                continue
+            rule = _RULES.get(type(event))
+            if rule is None:  # pragma: no cover - _RULES covers LOG_EVENT_TYPES, a unit test checks it
+                raise LogInconsistency(cid, _name(event), "type", _name(event), "not a settled log event")
+            rule(conv, event, epoch)
+            if isinstance(event, InputQuarantined) and event.input_ref is not None:
+                if self._quarantined is None:
+                    self._quarantined = set(self.base.quarantined_inputs)
+                self._quarantined.add(input_key(event.input_ref))
+        if epoch != self.claim_epoch:
+            raise StaleEpoch(
+                cid, epoch, self.claim_epoch, "the batch's epoch was never claimed (DESIGN.md §3 claim order)"
+            )
+        conv.last_event_seq = batch.first_event_seq + len(events) - 1
+        conv.last_batch_digest = batch.batch_digest
+
+    def claim(self, cid: str, batch_epoch: int, event: OwnershipClaimed) -> None:
+        if event.partition != self.base.partition:
+            raise LogInconsistency(cid, _name(event), "partition", event.partition, f"this is {self.base.partition}")
+        if event.owner_epoch <= self.claim_epoch:
+            raise StaleEpoch(cid, event.owner_epoch, self.claim_epoch, "a claim must raise the owner epoch")
+        if event.owner_epoch != batch_epoch:
+            raise StaleEpoch(cid, batch_epoch, self.claim_epoch, f"the claim inside is epoch {event.owner_epoch}")
+        self.claim_epoch = event.owner_epoch
+        self.claimed_by = event.worker_id
+        for conversation_id in dict.fromkeys((*self.base.conversations, *self.convs)):
+            self.conv(conversation_id).on_claim(event)
+
+    def genesis(self, cid: str, event: Genesis) -> None:
+        if self.partition_count is not None and self.partition_count != event.partition_count:
+            raise LogInconsistency(
+                cid,
+                _name(event),
+                "partition_count",
+                event.partition_count,
+                f"genesis already fixed {self.partition_count} partitions (DESIGN.md §2)",
+            )
+        self.partition_count = event.partition_count
+
+    def freeze(self) -> PartitionState:
+        conversations: Mapping[str, ConversationState] = self.base.conversations
+        if self.convs:
+            merged = dict(self.base.conversations)
+            for cid, builder in self.convs.items():
+                merged[cid] = builder.freeze()
+            conversations = MappingProxyType(merged)
+        return PartitionState(
+            partition=self.base.partition,
+            conversations=conversations,
+            claim_epoch=self.claim_epoch,
+            claimed_by=self.claimed_by,
+            partition_count=self.partition_count,
+            quarantined_inputs=(
+                self.base.quarantined_inputs if self._quarantined is None else frozenset(self._quarantined)
+            ),
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- the fold
+
+
+def apply_traced(state: PartitionState, batch: BatchLike) -> tuple[PartitionState, tuple[Transition, ...]]:
+    """Fold one canonical batch and return the new state with the transitions it made.
+
+    Args:
+        state: The partition's state before the batch (unchanged).
+        batch: The batch (`settled.schemas.LogBatch` or alike), of one conversation of this partition.
+
+    Returns:
+        The new state and the edges taken, in event order.
+
+    Raises:
+        StaleEpoch: If the batch's owner epoch is below the latest preceding claim, a claim does not raise the
+            epoch, or the batch's epoch was never claimed (DESIGN.md §3).
+        ChainBroken: If the batch does not continue its conversation's event sequence and digest chain.
+        IllegalTransition: If an event's transition is not an edge of the table, or the event is not permitted in
+            its submission's state (spec §3).
+        LogInconsistency: If an event contradicts the state otherwise (an input decided twice, a key admitted
+            twice, a sequence gap; DESIGN.md §3, §4).
+    """
+    builder = _PartitionBuilder(state)
+    builder.batch(batch)
+    return builder.freeze(), tuple(builder.trace)
+
+
+def apply(state: PartitionState, batch: BatchLike) -> PartitionState:
+    """Fold one canonical batch (see `apply_traced`).
+
+    Args:
+        state: The partition's state before the batch (unchanged).
+        batch: The batch.
+
+    Returns:
+        The new state.
+
+    Raises:
+        StaleEpoch: See `apply_traced`.
+        ChainBroken: See `apply_traced`.
+        IllegalTransition: See `apply_traced`.
+        LogInconsistency: See `apply_traced`.
+    """
+    return apply_traced(state, batch)[0]
+
+
+def fold(state: PartitionState, batches: Iterable[BatchLike]) -> PartitionState:
+    """Fold a run of batches in log order, copying each map once (the worker's restore; DESIGN.md §3 step 4).
+
+    The result equals applying the batches one by one with `apply`.
+
+    Args:
+        state: The state to start from (``PartitionState(partition=p)`` for a restore from offset 0).
+        batches: The partition's batches in offset order.
+
+    Returns:
+        The folded state.
+
+    Raises:
+        StaleEpoch: See `apply_traced`.
+        ChainBroken: See `apply_traced`.
+        IllegalTransition: See `apply_traced`.
+        LogInconsistency: See `apply_traced`.
+    """
+    builder = _PartitionBuilder(state)
+    for batch in batches:
+        builder.batch(batch)
+        builder.trace.clear()
+    return builder.freeze()
