@@ -50,7 +50,7 @@ SUITES = [
     Suite("integration", 720, (_pytest("tests/integration"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     Suite("bfcl", 240, (_pytest("tests/bfcl"),), junit=True),
-    Suite("fault-switches", 180, ((PY, "scripts/fault_switches.py"),)),
+    Suite("fault-switches", 180, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

@@ -336,9 +336,10 @@ class TransactionalAppender:
                 continue
             if outcome == "unknown":
                 # Step 7: the outcome is unknown. Fence whatever is in flight, then read what the log holds.
+                read_from = self._log_end  # the log end before this transaction (the wait below moves _log_end)
                 self._producer = self._new_producer()
                 self.wait_no_open_transaction()
-                landed = self._batch_ids_since(self._log_end)
+                landed = self._batch_ids_since(read_from)
                 done = [b for b in group_batches if b.batch_id in landed]
                 if done:  # a transaction is all or nothing: either every batch landed or none did
                     transactions += 1
@@ -417,10 +418,10 @@ class TransactionalAppender:
             for batch in batches:
                 for rec in batch.records():
                     self._produce(producer, rec, batch.batch_id, failed)
-            failpoint("appender.after_produce")
             remaining = producer.flush(self.timeout_s)
             if remaining:
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
+            failpoint("appender.after_produce")  # every record is on the broker, uncommitted
             if failed:
                 raise KafkaException(KafkaError(KafkaError._INCONSISTENT, f"delivery failed for batches {failed}"))
             # Step 4.

@@ -34,6 +34,9 @@ __all__ = [
 #: The short names of settled's co-partitioned topics.
 TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine")
 
+#: Configuration entries `describe_topics` reports for every topic (``settled topics describe`` shows them).
+_DESCRIBED = ("retention.ms", "message.timestamp.type", "max.message.bytes")
+
 
 class PartitionCountMismatchError(RuntimeError):
     """A topic's partition count differs from the genesis record's (DESIGN.md §2)."""
@@ -99,7 +102,7 @@ def describe_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicIn
             continue
         resource = ConfigResource(ConfigResource.Type.TOPIC, name)
         entries = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout=timeout_s)
-        keys = {*wanted[name], "max.message.bytes"}
+        keys = {*wanted[name], *_DESCRIBED}
         out.append(TopicInfo(name, len(meta.partitions), {k: str(v.value) for k, v in entries.items() if k in keys}))
     return out
 
