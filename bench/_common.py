@@ -1,0 +1,275 @@
+"""Helpers shared by settled's benchmarks (``bench/``): broker discovery, versions, durability class, tables.
+
+Every benchmark prints the durability class it ran in and the client and broker versions next to its numbers
+(DESIGN.md §3), and measures its bare-Kafka baseline in the same run with the same client settings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+from settled._settings import Settings
+
+__all__ = [
+    "BrokerInfo",
+    "client_versions",
+    "delete_namespace",
+    "describe_broker",
+    "fresh_namespace",
+    "load_average",
+    "percentile",
+    "resolve_bootstrap",
+    "table",
+]
+
+# librdkafka / Kafka default for log.flush.interval.messages: never fsync on a message count (page cache only).
+_NO_FLUSH = str(2**63 - 1)
+
+
+def resolve_bootstrap(cli_value: str | None) -> tuple[str, str]:
+    """Find the broker to benchmark against.
+
+    Order: ``--bootstrap``; ``SETTLED_KAFKA_BOOTSTRAP`` (through `Settings`); the dev stack's broker (started with
+    ``settled dev up``'s code when it is not running, DESIGN.md §8).
+
+    Args:
+        cli_value: The ``--bootstrap`` argument, or ``None``.
+
+    Returns:
+        ``(bootstrap servers, where they came from)``.
+    """
+    if cli_value:
+        return cli_value, "--bootstrap"
+    settings = Settings()
+    if settings.kafka_bootstrap:
+        return settings.kafka_bootstrap, "SETTLED_KAFKA_BOOTSTRAP"
+    from settled.services._cli_dev import stack_from_settings
+
+    stack = stack_from_settings(settings)
+    broker = stack.broker()
+    if broker.is_running():
+        return broker.bootstrap, "dev stack (already running)"
+    bootstrap, _dsn = stack.up()
+    return bootstrap, "dev stack (started by this benchmark)"
+
+
+def fresh_namespace(prefix: str) -> str:
+    """Return a namespace no other run uses: ``<prefix>-<12 hex digits>``.
+
+    Args:
+        prefix: Short lower-case prefix naming the benchmark.
+
+    Returns:
+        The namespace.
+    """
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def delete_namespace(settings: Settings, groups: Iterable[str] = (), timeout_s: float = 30.0) -> list[str]:
+    """Delete every topic under ``settings.namespace`` and the given consumer groups.
+
+    Args:
+        settings: Bootstrap servers and the namespace to remove.
+        groups: Consumer groups to delete (their members must have left).
+        timeout_s: Bound on each admin call, in seconds.
+
+    Returns:
+        The deleted topic names.
+
+    Raises:
+        confluent_kafka.KafkaException: A deletion failed.
+    """
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    prefix = f"{settings.namespace}."
+    topics = sorted(t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith(prefix))
+    if topics:
+        for fut in admin.delete_topics(topics, operation_timeout=timeout_s, request_timeout=timeout_s).values():
+            fut.result()
+    group_list = list(groups)
+    if group_list:
+        for fut in admin.delete_consumer_groups(group_list, request_timeout=timeout_s).values():
+            fut.result()
+    return topics
+
+
+def client_versions() -> str:
+    """Return the confluent-kafka and librdkafka versions, e.g. ``confluent-kafka 2.16.1 / librdkafka 2.16.0``."""
+    client = confluent_kafka.version()
+    library = confluent_kafka.libversion()
+    client_text = client if isinstance(client, str) else client[0]  # a str in 2.16, a (str, int) tuple before
+    library_text = library if isinstance(library, str) else library[0]
+    return f"confluent-kafka {client_text} / librdkafka {library_text}"
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What the benchmark knows about the broker it ran against.
+
+    Attributes:
+        version: The Apache Kafka release, or a sentence saying why it is unknown.
+        brokers: Number of brokers in the cluster.
+        replication_factor: Replicas of the benchmarked topic's partition 0.
+        min_insync_replicas: The topic's ``min.insync.replicas``.
+        flush_interval_messages: The broker's ``log.flush.interval.messages`` (fsync every N messages).
+        flush_interval_ms: The broker's ``log.flush.interval.ms``, or ``"null"`` when unset.
+    """
+
+    version: str
+    brokers: int
+    replication_factor: int
+    min_insync_replicas: str
+    flush_interval_messages: str
+    flush_interval_ms: str
+
+    def durability_class(self) -> str:
+        """Describe what a committed transaction survives here (DESIGN.md §3: every benchmark prints it).
+
+        Returns:
+            One sentence.
+        """
+        fsync = self.flush_interval_messages != _NO_FLUSH or self.flush_interval_ms not in ("null", "None", "")
+        where = (
+            f"fsync policy log.flush.interval.messages={self.flush_interval_messages}, "
+            f"log.flush.interval.ms={self.flush_interval_ms}"
+        )
+        if self.replication_factor <= 1 and not fsync:
+            return (
+                f"single broker, replication factor {self.replication_factor}, no fsync per append (broker defaults): "
+                "a commit lives in the page cache; it survives kill -9 of any process, not the loss of the machine"
+            )
+        if self.replication_factor >= 3 and self.min_insync_replicas not in ("", "1"):
+            return (
+                f"replicated: {self.brokers} brokers, replication factor {self.replication_factor}, "
+                f"min.insync.replicas={self.min_insync_replicas}, acks=all ({where})"
+            )
+        return (
+            f"{self.brokers} broker(s), replication factor {self.replication_factor}, "
+            f"min.insync.replicas={self.min_insync_replicas} ({where})"
+        )
+
+
+def describe_broker(bootstrap: str, topic: str, timeout_s: float = 30.0) -> BrokerInfo:
+    """Describe the broker and one topic's replication, for the durability class and the version line.
+
+    The Kafka protocol does not report a broker's release version, so it is read from the local broker process's
+    classpath (the dev stack's ``kafka-<version>/lib`` or a ``kafka_2.13-<version>.jar``) when one listens on the
+    bootstrap port; otherwise the version is reported as unknown.
+
+    Args:
+        bootstrap: Bootstrap servers.
+        topic: A topic of the benchmark (its partition 0's replicas and ``min.insync.replicas`` are read).
+        timeout_s: Bound on each admin call, in seconds.
+
+    Returns:
+        The description.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(timeout=timeout_s)
+    broker_id = min(metadata.brokers)
+    broker_res = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+    topic_res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    futures = admin.describe_configs([broker_res, topic_res], request_timeout=timeout_s)
+    broker_conf = futures[broker_res].result(timeout=timeout_s)
+    topic_conf = futures[topic_res].result(timeout=timeout_s)
+    replicas = len(metadata.topics[topic].partitions[0].replicas)
+
+    def value(conf: dict[str, Any], key: str) -> str:
+        entry = conf.get(key)
+        return "" if entry is None else str(entry.value)
+
+    return BrokerInfo(
+        version=_local_broker_version(bootstrap),
+        brokers=len(metadata.brokers),
+        replication_factor=replicas,
+        min_insync_replicas=value(topic_conf, "min.insync.replicas"),
+        flush_interval_messages=value(broker_conf, "log.flush.interval.messages"),
+        flush_interval_ms=value(broker_conf, "log.flush.interval.ms") or "null",
+    )
+
+
+def _local_broker_version(bootstrap: str) -> str:
+    ports = {hp.rsplit(":", 1)[-1] for hp in bootstrap.split(",")}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return "unknown (no /proc to find a local broker process)"
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            argv = (pid_dir / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if "kafka.Kafka" not in args:
+            continue
+        listens = False
+        for arg in args:
+            if arg.endswith(".properties") and Path(arg).is_file():
+                text = Path(arg).read_text(errors="replace")
+                listens = any(re.search(rf"^listeners=.*:{re.escape(p)}\b", text, re.M) for p in ports)
+        joined = " ".join(args)
+        match = re.search(r"kafka-(\d+\.\d+\.\d+)/lib", joined) or re.search(
+            r"kafka_2\.1\d-(\d+\.\d+\.\d+)\.jar", joined
+        )
+        if listens and match:
+            return f"Apache Kafka {match.group(1)} (local process {pid_dir.name})"
+    return "unknown (the broker is not a local process; the Kafka protocol does not report its release)"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Return the nearest-rank percentile of ``values``.
+
+    Args:
+        values: Samples (any order, at least one).
+        q: Percentile in [0, 100].
+
+    Returns:
+        The smallest sample with at least ``q`` % of the samples at or below it.
+
+    Raises:
+        ValueError: If ``values`` is empty or ``q`` is outside [0, 100].
+    """
+    if not values:
+        raise ValueError("percentile: values is empty")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile: q={q} is outside [0, 100]")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def load_average() -> str:
+    """Return the 1-minute load average and the core count, e.g. ``load 0.92 on 2 cores``."""
+    try:
+        one = os.getloadavg()[0]
+    except OSError:
+        return f"load unknown on {os.cpu_count()} cores"
+    return f"load {one:.2f} on {os.cpu_count()} cores"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Format a plain-text table (Markdown pipe syntax, so it pastes into a README).
+
+    Args:
+        headers: Column titles.
+        rows: Cells, already formatted.
+
+    Returns:
+        The table, one line per row.
+    """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    return "\n".join(lines)
