@@ -71,6 +71,9 @@ class InboxInput:
         record: The decoded record, or ``None`` when it could not be decoded (see ``error``).
         error: Why the record cannot be decided normally (undecodable, oversized, consumer error), else ``None``.
         error_reason: The quarantine reason code that goes with ``error``.
+        last_offset: For an input standing for a whole record batch the consumer could not read (reported at the
+            batch's base ``offset``), the batch's last offset; ``None`` for a single record. The input offset
+            committed with its decision passes it.
     """
 
     topic: str
@@ -81,6 +84,7 @@ class InboxInput:
     record: InboxRecord | None
     error: str | None = None
     error_reason: str | None = None
+    last_offset: int | None = None
 
     @property
     def ref(self) -> InputRef:
@@ -266,7 +270,7 @@ class PartitionOwner(Generic[S]):
         Args:
             inp: The consumed record.
         """
-        self._next_input_offset = inp.offset + 1
+        self._next_input_offset = (inp.offset if inp.last_offset is None else inp.last_offset) + 1
         if inp.offset in self._decided:
             return
         self._pending_inputs.append(inp.offset)

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from settled._failpoints import failpoint
 from settled._settings import Settings
+from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.producers import (
     AppenderFatalError,
@@ -56,6 +57,20 @@ _TRANSIENT = frozenset(
 )
 
 
+#: Consumer errors about the records at their offset (issue 4 item 6): the batch there is quarantined and skipped.
+#: Any other error that names an offset (e.g. ``TOPIC_AUTHORIZATION_FAILED`` at the fetch position) is about the
+#: fetch, not the record, and is logged.
+_RECORD_ERRORS = frozenset(
+    {
+        KafkaError._BAD_COMPRESSION,  # e.g. a zstd batch decompressing past receive.message.max.bytes
+        KafkaError._BAD_MSG,  # a CRC mismatch or a record that does not parse
+        KafkaError.INVALID_MSG,  # the broker's CORRUPT_MESSAGE
+        KafkaError.MSG_SIZE_TOO_LARGE,  # a batch larger than receive.message.max.bytes
+        KafkaError._NOT_IMPLEMENTED,  # an unsupported compression codec or message format
+    }
+)
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -71,12 +86,24 @@ class WorkerConfig:
         max_record_bytes: Largest record the appender produces, in bytes; ``None`` (the default) takes the smallest
             ``max.message.bytes`` of the topics it writes. An explicit value overrides them (a test uses a value above
             a topic's limit to exercise the broker's own rejection).
+        fetch_max_bytes: The group consumer's ``fetch.max.bytes`` (librdkafka's default).
+        receive_message_max_bytes: The group consumer's ``receive.message.max.bytes`` (librdkafka's default; at
+            least ``fetch_max_bytes + 512``): the largest fetch response, and the most one compressed record batch
+            may decompress to. A batch decompressing past it is quarantined whole (issue 4 item 6); keep it above
+            the inbox topic's ``max.message.bytes``.
     """
 
     poll_timeout_s: float = 0.05
     max_poll_records: int = 500
     max_input_bytes: int = 1_000_000
     max_record_bytes: int | None = None
+    fetch_max_bytes: int = 52_428_800
+    receive_message_max_bytes: int = 100_000_000
+
+    @property
+    def consumer_limits(self) -> dict[str, int]:
+        """The size properties of the group consumer (and of the probe that must fail where it fails)."""
+        return {"fetch.max.bytes": self.fetch_max_bytes, "receive.message.max.bytes": self.receive_message_max_bytes}
 
 
 @dataclass
@@ -102,6 +129,7 @@ class Worker(Generic[S]):
     _to_claim: set[int] = field(default_factory=set, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _consumer: Consumer | None = field(default=None, init=False)
+    _skip_below: dict[int, int] = field(default_factory=dict, init=False)
     _record_limit: int = field(default=1_000_000, init=False)
     _partition_count: int = field(default=0, init=False)
 
@@ -130,7 +158,7 @@ class Worker(Generic[S]):
             until: Optional predicate checked every turn.
         """
         self._check_topics()
-        consumer = Consumer(consumer_config(self.settings, self.group_id))
+        consumer = Consumer(consumer_config(self.settings, self.group_id, **self.config.consumer_limits))
         self._consumer = consumer
         consumer.subscribe(
             [self.settings.topic("inbox")], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
@@ -169,8 +197,14 @@ class Worker(Generic[S]):
             if err is not None and (part is None or part < 0 or msg.offset() is None or err.code() in _TRANSIENT):
                 _log.warning("consumer error", extra={"error": str(err), "partition": part})
                 continue
+            if err is not None and err.code() not in _RECORD_ERRORS:
+                _log.error("consumer error at an offset, not about its record", extra={"error": str(err),
+                           "partition": part, "offset": msg.offset()})  # fmt: skip
+                continue
             if part is None or part not in self.owners:
                 continue
+            if (msg.offset() or 0) < self._skip_below.get(part, -1):
+                continue  # a repeat of the error of a batch already quarantined and skipped
             self.owners[part].handle(self._input(msg))
         failpoint("worker.before_checkpoint")
         for owner in list(self.owners.values()):
@@ -213,6 +247,7 @@ class Worker(Generic[S]):
                 "partitions: halting (DESIGN.md §2: adding partitions would re-admit keys)"
             )
         self.owners[p] = owner
+        self._skip_below.pop(p, None)
         tp = TopicPartition(self.settings.topic("inbox"), p)
         committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]
         if committed.offset >= 0:
@@ -231,6 +266,7 @@ class Worker(Generic[S]):
             self._pause_and_claim([owner.partition])
 
     def _drop(self, p: int) -> None:
+        self._skip_below.pop(p, None)
         owner = self.owners.pop(p, None)
         if owner is not None:
             owner.appender.close()
@@ -263,6 +299,24 @@ class Worker(Generic[S]):
         consumer.incremental_unassign(partitions)
         _log.warning("lost", extra={"partitions": [tp.partition for tp in partitions]})
 
+    def _unreadable_batch(self, topic: str, partition: int, offset: int, err: KafkaError) -> InboxInput:
+        """Quarantine input for a batch the consumer reports unreadable at ``offset``; seek the consumer past it.
+
+        librdkafka reports such a batch at its base offset again on every fetch and never moves past it
+        (`settled.processors._batch_probe`), so the worker finds the batch's last offset, seeks past it, and decides
+        the whole batch as one quarantined input whose committed offset passes it.
+        """
+        consumer = self._consumer
+        assert consumer is not None  # run() sets it
+        last = failing_batch_last_offset(probe_consumer_config(self.settings, self.config.consumer_limits), topic,
+                                         partition, offset, self.settings.kafka_call_timeout_s)  # fmt: skip
+        consumer.seek(TopicPartition(topic, partition, last + 1))
+        self._skip_below[partition] = last + 1
+        detail = f"consumer error at offsets {offset}..{last} ({last - offset + 1} records): {err.str()}"
+        _log.warning("unreadable batch quarantined", extra={"partition": partition, "offset": offset, "last": last})
+        return InboxInput(topic, partition, offset, None, None, None, detail, QuarantineReason.CONSUMER_ERROR,
+                          last_offset=last)  # fmt: skip
+
     def _decode_batch(self, value: bytes, topic: str, partition: int, offset: int) -> LogBatch:
         return self.codec.decode_batch(value, topic=topic, partition=partition, offset=offset).batch
 
@@ -274,8 +328,7 @@ class Worker(Generic[S]):
         key = msg.key()
         key_bytes = key.encode() if isinstance(key, str) else key
         if err is not None:
-            return InboxInput(topic, partition, offset, key_bytes, None, None, f"consumer error: {err}",
-                              QuarantineReason.CONSUMER_ERROR)  # fmt: skip
+            return self._unreadable_batch(topic, partition, offset, err)
         value = msg.value()
         raw = value.encode() if isinstance(value, str) else value
         if raw is None:
