@@ -6,9 +6,13 @@ import typer
 
 from settled.services._cli_demo import demo
 from settled.services._cli_dev import dev_app
+from settled.services._cli_quarantine import quarantine_app
+from settled.services._cli_topics import topics_app
 
 app = typer.Typer(no_args_is_help=True, help="settled: durable AI-agent conversations on Apache Kafka.")
 app.add_typer(dev_app, name="dev")
+app.add_typer(topics_app, name="topics")
+app.add_typer(quarantine_app, name="quarantine")
 app.command("demo")(demo)
 
 
