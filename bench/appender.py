@@ -244,7 +244,7 @@ class WorkloadBuilder:
 
 def _txn(batches: list[AppendBatch], pending: tuple[int, ...], next_offset: int, events: int) -> Txn:
     records = tuple(
-        (r.topic, r.key, r.value, list[tuple[str, str | bytes | None]](r.headers)) for b in batches for r in b.records()
+        (r.topic, r.key, r.value, list[tuple[str, str | bytes | None]](r.headers)) for b in batches for r in b.records
     )
     return Txn(tuple(batches), records, pending, next_offset, events)
 

@@ -31,6 +31,7 @@ The checkpoint, in numbered steps (the numbers appear in the code):
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -124,16 +125,18 @@ class AppendBatch:
     side_records: tuple[OutRecord, ...] = ()
     inputs: frozenset[int] = frozenset()
 
+    @functools.cached_property
     def records(self) -> tuple[OutRecord, ...]:
-        """Return the log record (with its batch-id header) followed by the side records."""
+        """The log record (with its batch-id header) followed by the side records; computed once."""
         log = self.log_record
         if not any(k == BATCH_ID_HEADER for k, _ in log.headers):
             log = OutRecord(log.topic, log.key, log.value, (*log.headers, (BATCH_ID_HEADER, self.batch_id.encode())))
         return (log, *self.side_records)
 
+    @functools.cached_property
     def largest_record_bytes(self) -> int:
-        """Return the size of the largest record (key + value + headers), in bytes."""
-        return max(len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers) for r in self.records())
+        """The size of the largest record (key + value + headers), in bytes; computed once."""
+        return max(len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers) for r in self.records)
 
 
 Run = tuple[AppendBatch, ...]
@@ -313,7 +316,7 @@ class TransactionalAppender:
         # Step 1: size check before joining.
         joined: list[Run] = []
         for run in _runs(batches):
-            sizes = [b.largest_record_bytes() for b in run]
+            sizes = [b.largest_record_bytes for b in run]
             if max(sizes) > self.max_record_bytes:
                 run = self._replacement(run, f"record of {max(sizes)} bytes exceeds the limit of "
                                              f"{self.max_record_bytes} bytes", replaced)  # fmt: skip
@@ -386,7 +389,7 @@ class TransactionalAppender:
                 f"replacement of conversation {run[0].conversation_id}'s batches decides inputs {sorted(after)}, "
                 f"not {sorted(before)}"
             )
-        if any(b.largest_record_bytes() > self.max_record_bytes for b in replacement):
+        if any(b.largest_record_bytes > self.max_record_bytes for b in replacement):
             raise AppenderFatalError(
                 f"replacement of conversation {run[0].conversation_id}'s batches is over the limit"
             )
@@ -416,8 +419,7 @@ class TransactionalAppender:
             self._call(producer.begin_transaction, "begin_transaction")
             # Step 3.
             for batch in batches:
-                for rec in batch.records():
-                    self._produce(producer, rec, batch.batch_id, failed)
+                self._produce_batch(producer, batch, failed)
             remaining = producer.flush(self.timeout_s)
             if remaining:
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
@@ -457,27 +459,30 @@ class TransactionalAppender:
         failpoint("appender.after_commit")
         return "committed", failed
 
-    def _produce(self, producer: Producer, rec: OutRecord, batch_id: str, failed: dict[str, set[int]]) -> None:
-        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+    def _produce_batch(self, producer: Producer, batch: AppendBatch, failed: dict[str, set[int]]) -> None:
+        batch_id, log_topic, delivered = batch.batch_id, self.log_topic, self._delivered_log_offsets
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:  # one callback per batch, not per record
             if err is not None:
                 _log.warning("delivery failed", extra={"batch_id": batch_id, "error": str(err)})
                 failed.setdefault(batch_id, set()).add(err.code())
-            elif msg.topic() == self.log_topic:
-                self._delivered_log_offsets.append(msg.offset())
+            elif msg.topic() == log_topic:
+                delivered.append(msg.offset())
 
-        while True:
-            try:
-                producer.produce(rec.topic, value=rec.value, key=rec.key, partition=self.partition,
-                                 headers=list(rec.headers), on_delivery=on_delivery)  # fmt: skip
-                return
-            except BufferError:
-                producer.poll(0.05)  # local queue full: serve delivery reports, then try again
-            except KafkaException as exc:
-                err: KafkaError = exc.args[0]
-                if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    failed.setdefault(batch_id, set()).add(err.code())
-                    raise KafkaException(KafkaError(KafkaError._INCONSISTENT, str(err))) from exc
-                raise
+        for rec in batch.records:
+            while True:
+                try:
+                    producer.produce(rec.topic, value=rec.value, key=rec.key, partition=self.partition,
+                                     headers=list(rec.headers), on_delivery=on_delivery)  # fmt: skip
+                    break
+                except BufferError:
+                    producer.poll(0.05)  # local queue full: serve delivery reports, then try again
+                except KafkaException as exc:
+                    err: KafkaError = exc.args[0]
+                    if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                        failed.setdefault(batch_id, set()).add(err.code())
+                        raise KafkaException(KafkaError(KafkaError._INCONSISTENT, str(err))) from exc
+                    raise
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
         """Call a transactional API, repeating it while it fails with a retriable error."""
