@@ -185,9 +185,18 @@ def test_duplicate_entry_is_rejected(tmp_path):
         runner.load_registry(path)
 
 
-def test_project_registry_is_valid_and_empty_for_now():
+def test_project_registry_names_known_switches_and_existing_tests():
+    from settled._faults import KNOWN_FAULTS
+
     runner = _load_runner()
-    assert runner.load_registry(REPO / "tests" / "fault_switches.toml") == []
+    entries = runner.load_registry(REPO / "tests" / "fault_switches.toml")
+    assert entries, "the project registers its fault switches"
+    for entry in entries:
+        assert entry.name in KNOWN_FAULTS, entry
+        path, _, test = entry.test.partition("::")
+        assert (REPO / path).exists(), entry
+        assert f"def {test}(" in (REPO / path).read_text(), entry
+        assert f'"{entry.promise}"' in (REPO / path).read_text(), f"{entry.test} never asserts {entry.promise}"
 
 
 def test_runner_and_promise_helper_agree_on_the_marker():
