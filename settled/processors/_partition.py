@@ -213,8 +213,9 @@ class PartitionOwner(Generic[S]):
         self.appender.open()  # steps 2 and 3
         failpoint("owner.after_fence")
         self.restore(restore_timeout_s)  # step 4
-        claim_event = OwnershipClaimed(partition=self.partition, owner_epoch=self.epoch + 1, worker_id=self.worker_id,
-                                       claimed_at=self.clock())  # fmt: skip
+        claim_event = OwnershipClaimed(
+            partition=self.partition, owner_epoch=self.epoch + 1, worker_id=self.worker_id, claimed_at=self.clock()
+        )
         decision = Decision(conversation_id=self._partition_conversation(), events=(claim_event,))
         self._stage(decision, epoch=self.epoch + 1)
         self.checkpoint()  # step 5: the claim is canonical before any input is decided
@@ -277,6 +278,23 @@ class PartitionOwner(Generic[S]):
         for decision in self.decider.decide(self._overlay, inp, self.clock()):
             self._stage(decision, epoch=self.epoch)
 
+    @property
+    def overlay(self) -> S:
+        """The committed state plus every pending decision: what decisions read (DESIGN.md §3)."""
+        return self._overlay
+
+    def stage(self, decision: Decision) -> None:
+        """Stage a decision that is not an inbox input's (an attempt start, a settlement) for the next checkpoint.
+
+        Args:
+            decision: One conversation's events and side records; ``inputs`` empty.
+        """
+        self._stage(decision, epoch=self.epoch)
+
+    def is_pending(self, conversation_id: str) -> bool:
+        """Whether a batch of ``conversation_id`` waits for a checkpoint."""
+        return conversation_id in self._pending_heads
+
     def _stage(self, decision: Decision, epoch: int) -> None:
         head = self._pending_heads.get(decision.conversation_id) or self._heads.get(decision.conversation_id, _Head())
         batch = self._seal(decision, head, epoch)
@@ -330,8 +348,9 @@ class PartitionOwner(Generic[S]):
         """
         if not self._pending and self._next_input_offset is None:
             return 0
-        result = self.appender.checkpoint([b for b, _, _ in self._pending], self._pending_inputs,
-                                          self._next_input_offset)  # fmt: skip
+        result = self.appender.checkpoint(
+            [b for b, _, _ in self._pending], self._pending_inputs, self._next_input_offset
+        )
         # Replacements were appended to _pending after their originals, so they win for a shared batch id.
         sealed = {batch.batch_id: (batch, decision, log_batch) for batch, decision, log_batch in self._pending}
         for batch in result.committed:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -106,6 +106,22 @@ class WorkerConfig:
         return {"fetch.max.bytes": self.fetch_max_bytes, "receive.message.max.bytes": self.receive_message_max_bytes}
 
 
+class PartitionConductor(Protocol):
+    """What runs beside a partition's owner: attempts, scheduling (see `settled.processors.Conductor`)."""
+
+    def before_checkpoint(self) -> None:
+        """Stage what finished runs and the scheduler decided."""
+        ...
+
+    def after_checkpoint(self) -> None:
+        """Act on what just committed (start runs, cancel aborted ones)."""
+        ...
+
+    def close(self) -> None:
+        """Stop everything of the partition (its ownership ended)."""
+        ...
+
+
 @dataclass
 class Worker(Generic[S]):
     """A settled worker process: consumes the inbox, owns partitions, appends canonical batches.
@@ -117,6 +133,8 @@ class Worker(Generic[S]):
         clock: Returns "now" (aware UTC).
         worker_id: This process's id (recorded in ``OwnershipClaimed``).
         codec: The record codec (single-object encoding unless a registry is configured).
+        conductor_factory: Builds what runs beside each claimed partition's owner (attempts); ``None`` for a loop
+            that only decides inputs.
     """
 
     settings: Settings
@@ -125,6 +143,8 @@ class Worker(Generic[S]):
     clock: Callable[[], datetime] = _utcnow
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     codec: Codec = field(default_factory=Codec)
+    conductor_factory: Callable[[PartitionOwner[S]], PartitionConductor] | None = None
+    conductors: dict[int, PartitionConductor] = field(default_factory=dict, init=False)
     owners: dict[int, PartitionOwner[S]] = field(default_factory=dict, init=False)
     _to_claim: set[int] = field(default_factory=set, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
@@ -132,6 +152,11 @@ class Worker(Generic[S]):
     _skip_below: dict[int, int] = field(default_factory=dict, init=False)
     _record_limit: int = field(default=1_000_000, init=False)
     _partition_count: int = field(default=0, init=False)
+
+    @property
+    def partition_count(self) -> int:
+        """The topics' partition count, known once `run` has checked the topics."""
+        return self._partition_count
 
     @property
     def group_id(self) -> str:
@@ -198,18 +223,26 @@ class Worker(Generic[S]):
                 _log.warning("consumer error", extra={"error": str(err), "partition": part})
                 continue
             if err is not None and err.code() not in _RECORD_ERRORS:
-                _log.error("consumer error at an offset, not about its record", extra={"error": str(err),
-                           "partition": part, "offset": msg.offset()})  # fmt: skip
+                _log.error(
+                    "consumer error at an offset, not about its record",
+                    extra={"error": str(err), "partition": part, "offset": msg.offset()},
+                )
                 continue
             if part is None or part not in self.owners:
                 continue
             if (msg.offset() or 0) < self._skip_below.get(part, -1):
                 continue  # a repeat of the error of a batch already quarantined and skipped
             self.owners[part].handle(self._input(msg))
+        for p, conductor in list(self.conductors.items()):
+            if p in self.owners:
+                conductor.before_checkpoint()
         failpoint("worker.before_checkpoint")
         for owner in list(self.owners.values()):
             if owner.has_pending:
                 self._checkpoint(owner)
+        for p, conductor in list(self.conductors.items()):
+            if p in self.owners:
+                conductor.after_checkpoint()
 
     def _claim(self, p: int) -> None:
         consumer = self._consumer
@@ -247,6 +280,8 @@ class Worker(Generic[S]):
                 "partitions: halting (DESIGN.md §2: adding partitions would re-admit keys)"
             )
         self.owners[p] = owner
+        if self.conductor_factory is not None:
+            self.conductors[p] = self.conductor_factory(owner)
         self._skip_below.pop(p, None)
         tp = TopicPartition(self.settings.topic("inbox"), p)
         committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]
@@ -308,14 +343,20 @@ class Worker(Generic[S]):
         """
         consumer = self._consumer
         assert consumer is not None  # run() sets it
-        last = failing_batch_last_offset(probe_consumer_config(self.settings, self.config.consumer_limits), topic,
-                                         partition, offset, self.settings.kafka_call_timeout_s)  # fmt: skip
+        last = failing_batch_last_offset(
+            probe_consumer_config(self.settings, self.config.consumer_limits),
+            topic,
+            partition,
+            offset,
+            self.settings.kafka_call_timeout_s,
+        )
         consumer.seek(TopicPartition(topic, partition, last + 1))
         self._skip_below[partition] = last + 1
         detail = f"consumer error at offsets {offset}..{last} ({last - offset + 1} records): {err.str()}"
         _log.warning("unreadable batch quarantined", extra={"partition": partition, "offset": offset, "last": last})
-        return InboxInput(topic, partition, offset, None, None, None, detail, QuarantineReason.CONSUMER_ERROR,
-                          last_offset=last)  # fmt: skip
+        return InboxInput(
+            topic, partition, offset, None, None, None, detail, QuarantineReason.CONSUMER_ERROR, last_offset=last
+        )
 
     def _decode_batch(self, value: bytes, topic: str, partition: int, offset: int) -> LogBatch:
         return self.codec.decode_batch(value, topic=topic, partition=partition, offset=offset).batch
@@ -332,12 +373,20 @@ class Worker(Generic[S]):
         value = msg.value()
         raw = value.encode() if isinstance(value, str) else value
         if raw is None:
-            return InboxInput(topic, partition, offset, key_bytes, None, None, "record has no value",
-                              QuarantineReason.UNDECODABLE)  # fmt: skip
+            return InboxInput(
+                topic, partition, offset, key_bytes, None, None, "record has no value", QuarantineReason.UNDECODABLE
+            )
         if len(raw) > self.config.max_input_bytes:
-            return InboxInput(topic, partition, offset, key_bytes, raw, None,
-                              f"value of {len(raw)} bytes exceeds settled's limit of {self.config.max_input_bytes}",
-                              QuarantineReason.OVERSIZED)  # fmt: skip
+            return InboxInput(
+                topic,
+                partition,
+                offset,
+                key_bytes,
+                raw,
+                None,
+                f"value of {len(raw)} bytes exceeds settled's limit of {self.config.max_input_bytes}",
+                QuarantineReason.OVERSIZED,
+            )
         try:
             record: Any = self.codec.decode(raw, topic=topic, partition=partition, offset=offset, expected=INBOX_TYPES)
         except DecodeError as exc:

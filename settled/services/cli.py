@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import typer
 
+from settled.services._cli_client import abort, settlements_app, submit
 from settled.services._cli_demo import demo
 from settled.services._cli_dev import dev_app
 from settled.services._cli_quarantine import quarantine_app
 from settled.services._cli_topics import topics_app
+from settled.services._worker_service import worker_command
 
 app = typer.Typer(no_args_is_help=True, help="settled: durable AI-agent conversations on Apache Kafka.")
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
 app.add_typer(quarantine_app, name="quarantine")
 app.command("demo")(demo)
+app.command("worker")(worker_command)
+app.command("submit")(submit)
+app.command("abort")(abort)
+app.add_typer(settlements_app, name="settlements")
 
 
 def main() -> None:

@@ -1,0 +1,223 @@
+"""The ledger decider: the protocol core's decisions behind the worker loop (issue 5; DESIGN.md §3, §4).
+
+`LedgerDecider` adapts `settled.protocol` (a fold over canonical batches and decisions that are functions of state
+and one input) to the loop's `Decider`: admission with its key index and the pending overlay, aborts, signed
+Unknown resolutions, quarantine, and misrouted records (a key that does not hash to the partition it arrived on).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from settled import protocol
+from settled.processors._murmur2 import partition_for_key
+from settled.processors._partition import Decision, InboxInput
+from settled.protocol import PartitionState
+from settled.schemas import (
+    AbortRequested,
+    CommandRejectReason,
+    LogBatch,
+    QuarantineReason,
+    ResolveUnknown,
+    Settlement,
+    SettlementOutcome,
+    SubmissionAdmitted,
+    SubmissionProposed,
+    SubmissionRejectReason,
+)
+
+__all__ = ["QUARANTINE_RAW_LIMIT_BYTES", "LedgerDecider", "load_public_key", "to_loop_decision"]
+
+#: How much of a quarantined record's key and value the quarantine record keeps.
+QUARANTINE_RAW_LIMIT_BYTES = 4096
+
+
+def to_loop_decision(conversation_id: str, d: protocol.Decision, inputs: frozenset[int] = frozenset()) -> Decision:
+    """Wrap a protocol decision as one canonical batch of ``conversation_id`` with its side records.
+
+    Args:
+        conversation_id: The conversation whose log the events extend.
+        d: The protocol's decision.
+        inputs: The inbox offsets it decides.
+
+    Returns:
+        The loop's `Decision`.
+    """
+    return Decision(
+        conversation_id=conversation_id,
+        events=d.events,
+        submission_id=d.submission_id,
+        receipts=(d.receipt,) if d.receipt is not None else (),
+        settlements=(d.settlement,) if d.settlement is not None else (),
+        quarantined=(d.quarantine,) if d.quarantine is not None else (),
+        inputs=inputs,
+    )
+
+
+@dataclass
+class LedgerDecider:
+    """Admission, aborts, resolutions and quarantine for one partition, from the protocol core.
+
+    Attributes:
+        partition: The owned partition.
+        partition_count: The topics' partition count (for the misroute check, DESIGN.md §2).
+        resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` commands, by key id (DESIGN.md §4).
+    """
+
+    partition: int
+    partition_count: int
+    resolver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+
+    def initial_state(self, partition: int) -> PartitionState:
+        """Return an empty partition's state."""
+        return PartitionState(partition=partition)
+
+    def fold(self, state: PartitionState, batch: LogBatch) -> PartitionState:
+        """Fold one canonical batch with the protocol's fold (chain, epochs and edges checked)."""
+        return protocol.apply(state, batch)
+
+    def decide(self, state: PartitionState, inp: InboxInput, now: datetime) -> Sequence[Decision]:
+        """Decide one inbox input (DESIGN.md §3: exactly one log record carrying its offset).
+
+        Args:
+            state: Committed state plus the pending overlay.
+            inp: The consumed record.
+            now: The decision time.
+
+        Returns:
+            One decision.
+        """
+        inputs = frozenset({inp.offset})
+        record = inp.record
+        if record is None or inp.error is not None:
+            key = inp.key or b""
+            try:
+                conversation = key.decode() or f"~quarantine/{inp.partition}"
+            except UnicodeDecodeError:
+                conversation = f"~quarantine/{inp.partition}"
+            d = protocol.quarantine(
+                inp.ref,
+                QuarantineReason(inp.error_reason or QuarantineReason.OTHER),
+                inp.error or "unknown",
+                raw=inp.value or b"",
+                raw_size_bytes=len(inp.value or b""),
+                now=now,
+                raw_limit_bytes=QUARANTINE_RAW_LIMIT_BYTES,
+                key=inp.key,
+            )
+            return [to_loop_decision(conversation, d, inputs)]
+        conv = state.conversation(record.conversation_id)
+        if isinstance(record, SubmissionProposed):
+            misrouted = self._misrouted(inp, record.conversation_id)
+            if misrouted is not None:
+                d = protocol.reject_submission(
+                    conv, record, inp.ref, now, reason=SubmissionRejectReason.MISROUTED, field="key", detail=misrouted
+                )
+            else:
+                d = protocol.admit(conv, record, inp.ref, now)
+        elif isinstance(record, AbortRequested):
+            d = protocol.abort(conv, record, inp.ref, now)
+        elif isinstance(record, ResolveUnknown):
+            why = self._signature_problem(record)
+            if why is not None:
+                d = protocol.reject_command(
+                    conv, record, inp.ref, now, reason=CommandRejectReason.UNAUTHORIZED, detail=why
+                )
+            else:
+                d = protocol.resolve(conv, record, inp.ref, now)
+        else:  # pragma: no cover - the codec only returns inbox types here
+            raise TypeError(f"not an inbox record: {type(record).__name__}")
+        return [to_loop_decision(record.conversation_id, d, inputs)]
+
+    def poison(
+        self, state: PartitionState, decisions: Sequence[Decision], reason: str, now: datetime
+    ) -> Sequence[Decision]:
+        """Replace decisions that cannot be appended by typed failures deciding the same inputs (DESIGN.md §3).
+
+        An admission becomes a rejection naming the reason; a settlement becomes a failed settlement of type
+        ``result_too_large``. Anything else cannot be replaced.
+
+        Raises:
+            ValueError: A decision that has no typed failure.
+        """
+        out: list[Decision] = []
+        for d in decisions:
+            conv = state.conversation(d.conversation_id)
+            admitted = next((e for e in d.events if isinstance(e, SubmissionAdmitted)), None)
+            settled = next((e for e in d.events if isinstance(e, Settlement)), None)
+            if admitted is not None and admitted.input_ref is not None:
+                proposal = _proposal_of(admitted, now)
+                r = protocol.reject_submission(
+                    conv, proposal, admitted.input_ref, now, reason=SubmissionRejectReason.OTHER, detail=reason
+                )
+                out.append(to_loop_decision(d.conversation_id, r, d.inputs))
+            elif settled is not None:
+                r = protocol.terminalize(
+                    conv,
+                    settled.submission_id,
+                    SettlementOutcome.FAILED,
+                    now,
+                    error_type="result_too_large",
+                    error_reason=reason,
+                )
+                out.append(to_loop_decision(d.conversation_id, r, d.inputs))
+            else:
+                raise ValueError(f"no typed failure replaces {[type(e).__name__ for e in d.events]}: {reason}")
+        return out
+
+    def _misrouted(self, inp: InboxInput, conversation_id: str) -> str | None:
+        key = inp.key or b""
+        if key != conversation_id.encode():
+            return f"record key {key!r} is not the conversation id {conversation_id!r}"
+        expected = partition_for_key(key, self.partition_count)
+        if expected != inp.partition:
+            return (
+                f"key {conversation_id!r} hashes (murmur2) to partition {expected}, but the record arrived on "
+                f"partition {inp.partition}: produce with the murmur2 partitioner (DESIGN.md §2)"
+            )
+        return None
+
+    def _signature_problem(self, command: ResolveUnknown) -> str | None:
+        if not command.signature or not command.key_id:
+            return "ResolveUnknown must be signed (Ed25519) by a configured resolver key"
+        key = self.resolver_keys.get(command.key_id)
+        if key is None:
+            return f"key id {command.key_id!r} is not a configured resolver key"
+        try:
+            key.verify(command.signature, command.signing_bytes())
+        except InvalidSignature:
+            return f"the signature does not verify with resolver key {command.key_id!r}"
+        return None
+
+
+def _proposal_of(admitted: SubmissionAdmitted, now: datetime) -> SubmissionProposed:
+    from settled.schemas import SubmissionPayload
+
+    payload = SubmissionPayload(input_json=admitted.input_json, tools_offered=admitted.tools_offered)
+    return SubmissionProposed(
+        submission_id=admitted.submission_id,
+        principal=admitted.principal,
+        conversation_id=admitted.conversation_id,
+        idempotency_key=admitted.idempotency_key,
+        payload=payload,
+        payload_digest=admitted.payload_digest,
+        proposed_at=now,
+    )
+
+
+def load_public_key(text: str) -> Ed25519PublicKey:
+    """Load an Ed25519 public key from its base64 raw 32 bytes.
+
+    Raises:
+        ValueError: The text is not 32 base64-encoded bytes.
+    """
+    raw = base64.b64decode(text)
+    if len(raw) != 32:
+        raise ValueError(f"an Ed25519 public key is 32 bytes, got {len(raw)}")
+    return Ed25519PublicKey.from_public_bytes(raw)

@@ -1,0 +1,43 @@
+"""The built-in echo agent: replies with its input after an optional delay (issue 5's run body)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from settled.processors import AgentRun
+from settled.runtime._app import App
+from settled.schemas import canonical_json
+
+__all__ = ["EchoAgent", "app"]
+
+
+class EchoAgent:
+    """Reply ``{"echo": <input>, "attempt": n}``; wait ``delay_s`` first, stopping early when cancelled.
+
+    A test may make it misbehave through its input: ``{"raise": "message"}`` raises every attempt, and
+    ``{"exit": code}`` ends the whole process (``os._exit``), as a poison submission would.
+
+    Args:
+        delay_s: Seconds to wait before replying (read per run from ``SETTLED_ECHO_DELAY_S`` when None).
+    """
+
+    def __init__(self, delay_s: float | None = None) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, run: AgentRun) -> str:
+        """Run once; see the class docstring."""
+        value = json.loads(run.input_json)
+        if isinstance(value, dict) and "exit" in value:
+            os._exit(int(value["exit"]))
+        if isinstance(value, dict) and "raise" in value:
+            raise RuntimeError(str(value["raise"]))
+        delay_s = self.delay_s if self.delay_s is not None else float(os.environ.get("SETTLED_ECHO_DELAY_S", "0"))
+        if isinstance(value, dict) and "delay_s" in value:
+            delay_s = float(value["delay_s"])
+        run.cancelled.wait(delay_s)
+        return canonical_json({"echo": value, "attempt": run.attempt})
+
+
+#: ``settled worker --app settled.runtime.echo:app``
+app = App(agent=EchoAgent())
