@@ -318,8 +318,9 @@ class TransactionalAppender:
         for run in _runs(batches):
             sizes = [b.largest_record_bytes for b in run]
             if max(sizes) > self.max_record_bytes:
-                run = self._replacement(run, f"record of {max(sizes)} bytes exceeds the limit of "
-                                             f"{self.max_record_bytes} bytes", replaced)  # fmt: skip
+                run = self._replacement(
+                    run, f"record of {max(sizes)} bytes exceeds the limit of {self.max_record_bytes} bytes", replaced
+                )
             joined.append(run)
 
         # With nothing to append but an input offset to move (inputs re-read after a restart whose decisions are
@@ -410,8 +411,10 @@ class TransactionalAppender:
                 self._call(producer.begin_transaction, "begin_transaction")
                 offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
                 meta = self.group_metadata()
-                self._call(lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
-                           "send_offsets_to_transaction")  # fmt: skip
+                self._call(
+                    lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
+                    "send_offsets_to_transaction",
+                )
                 self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
                 failpoint("appender.between_split_transactions")
                 input_offset = None
@@ -430,8 +433,10 @@ class TransactionalAppender:
             if input_offset is not None:
                 offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
                 meta = self.group_metadata()
-                self._call(lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
-                           "send_offsets_to_transaction")  # fmt: skip
+                self._call(
+                    lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
+                    "send_offsets_to_transaction",
+                )
             # Step 5.
             failpoint("appender.before_commit")
             self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
@@ -472,8 +477,14 @@ class TransactionalAppender:
         for rec in batch.records:
             while True:
                 try:
-                    producer.produce(rec.topic, value=rec.value, key=rec.key, partition=self.partition,
-                                     headers=list(rec.headers), on_delivery=on_delivery)  # fmt: skip
+                    producer.produce(
+                        rec.topic,
+                        value=rec.value,
+                        key=rec.key,
+                        partition=self.partition,
+                        headers=list(rec.headers),
+                        on_delivery=on_delivery,
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)  # local queue full: serve delivery reports, then try again

@@ -143,8 +143,13 @@ def end_offsets(settings: Settings, topic: str, partition: int, timeout_s: float
     out = []
     deadline = time.monotonic() + timeout_s
     for isolation in ("read_committed", "read_uncommitted"):
-        c = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "settled-offsets-query",
-                      "isolation.level": isolation})  # fmt: skip
+        c = Consumer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "group.id": "settled-offsets-query",
+                "isolation.level": isolation,
+            }
+        )
         try:
             while True:
                 try:
