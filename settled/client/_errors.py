@@ -1,0 +1,274 @@
+"""The client's typed errors (DESIGN.md §4; issue 5 item 8).
+
+Every error says what is known about the request: `SubmissionOutcomeUnknown` is raised only when the proposal may have
+reached the inbox and no receipt was read in time (never a false success, never a false failure); `BrokerUnavailable`
+and `PayloadTooLarge` only when nothing was produced.
+"""
+
+from __future__ import annotations
+
+from settled.schemas import Receipt
+
+__all__ = [
+    "AbortOutcomeUnknown",
+    "AbortRejected",
+    "BrokerUnavailable",
+    "ClientError",
+    "IdempotencyConflict",
+    "InboxProduceError",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "SettlementTimeout",
+    "SubmissionOutcomeUnknown",
+    "SubmissionRejected",
+    "UnexpectedReceipt",
+    "reason_parts",
+]
+
+
+def reason_parts(reason: str | None) -> tuple[str, str]:
+    """Split a receipt's ``reason`` (``"<code>: <detail>"``, DESIGN.md §4) into its code and detail.
+
+    Args:
+        reason: The receipt's ``reason``, or ``None``.
+
+    Returns:
+        ``(code, detail)``; ``("", "")`` for ``None``, ``(reason, "")`` when there is no ``": "``.
+    """
+    if not reason:
+        return "", ""
+    code, _, detail = reason.partition(":")
+    return code.strip(), detail.strip()
+
+
+#: The offending field a submission rejection code implies, where the code alone names it (DESIGN.md §4).
+_FIELD_OF_CODE = {
+    "idempotency_conflict": "idempotency_key",
+    "digest_mismatch": "payload_digest",
+    "misrouted": "conversation_id",
+}
+
+
+class ClientError(Exception):
+    """Base of every error `settled.client` raises."""
+
+
+class SubmissionRejected(ClientError):
+    """The owner rejected the submission (receipt outcome ``rejected``; DESIGN.md §4).
+
+    Attributes:
+        receipt: The rejection receipt.
+        reason_code: The reason code, e.g. ``"invalid"`` or ``"misrouted"``.
+        detail: The owner's detail, naming the field or key.
+        field: The offending field when the code implies it (``idempotency_conflict`` → ``idempotency_key``,
+            ``digest_mismatch`` → ``payload_digest``, ``misrouted`` → ``conversation_id``), else ``None``: the
+            receipt schema carries no field of its own, the detail names it.
+    """
+
+    def __init__(self, receipt: Receipt) -> None:
+        """Build the error from its receipt.
+
+        Args:
+            receipt: The rejection receipt.
+        """
+        self.receipt = receipt
+        self.reason_code, self.detail = reason_parts(receipt.reason)
+        self.field = _FIELD_OF_CODE.get(self.reason_code)
+        super().__init__(
+            f"submission {receipt.request_id} to conversation {receipt.conversation_id!r} was rejected: "
+            f"{self.reason_code or 'no reason given'}"
+            + (f" (field {self.field})" if self.field else "")
+            + (f": {self.detail}" if self.detail else "")
+        )
+
+
+class IdempotencyConflict(SubmissionRejected):
+    """The idempotency key was admitted earlier with another payload (reason ``idempotency_conflict``, DESIGN.md §4)."""
+
+
+class OutcomeUnknown(ClientError, TimeoutError):
+    """No reply was read within the deadline, and the request may have reached the inbox."""
+
+
+class SubmissionOutcomeUnknown(OutcomeUnknown):
+    """No receipt was read within ``submit()``'s deadline: the submission may or may not be admitted (DESIGN.md §4).
+
+    Attributes:
+        idempotency_key: The key to submit again with.
+        conversation_id: The conversation.
+        submission_id: The id of the proposal that timed out.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    def __init__(self, idempotency_key: str, conversation_id: str, submission_id: str, timeout_s: float) -> None:
+        """Build the error.
+
+        Args:
+            idempotency_key: The key to submit again with.
+            conversation_id: The conversation.
+            submission_id: The id of the proposal that timed out.
+            timeout_s: The deadline that passed, in seconds.
+        """
+        self.idempotency_key = idempotency_key
+        self.conversation_id = conversation_id
+        self.submission_id = submission_id
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no receipt within {timeout_s:g} s for submission {submission_id} to conversation {conversation_id!r} "
+            f"with idempotency key {idempotency_key!r}: its outcome is unknown (it may or may not be admitted). "
+            f"Submitting again with the same idempotency key {idempotency_key!r} and the same payload returns the "
+            "original receipt if it was admitted, and admits it once if it was not."
+        )
+
+
+class AbortOutcomeUnknown(OutcomeUnknown):
+    """No reply to an abort was read within the deadline (DUR-012).
+
+    Attributes:
+        command_id: The command id to send the abort again with.
+        conversation_id: The conversation.
+        submission_id: The submission to abort.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    def __init__(self, command_id: str, conversation_id: str, submission_id: str, timeout_s: float) -> None:
+        """Build the error.
+
+        Args:
+            command_id: The command id to send the abort again with.
+            conversation_id: The conversation.
+            submission_id: The submission to abort.
+            timeout_s: The deadline that passed, in seconds.
+        """
+        self.command_id = command_id
+        self.conversation_id = conversation_id
+        self.submission_id = submission_id
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no reply within {timeout_s:g} s to abort command {command_id} for submission {submission_id} of "
+            f"conversation {conversation_id!r}: its outcome is unknown. Sending the abort again with the same "
+            f"command id {command_id!r} is answered as a duplicate if the first one was applied."
+        )
+
+
+class AbortRejected(ClientError):
+    """The owner rejected an abort (e.g. ``unknown_target``, or ``already_terminal`` naming the outcome that won).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail (for ``already_terminal``, the winning outcome).
+    """
+
+    def __init__(self, receipt: Receipt) -> None:
+        """Build the error from its receipt.
+
+        Args:
+            receipt: The rejection receipt.
+        """
+        self.receipt = receipt
+        self.reason_code, self.detail = reason_parts(receipt.reason)
+        super().__init__(
+            f"abort command {receipt.request_id} in conversation {receipt.conversation_id!r} was rejected: "
+            f"{self.reason_code or 'no reason given'}" + (f": {self.detail}" if self.detail else "")
+        )
+
+
+class UnexpectedReceipt(ClientError):
+    """A receipt whose outcome does not answer its request kind (e.g. ``applied`` for a submission).
+
+    Attributes:
+        receipt: The receipt.
+    """
+
+    def __init__(self, receipt: Receipt) -> None:
+        """Build the error.
+
+        Args:
+            receipt: The receipt.
+        """
+        self.receipt = receipt
+        super().__init__(
+            f"receipt for {receipt.request_kind.value} {receipt.request_id} has outcome {receipt.outcome.value!r}, "
+            "which does not answer that kind of request"
+        )
+
+
+class PayloadTooLarge(ClientError, ValueError):
+    """The encoded proposal exceeds the inbox's hard size limit; nothing was produced (DESIGN.md §4).
+
+    Attributes:
+        size_bytes: The encoded record's size.
+        limit_bytes: The limit.
+    """
+
+    def __init__(self, conversation_id: str, size_bytes: int, limit_bytes: int) -> None:
+        """Build the error.
+
+        Args:
+            conversation_id: The conversation.
+            size_bytes: The encoded record's size.
+            limit_bytes: The limit.
+        """
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+        super().__init__(
+            f"submission to conversation {conversation_id!r} refused before producing: the encoded proposal is "
+            f"{size_bytes} bytes, over the inbox limit of {limit_bytes} bytes (max_payload_bytes); nothing was sent"
+        )
+
+
+class BrokerUnavailable(ClientError):
+    """Kafka could not be reached before anything was produced; the request was not sent."""
+
+
+class InboxProduceError(ClientError):
+    """The broker refused the record on every try with a permanent error (e.g. a topic limit below the client's).
+
+    Attributes:
+        request_id: The submission or command id.
+        error: The last Kafka error, as text.
+    """
+
+    def __init__(self, request_id: str, conversation_id: str, error: str, tries: int) -> None:
+        """Build the error.
+
+        Args:
+            request_id: The submission or command id.
+            conversation_id: The conversation.
+            error: The last Kafka error, as text.
+            tries: How many times it was produced.
+        """
+        self.request_id = request_id
+        self.error = error
+        super().__init__(
+            f"the inbox refused request {request_id} of conversation {conversation_id!r} {tries} times: {error}"
+        )
+
+
+class SettlementTimeout(ClientError, TimeoutError):
+    """No settlement for the submission was read within ``wait()``'s deadline (DESIGN.md §4).
+
+    Attributes:
+        submission_id: The submission waited for.
+        conversation_id: Its conversation.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    def __init__(self, submission_id: str, conversation_id: str, topic: str, partition: int, timeout_s: float) -> None:
+        """Build the error.
+
+        Args:
+            submission_id: The submission waited for.
+            conversation_id: Its conversation.
+            topic: The settlements topic read.
+            partition: The partition read.
+            timeout_s: The deadline that passed, in seconds.
+        """
+        self.submission_id = submission_id
+        self.conversation_id = conversation_id
+        self.timeout_s = timeout_s
+        super().__init__(
+            f"no settlement of submission {submission_id} (conversation {conversation_id!r}) on {topic}[{partition}] "
+            f"within {timeout_s:g} s; it may still be running: wait again"
+        )

@@ -1,0 +1,146 @@
+"""``settled submit``, ``settled abort``, ``settled settlements tail``: the client API as commands (issue 5 item 8).
+
+Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
+come), and its errors on stderr with a distinct exit code: 1 rejected (the rejection receipt is still printed on
+stdout), 2 no broker or bad input, 3 outcome unknown (the message names the idempotency key or command id to send again
+with), 4 no settlement in time. Settings come from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``,
+...); without ``SETTLED_KAFKA_BOOTSTRAP`` the running dev stack's broker is used (never started here).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn
+
+import typer
+from pydantic import BaseModel
+
+from settled._settings import Settings
+from settled.client import (
+    AbortRejected,
+    BrokerUnavailable,
+    Client,
+    ClientError,
+    InboxProduceError,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    SettlementTimeout,
+    SubmissionRejected,
+)
+from settled.services._cli_dev import stack_from_settings
+
+__all__ = ["EXIT_NO_SETTLEMENT", "EXIT_REJECTED", "EXIT_UNAVAILABLE", "EXIT_UNKNOWN", "abort", "settlements_app",
+           "submit"]  # fmt: skip
+
+EXIT_REJECTED = 1
+"""Exit code: the owner rejected the request (the receipt is printed)."""
+EXIT_UNAVAILABLE = 2
+"""Exit code: no broker, bad input, or the broker refused the record; nothing is pending."""
+EXIT_UNKNOWN = 3
+"""Exit code: no reply in time; the outcome is unknown (send again with the key or command id named)."""
+EXIT_NO_SETTLEMENT = 4
+"""Exit code: ``--wait`` read no settlement in time."""
+
+settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
+
+
+def _settings() -> Settings:
+    settings = Settings()
+    if settings.kafka_bootstrap:
+        return settings
+    broker = stack_from_settings(settings).broker()
+    if not broker.is_running():
+        _fail(
+            EXIT_UNAVAILABLE,
+            "no Kafka broker: set SETTLED_KAFKA_BOOTSTRAP, or start the local one with `settled dev up`",
+        )
+    return settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
+
+
+def _print(record: BaseModel) -> None:
+    sys.stdout.write(record.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    sys.stderr.write(f"settled: {message}\n")
+    raise typer.Exit(code)
+
+
+def submit(
+    conversation: str = typer.Argument(..., metavar="CONVERSATION", help="The conversation id."),
+    input_json: str = typer.Argument(..., metavar="INPUT_JSON", help="The turn's input, a JSON text."),
+    key: str | None = typer.Option(None, "--key", help="Idempotency key (default: a new UUID, printed on timeout)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who submits (default: the client's)."),
+    tool: list[str] = typer.Option([], "--tool", help="A tool offered for this turn (repeatable)."),  # noqa: B008
+    wait: bool = typer.Option(False, "--wait", help="Also wait for the settlement and print it."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the receipt, and of the settlement."),
+) -> None:
+    """Submit one turn to a conversation and print its receipt (and with --wait its settlement) as JSON lines."""
+    try:
+        value = json.loads(input_json)
+    except json.JSONDecodeError as exc:
+        _fail(EXIT_UNAVAILABLE, f"INPUT_JSON is not JSON: {exc}")
+    settings = _settings()
+    with Client(settings, default_timeout_s=timeout_s) as client:
+        try:
+            receipt = client.submit(
+                conversation, value, idempotency_key=key, principal=principal, tools_offered=tuple(tool)
+            )
+        except SubmissionRejected as exc:
+            _print(exc.receipt)
+            _fail(EXIT_REJECTED, str(exc))
+        except OutcomeUnknown as exc:
+            _fail(EXIT_UNKNOWN, str(exc))
+        except (ValueError, PayloadTooLarge, BrokerUnavailable, InboxProduceError) as exc:
+            _fail(EXIT_UNAVAILABLE, str(exc))
+        _print(receipt)
+        if wait:
+            try:
+                _print(client.wait(receipt, timeout_s))
+            except SettlementTimeout as exc:
+                _fail(EXIT_NO_SETTLEMENT, str(exc))
+            except BrokerUnavailable as exc:
+                _fail(EXIT_UNAVAILABLE, str(exc))
+
+
+def abort(
+    conversation: str = typer.Argument(..., metavar="CONVERSATION", help="The conversation id."),
+    submission: str = typer.Argument(..., metavar="SUBMISSION", help="The submission id to abort."),
+    reason: str | None = typer.Option(None, "--reason", help="Why (recorded with the abort)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who asks (default: the client's)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier abort again (same id)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
+) -> None:
+    """Ask the owner to abort a submission and print its reply (a receipt of request kind command) as a JSON line."""
+    settings = _settings()
+    with Client(settings, default_timeout_s=timeout_s) as client:
+        try:
+            receipt = client.abort(conversation, submission, reason=reason, principal=principal, command_id=command_id)
+        except AbortRejected as exc:
+            _print(exc.receipt)
+            _fail(EXIT_REJECTED, str(exc))
+        except OutcomeUnknown as exc:
+            _fail(EXIT_UNKNOWN, str(exc))
+        except (ValueError, BrokerUnavailable, InboxProduceError) as exc:
+            _fail(EXIT_UNAVAILABLE, str(exc))
+        _print(receipt)
+
+
+@settlements_app.command("tail")
+def tail(
+    from_beginning: bool = typer.Option(False, "--from-beginning", help="Start at the first settlement."),
+    idle_timeout_s: float | None = typer.Option(
+        None, "--idle-timeout-s", help="Stop after this long without a settlement (default: never)."
+    ),
+) -> None:
+    """Print settlements as JSON lines as they are committed (read_committed), from the end or the beginning."""
+    settings = _settings()
+    with Client(settings) as client:
+        try:
+            with client.settlements(from_beginning=from_beginning, idle_timeout_s=idle_timeout_s) as stream:
+                for record in stream:
+                    _print(record)
+        except ClientError as exc:
+            _fail(EXIT_UNAVAILABLE, str(exc))
