@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from settled import protocol
+from settled._failpoints import failpoint
 from settled.processors._ledger import to_loop_decision
 from settled.processors._partition import PartitionOwner
 from settled.protocol import PartitionState, SettleAborted, StartAttempt, SubmissionState
@@ -143,6 +144,7 @@ class Conductor:
                 )
             else:
                 decision = protocol.interrupt(conv, run.submission_id, f"attempt {run.attempt} raised {error_type}")
+        failpoint("conductor.before_settle")  # a finished run's settlement (or interruption) is about to be staged
         self.owner.stage(to_loop_decision(run.conversation_id, decision))
 
     def _recover(self, conversation_id: str, now: datetime) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from settled._failpoints import failpoint
 from settled.processors import AgentRun
 from settled.runtime._app import App
 from settled.schemas import canonical_json
@@ -36,6 +37,7 @@ class EchoAgent:
         if isinstance(value, dict) and "delay_s" in value:
             delay_s = float(value["delay_s"])
         run.cancelled.wait(delay_s)
+        failpoint("echo.before_reply")  # on the run's thread: the reply is ready, the worker has not seen it yet
         return canonical_json({"echo": value, "attempt": run.attempt})
 
 
