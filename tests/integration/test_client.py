@@ -1,7 +1,8 @@
 """The client API and its CLI against a real broker and the real worker loop (issue 5 item 8; scenarios 20, 22).
 
-The worker runs `TxDecider` (admits every proposal) or `_ScriptedDecider` (adds scripted rejections and abort replies)
-until the real admission is integrated; assertions that need real duplicate/conflict handling are marked TODO.
+Most tests run the worker loop with `TxDecider` (admits every proposal) or `_ScriptedDecider` (adds scripted
+rejections and abort replies), which isolates the client from the ledger; the tests that need real duplicate, conflict
+and abort handling run the real worker (`build_worker`: the ledger decider and the echo agent).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from settled.client import (
 )
 from settled.processors import Decision, InboxInput, Worker
 from settled.producers import producer_config, provision_topics
+from settled.runtime import App
+from settled.runtime.echo import EchoAgent
 from settled.schemas import (
     AbortRecorded,
     AbortRequested,
@@ -56,6 +59,7 @@ from settled.schemas import (
 from settled.schemas import (
     SubmissionRejected as SubmissionRejectedEvent,
 )
+from settled.services._worker_service import build_worker
 from settled.services.cli import app
 from tests.integration.helpers import CODEC, read_topic, running
 from tests.integration.txproc import TxDecider, TxState
@@ -87,7 +91,7 @@ def topics(settings: Settings) -> Settings:
 
 
 class _ScriptedDecider(TxDecider):
-    """TxDecider plus scripted answers, until the real admission lands (TODO: use the real decider).
+    """TxDecider plus scripted answers: rejections the client itself cannot provoke (it never sends invalid fields).
 
     * a proposal whose input is ``{"scripted_reject": CODE}`` is rejected with ``CODE: scripted rejection``;
     * an abort of submission ``"missing"`` is rejected ``unknown_target``; any other abort is applied.
@@ -129,6 +133,14 @@ class _ScriptedDecider(TxDecider):
 def _worker(s: Settings, scripted: bool = False) -> Iterator[Worker[TxState]]:
     factory = (lambda _p: _ScriptedDecider()) if scripted else (lambda _p: TxDecider())
     worker: Worker[TxState] = Worker(settings=s, decider_factory=factory)
+    with running(worker):
+        yield worker
+
+
+@contextmanager
+def _real_worker(s: Settings) -> Iterator[Worker[Any]]:
+    """The real worker: the ledger decider (admission with the key index) and the echo agent."""
+    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     with running(worker):
         yield worker
 
@@ -262,8 +274,7 @@ def test_an_oversized_payload_is_refused_before_producing(topics: Settings) -> N
 
 def test_rejections_raise_typed_errors(topics: Settings) -> None:
     s = topics
-    # TODO(real admission): drive these with a real conflicting key (same key, other payload) and an invalid field
-    # instead of the scripted decider, and also assert a repeated key returns a duplicate receipt.
+    # The receipt → exception mapping; a real conflict (same key, other payload) is in the real-admission test below.
     with _worker(s, scripted=True), Client(s) as client:
         with pytest.raises(IdempotencyConflict) as conflict:
             client.submit("conv-r", {"scripted_reject": "idempotency_conflict"}, idempotency_key="k", timeout_s=60)
@@ -277,8 +288,8 @@ def test_rejections_raise_typed_errors(topics: Settings) -> None:
 
 def test_abort_returns_the_command_receipt(topics: Settings) -> None:
     s = topics
-    # TODO(real admission): abort a queued submission (settles aborted), repeat it (duplicate), abort a settled one
-    # (already_terminal naming the winning outcome).
+    # The command on the wire and its reply; the real outcomes (queued → aborted, duplicate, already_terminal) are in
+    # the real-admission test below.
     with _worker(s, scripted=True), Client(s) as client:
         receipt = client.submit("conv-x", "work", timeout_s=60)
         applied = client.abort("conv-x", receipt.request_id, reason="changed my mind", command_id="cmd-1")
@@ -293,6 +304,71 @@ def test_abort_returns_the_command_receipt(topics: Settings) -> None:
     ]
 
 
+def test_with_the_real_admission_duplicates_conflicts_aborts_and_wait(topics: Settings) -> None:
+    s = topics
+    with _real_worker(s), Client(s) as client:
+        first = client.submit("conv-real", {"q": 1}, idempotency_key="k1", timeout_s=60)
+        again = client.submit("conv-real", {"q": 1}, idempotency_key="k1", timeout_s=30)
+        with pytest.raises(IdempotencyConflict) as conflict:
+            client.submit("conv-real", {"q": "other"}, idempotency_key="k1", timeout_s=30)
+        settled = client.wait(first, 60)
+        settled_via_duplicate = client.wait(again, 30)
+        with pytest.raises(AbortRejected) as too_late:
+            client.abort("conv-real", first.request_id, timeout_s=30)
+        with pytest.raises(AbortRejected) as unknown:
+            client.abort("conv-real", "no-such-submission", timeout_s=30)
+        # A queued submission behind a running one settles aborted at once; the same command again is a duplicate.
+        running_one = client.submit("conv-q", {"delay_s": 20}, timeout_s=30)
+        queued = client.submit("conv-q", "queued", timeout_s=30)
+        applied = client.abort("conv-q", queued.request_id, reason="not needed", command_id="abort-q", timeout_s=30)
+        repeated = client.abort("conv-q", queued.request_id, reason="not needed", command_id="abort-q", timeout_s=30)
+        aborted = client.wait(queued, 30)
+        client.abort("conv-q", running_one.request_id, timeout_s=30)  # let the worker stop promptly
+    assert (first.outcome, first.submission_seq) == (ReceiptOutcome.ADMITTED, 1)
+    assert again.outcome is ReceiptOutcome.DUPLICATE
+    assert (again.original_submission_id, again.submission_seq) == (first.request_id, 1)
+    assert conflict.value.field == "idempotency_key" and "k1" in str(conflict.value)
+    assert settled.submission_id == first.request_id and settled.outcome is SettlementOutcome.COMPLETED
+    assert json.loads(settled.reply_json or "null")["echo"] == {"q": 1}
+    assert settled_via_duplicate == settled
+    assert too_late.value.reason_code == "already_terminal" and "completed" in too_late.value.detail
+    assert unknown.value.reason_code == "unknown_target"
+    assert (applied.outcome, repeated.outcome) == (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE)
+    assert aborted.outcome is SettlementOutcome.ABORTED and aborted.attempt_count == 0
+
+
+def test_the_same_key_from_many_threads_is_admitted_once_and_every_copy_gets_a_receipt(topics: Settings) -> None:
+    # Scenario 22, client side: concurrent copies of one proposal (same key and payload) from one client's threads.
+    s = topics
+    got: list[Receipt] = []
+    errors: list[BaseException] = []
+    with _real_worker(s), Client(s) as client:
+        client.submit("warm-up", 0, timeout_s=60)
+        barrier = threading.Barrier(6)
+
+        def copy() -> None:
+            try:
+                barrier.wait(10)
+                got.append(client.submit("conv-22", {"a": 1}, idempotency_key="k22", timeout_s=60))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=copy) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+    assert errors == []
+    admitted = [r for r in got if r.outcome is ReceiptOutcome.ADMITTED]
+    assert len(admitted) == 1 and len(got) == 6
+    assert all(
+        (r.outcome, r.original_submission_id, r.submission_seq)
+        == (ReceiptOutcome.DUPLICATE, admitted[0].request_id, admitted[0].submission_seq)
+        for r in got
+        if r is not admitted[0]
+    )
+
+
 # ------------------------------------------------------------------------------------------ broker outage
 
 
@@ -304,7 +380,7 @@ def test_submit_with_the_broker_down_raises_outcome_unknown_and_the_key_finds_th
     s = Settings(namespace=namespace, kafka_bootstrap=broker.bootstrap, partitions=1)
     _provision(s)
     with Client(s, delivery_timeout_s=300) as client:
-        with _worker(s):
+        with _real_worker(s):
             assert client.submit("conv-o", "before", timeout_s=60).outcome is ReceiptOutcome.ADMITTED
         broker.stop()
         started = time.monotonic()
@@ -316,18 +392,18 @@ def test_submit_with_the_broker_down_raises_outcome_unknown_and_the_key_finds_th
         assert "key-outage" in message and "same idempotency key" in message and "original receipt" in message
         assert caught.value.idempotency_key == "key-outage"
         broker.start()
-        with _worker(s):
+        with _real_worker(s):
             again = client.submit("conv-o", {"turn": 2}, idempotency_key="key-outage", timeout_s=90)
+            settlement = client.wait(again, 60)
         # The late receipt of the proposal that timed out came first (one partition, inbox order) and was dropped.
         assert client.receipts_reader.dropped >= 1
-    # The proposal that timed out was still delivered once the broker came back (the producer kept it).
+    # The proposal that timed out was still delivered once the broker came back (the producer kept it) and admitted;
+    # submitting again with the same key and payload returned that original submission as a duplicate.
     landed = [rec for _, _, rec in _inbox(s) if rec.idempotency_key == "key-outage"]
     assert caught.value.submission_id in {rec.submission_id for rec in landed}
-    assert again.outcome in (ReceiptOutcome.ADMITTED, ReceiptOutcome.DUPLICATE)
-    # TODO(real admission): TxDecider admits the retry as a second submission. With the real admission the retry is
-    # answered as a duplicate pointing at the proposal that timed out:
-    #   assert again.outcome is ReceiptOutcome.DUPLICATE
-    #   assert again.original_submission_id == caught.value.submission_id and again.submission_seq == 2
+    assert again.outcome is ReceiptOutcome.DUPLICATE
+    assert (again.original_submission_id, again.submission_seq) == (caught.value.submission_id, 2)
+    assert settlement.submission_id == caught.value.submission_id
 
 
 def test_a_fatal_producer_error_replaces_the_shared_producer(topics: Settings) -> None:
