@@ -454,6 +454,13 @@ class TransactionalAppender:
                     raise self._fatal(abort_exc.args[0]) from abort_exc
                 return "aborted", failed
             raise self._fatal(err) from exc
+        except SystemError as exc:
+            # confluent-kafka still runs delivery callbacks after a fatal error (e.g. _FENCED) set its exception, so
+            # the callback fails with a SystemError chained to that fatal error (tests/integration/test_fencing.py).
+            cause = exc.__cause__
+            if not (isinstance(cause, KafkaException) and cause.args[0].fatal()):
+                raise
+            raise self._fatal(cause.args[0]) from exc
         try:
             failpoint("appender.commit_outcome_lost")
         except FailpointError:
