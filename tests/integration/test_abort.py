@@ -1,0 +1,181 @@
+"""Abort (spec §13, DUR-012; issue 5 item 6) against a real worker: queued, active, repeated, too late, unknown.
+
+The race of an abort with the final append (scenario 6) is `test_abort_raced_against_the_final_append`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from settled._settings import Settings
+from settled.processors import Worker
+from settled.producers import provision_topics
+from settled.protocol import PartitionState
+from settled.runtime import App
+from settled.runtime.echo import EchoAgent
+from settled.schemas import (
+    AbortRecorded,
+    AttemptStarted,
+    CommandRejected,
+    CommandRejectReason,
+    Receipt,
+    ReceiptOutcome,
+    Settlement,
+    SettlementOutcome,
+    SettlementRecord,
+)
+from settled.services._worker_service import build_worker
+from tests._promise import promise
+from tests.integration.helpers import CODEC, proposal, running
+from tests.integration.workerproc import Inbox, Tail, abort_command, batches
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def topics(settings: Settings) -> Settings:
+    s = settings.model_copy(update={"partitions": 1})
+    provision_topics(s, CODEC, datetime.now(UTC))
+    return s
+
+
+def _receipts(tail: Tail, request_id: str) -> list[Receipt]:
+    return [r for r in tail.values() if isinstance(r, Receipt) and r.request_id == request_id]
+
+
+def _settlements(tail: Tail, submission_id: str) -> list[SettlementRecord]:
+    return [r for r in tail.values() if isinstance(r, SettlementRecord) and r.submission_id == submission_id]
+
+
+def _events(log: Tail, kind: type, submission_id: str) -> list[tuple[int, object]]:
+    """``(offset, event)`` of every ``kind`` event about ``submission_id`` in the log read so far."""
+    return [
+        (o, e)
+        for _, o, b in batches(log)
+        for e in b.events
+        if isinstance(e, kind) and getattr(e, "submission_id", None) == submission_id
+    ]
+
+
+def test_abort_queued_active_repeated_settled_and_unknown(topics: Settings) -> None:
+    s = topics
+    inbox = Inbox(s)
+    log, receipts, settlements = Tail(s, "log"), Tail(s, "receipts"), Tail(s, "settlements")
+    conv = "conv-abort"
+    delay_s = 30.0
+    s1 = proposal(conv, value={"delay_s": delay_s})  # runs, and is aborted while it runs
+    s2 = proposal(conv, value={"n": 2})  # queued behind s1, aborted before its turn
+    s3 = proposal(conv, value={"n": 3})  # runs after s1 and completes
+    worker: Worker[PartitionState] = build_worker(s, App(agent=EchoAgent()))
+    try:
+        with running(worker):
+            inbox.send(s1, s2, s3)
+            log.wait(lambda: bool(_events(log, AttemptStarted, s1.submission_id)), 60, "s1's AttemptStarted")
+            receipts.wait(lambda: len(_receipts(receipts, s3.submission_id)) == 1, 30, "s3's receipt")
+
+            # 1. A queued, never-claimed submission settles aborted at once, before the one running ahead of it.
+            a2 = abort_command(conv, s2.submission_id)
+            inbox.send(a2)
+            settlements.wait(lambda: bool(_settlements(settlements, s2.submission_id)), 30, "s2's settlement")
+            receipts.wait(lambda: bool(_receipts(receipts, a2.command_id)), 30, "the queued abort's receipt")
+            (r2,) = _receipts(receipts, a2.command_id)
+            assert r2.outcome is ReceiptOutcome.APPLIED, r2
+            (st2,) = _settlements(settlements, s2.submission_id)
+            assert st2.outcome is SettlementOutcome.ABORTED and st2.attempt_count == 0, st2
+            promise(
+                "DUR-012.queued-abort-first",
+                not _settlements(settlements, s1.submission_id),
+                "the queued abort waited for the running submission ahead of it to settle",
+            )
+
+            # 2. An active one: AbortRecorded is canonical before its run is interrupted; it settles aborted.
+            a1 = abort_command(conv, s1.submission_id)
+            sent_at = time.monotonic()
+            inbox.send(a1)
+            settlements.wait(lambda: bool(_settlements(settlements, s1.submission_id)), 30, "s1's settlement")
+            interrupted_after_s = time.monotonic() - sent_at
+            (st1,) = _settlements(settlements, s1.submission_id)
+            assert st1.outcome is SettlementOutcome.ABORTED and st1.reply_json is None, st1
+            assert interrupted_after_s < delay_s / 2, f"s1's run was not interrupted ({interrupted_after_s:.1f} s)"
+            settlements.wait(lambda: bool(_settlements(settlements, s3.submission_id)), 30, "s3's settlement")
+            (st3,) = _settlements(settlements, s3.submission_id)
+            assert st3.outcome is SettlementOutcome.COMPLETED, st3
+            order = [r.submission_id for r in settlements.values() if isinstance(r, SettlementRecord)]
+            assert order == [s2.submission_id, s1.submission_id, s3.submission_id], order
+
+            # 3. The same abort again: acknowledged as a duplicate, nothing settles again.
+            inbox.send(a1)
+            receipts.wait(lambda: len(_receipts(receipts, a1.command_id)) == 2, 30, "the repeated abort's receipt")
+            first, again = _receipts(receipts, a1.command_id)
+            assert first.outcome is ReceiptOutcome.APPLIED, first
+            promise("DUR-012.abort-duplicate", again.outcome is ReceiptOutcome.DUPLICATE, f"{again}")
+
+            # 4. An abort of a settled submission is rejected; the reply names the outcome that won.
+            a3 = abort_command(conv, s3.submission_id)
+            inbox.send(a3)
+            receipts.wait(lambda: bool(_receipts(receipts, a3.command_id)), 30, "the late abort's receipt")
+            (r3,) = _receipts(receipts, a3.command_id)
+            assert r3.outcome is ReceiptOutcome.REJECTED, r3
+            promise(
+                "DUR-012.abort-names-winner",
+                (r3.reason or "").startswith("already_terminal") and "completed" in (r3.reason or ""),
+                f"the rejection of an abort of a completed submission does not name the winner: {r3.reason!r}",
+            )
+
+            # 5. An abort aimed at an unknown submission: rejected unknown_target, nothing else appended.
+            log.wait(lambda: bool(_events(log, CommandRejected, s3.submission_id)), 30, "a3's CommandRejected")
+            settlements.poll(0.5)
+            log_before, settled_before = len(log.records), len(settlements.records)
+            receipts_before = len(receipts.records)
+            ghost = abort_command(conv, "no-such-submission")
+            elsewhere = abort_command("conv-never-seen", "no-such-submission-either")
+            inbox.send(ghost, elsewhere)
+            receipts.wait(lambda: len(receipts.records) >= receipts_before + 2, 30, "the unknown targets' receipts")
+            log.wait(lambda: len(log.records) >= log_before + 2, 30, "the unknown targets' decisions")
+            time.sleep(1.0)  # anything else the worker might (wrongly) append would show up by now
+            log.poll(0.5), receipts.poll(0.5), settlements.poll(0.5)
+    finally:
+        for t in (log, receipts, settlements):
+            t.close()
+
+    for cmd in (ghost, elsewhere):
+        (r,) = _receipts(receipts, cmd.command_id)
+        assert r.outcome is ReceiptOutcome.REJECTED and (r.reason or "").startswith("unknown_target"), r
+    new_batches = [b for _, _, b in log.records[log_before:]]
+    new_events = [e for b in new_batches for e in b.events]
+    promise(
+        "DUR-012.unknown-target-nothing-else",
+        len(new_batches) == 2
+        and all(isinstance(e, CommandRejected) and e.reason is CommandRejectReason.UNKNOWN_TARGET for e in new_events)
+        and len(new_events) == 2
+        and len(receipts.records) == receipts_before + 2
+        and len(settlements.records) == settled_before,
+        f"an abort of an unknown target appended more than its rejection: {new_events}, "
+        f"{receipts.values()[receipts_before:]}, {settlements.values()[settled_before:]}",
+    )
+
+    # The log, read after the fact.
+    promise(
+        "DUR-012.queued-never-attempted",
+        _events(log, AttemptStarted, s2.submission_id) == [],
+        "an aborted queued submission got an attempt",
+    )
+    (abort_at, _), *_ = _events(log, AbortRecorded, s1.submission_id)
+    ((settled_at, settlement),) = _events(log, Settlement, s1.submission_id)
+    promise(
+        "DUR-012.abort-canonical-first",
+        abort_at < settled_at,
+        f"s1's AbortRecorded at {abort_at} is not before its Settlement at {settled_at}",
+    )
+    abort_batch = next(b for _, o, b in batches(log) if o == abort_at)
+    assert not any(isinstance(e, Settlement) for e in abort_batch.events), "an active abort settled in its own batch"
+    assert isinstance(settlement, Settlement) and settlement.outcome is SettlementOutcome.ABORTED
+    (rejected,) = [e for _, e in _events(log, CommandRejected, s3.submission_id)]
+    assert isinstance(rejected, CommandRejected)
+    assert rejected.reason is CommandRejectReason.ALREADY_TERMINAL
+    assert rejected.winning_outcome is SettlementOutcome.COMPLETED
+    for sid in (s1.submission_id, s2.submission_id, s3.submission_id):
+        assert len(_events(log, Settlement, sid)) == 1, f"{sid} settled more than once"

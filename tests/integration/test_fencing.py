@@ -1,0 +1,129 @@
+"""Fencing with an offset-free write (scenario 8; DUR-006, DESIGN.md §3; issue 5 acceptance).
+
+Worker A admits a submission and runs its echo; a failpoint barrier holds A where the finished run's settlement is
+about to be staged, and the test SIGSTOPs it there. Worker B joins, is given the partition once A's session times
+out, fences A's transactional producer (``init_transactions``), restores, claims the next epoch, runs the submission
+again and settles it. Then A is resumed and released: it really attempts its settlement append — a write that
+carries no consumer offsets of its own, which KIP-447 group fencing alone would not stop — and must get the fenced
+error, write nothing visible, and drop the partition.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from settled import _failpoints
+from settled._settings import Settings
+from settled.producers import provision_topics
+from settled.schemas import LogBatch, OwnershipClaimed, Settlement, SettlementOutcome, SettlementRecord
+from tests._promise import promise
+from tests.integration.helpers import CODEC, proposal, wait_for
+from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
+
+pytestmark = pytest.mark.integration
+
+BARRIER = "conductor.before_settle"
+
+
+@pytest.fixture
+def topics(settings: Settings) -> Settings:
+    s = settings.model_copy(update={"partitions": 1})
+    provision_topics(s, CODEC, datetime.now(UTC))
+    return s
+
+
+def _all_log_batches(s: Settings, isolation: str) -> list[tuple[int, LogBatch]]:
+    """Every batch record on the log partition, read with ``isolation`` (read_uncommitted shows aborted ones too)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": s.kafka_bootstrap,
+            "group.id": "fencing-reader",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    tp = TopicPartition(s.topic("log"), 0)
+    end = c.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+    c.assign([TopicPartition(s.topic("log"), 0, 0)])
+    out: list[tuple[int, LogBatch]] = []
+    deadline = time.monotonic() + 30
+    while c.position([tp])[0].offset < end and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None or m.error() is not None:
+            continue
+        value = m.value()
+        assert isinstance(value, bytes)
+        out.append((m.offset() or 0, CODEC.decode_batch(value, offset=m.offset() or 0).batch))
+    c.close()
+    return out
+
+
+def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(topics: Settings, tmp_path: Path) -> None:
+    s = topics
+    control = _failpoints.FailpointControl(tmp_path / "fp")
+    inbox = Inbox(s)
+    log, settlements = Tail(s, "log"), Tail(s, "settlements")
+    sub = proposal("conv-fence", value={"delay_s": 0.5})
+    a = spawn_worker(s, tmp_path, "worker-a", control=control, failpoints=f"{BARRIER}=1*pause(180s)")
+    b = None
+    try:
+        inbox.send(sub)
+        control.wait_reached(BARRIER, 60)  # admitted, attempt committed, echo finished; settlement not yet staged
+        a.signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+
+        b = spawn_worker(s, tmp_path, "worker-b", control=control)
+        settlements.wait(
+            lambda: any(isinstance(r, SettlementRecord) for r in settlements.values()), 90, "B's settlement"
+        )
+        takeover_s = time.monotonic() - stopped_at
+        log.poll(0.5)
+        claims = [(o, e) for _, o, bt in batches(log) for e in bt.events if isinstance(e, OwnershipClaimed)]
+        assert [e.worker_id for _, e in claims] == ["worker-a", "worker-b"], claims
+
+        a.signal(signal.SIGCONT)
+        assert control.release(BARRIER) == 1
+        wait_for(lambda: bool(a.logged("fenced: dropping the partition")), 60, "A to report that it was fenced")
+        # The settlement's records were handed to A's producer and failed (the broker refused the old epoch).
+        attempted = [line for line in a.logged("delivery failed") if line.get("batch_id", "").startswith("conv-fence:")]
+        time.sleep(2.0)  # give a wrongly unfenced A time to commit something
+        log.poll(0.5), settlements.poll(0.5)
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        for t in (log, settlements):
+            t.close()
+
+    assert attempted, f"A never attempted its settlement append after it was resumed:\n{a.tail()}"
+    assert not a.logged("fatal producer error: claiming the partition again"), a.tail()
+    (_, claim_a), (claim_b_at, claim_b) = claims
+    assert isinstance(claim_a, OwnershipClaimed) and isinstance(claim_b, OwnershipClaimed)
+    assert claim_b.owner_epoch > claim_a.owner_epoch, (claim_a, claim_b)
+    for isolation in ("read_committed", "read_uncommitted"):
+        after = [(o, bt) for o, bt in _all_log_batches(s, isolation) if o > claim_b_at]
+        stale = [(o, bt.batch_id, bt.owner_epoch) for o, bt in after if bt.owner_epoch != claim_b.owner_epoch]
+        promise(
+            "DUR-006.offset-free-fenced",
+            not stale,
+            f"{isolation}: batches after B's claim (epoch {claim_b.owner_epoch}) with another epoch: {stale}",
+        )
+    records = [r for r in settlements.values() if isinstance(r, SettlementRecord)]
+    events = [e for _, _, bt in batches(log) for e in bt.events if isinstance(e, Settlement)]
+    promise(
+        "DUR-006.offset-free-fenced",
+        len(records) == 1 and len(events) == 1,
+        f"the submission has {len(records)} settlement records and {len(events)} Settlement events",
+    )
+    (record,) = records
+    assert record.submission_id == sub.submission_id
+    assert record.outcome is SettlementOutcome.COMPLETED and record.attempt_count == 2, record
+    settled_by = next(bt for _, _, bt in batches(log) if any(isinstance(e, Settlement) for e in bt.events))
+    assert settled_by.owner_epoch == claim_b.owner_epoch, settled_by
+    print(f"takeover after SIGSTOP: {takeover_s:.1f} s; A's refused deliveries: {len(attempted)}")

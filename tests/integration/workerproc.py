@@ -1,0 +1,232 @@
+"""Helpers for tests that run real ``settled worker`` child processes and follow settled's topics as they grow.
+
+Used by the fencing, abort and handover tests (issue 5). A child worker is ``python -m settled.services worker
+--app settled.runtime.echo:app`` with ``SETTLED_NAMESPACE`` / ``SETTLED_KAFKA_BOOTSTRAP`` set and, optionally, a
+failpoint control folder; its JSON-lines log goes to a file (a pipe nobody reads would fill up and block it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from settled import _failpoints
+from settled._settings import Settings
+from settled.producers import producer_config
+from settled.schemas import AbortRequested, InboxRecord, LogBatch
+from tests.integration.helpers import CODEC, produce_inbox
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ChildWorker:
+    """A ``settled worker`` child process and the file its log goes to."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.proc.pid
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The child's JSON log lines so far (non-JSON lines, e.g. a traceback, as ``{"raw": line}``)."""
+        out: list[dict[str, Any]] = []
+        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                out.append({"raw": line})
+        return out
+
+    def logged(self, message: str) -> list[dict[str, Any]]:
+        """The log lines whose message is ``message``."""
+        return [line for line in self.log_lines() if line.get("message") == message]
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the child."""
+        os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGCONT (in case it is stopped) then SIGKILL the child if it still runs; return its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        return self.proc.wait(timeout_s)
+
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of the child's log, for failure messages."""
+        text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def spawn_worker(
+    s: Settings,
+    log_dir: Path,
+    name: str,
+    *,
+    control: _failpoints.FailpointControl | None = None,
+    failpoints: str = "",
+    log_level: str = "INFO",
+) -> ChildWorker:
+    """Start a ``settled worker`` child on ``s``'s namespace with the echo app.
+
+    Args:
+        s: The test's settings (namespace and bootstrap servers are passed on).
+        log_dir: Folder for the child's log file ``<name>.log``.
+        name: The worker id (``--worker-id``), recorded in its ``OwnershipClaimed``.
+        control: A failpoint control folder to connect the child to (hit log, barriers, run-time arming).
+        failpoints: Spawn-time failpoint entries (``SETTLED_FAILPOINTS``).
+        log_level: The child's log level.
+
+    Returns:
+        The running child.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_FAILPOINT")}
+    env.update({"SETTLED_NAMESPACE": s.namespace, "SETTLED_KAFKA_BOOTSTRAP": s.kafka_bootstrap})
+    if control is not None:
+        env.update(control.env(failpoints))
+    elif failpoints:
+        env[_failpoints.FAILPOINTS_ENV_VAR] = failpoints
+    log_path = log_dir / f"{name}.log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "settled.services",
+                "worker",
+                "--app",
+                "settled.runtime.echo:app",
+                "--worker-id",
+                name,
+                "--log-level",
+                log_level,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+    return ChildWorker(name, proc, log_path)
+
+
+@dataclass
+class Tail:
+    """Follows one settled topic from offset 0 with a read_committed consumer, keeping every record it has read.
+
+    ``records`` holds ``(partition, offset, decoded)``: a `LogBatch` for the log, the record model otherwise.
+    """
+
+    settings: Settings
+    short: str
+    records: list[tuple[int, int, Any]] = field(default_factory=list)
+    _consumer: Consumer | None = None
+
+    def __post_init__(self) -> None:
+        topic = self.settings.topic(self.short)
+        md = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap}).list_topics(topic, timeout=30)
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.kafka_bootstrap,
+                "group.id": f"tail-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
+        self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.topics[topic].partitions])
+
+    def poll(self, timeout_s: float = 0.05) -> int:
+        """Read what is available now (waiting at most ``timeout_s`` for the first record); return how many."""
+        assert self._consumer is not None
+        got = 0
+        for msg in self._consumer.consume(1000, timeout_s):
+            err = msg.error()
+            assert err is None, f"{self.short}: {err}"
+            offset, partition = msg.offset() or 0, msg.partition() or 0
+            value = msg.value()
+            assert isinstance(value, bytes)
+            decoded: Any
+            if self.short == "log":
+                decoded = CODEC.decode_batch(value, offset=offset).batch
+            else:
+                decoded = CODEC.decode(value)
+            self.records.append((partition, offset, decoded))
+            got += 1
+        return got
+
+    def values(self) -> list[Any]:
+        """The decoded records read so far, in read order."""
+        return [r for _, _, r in self.records]
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Poll until ``predicate()`` holds.
+
+        Raises:
+            AssertionError: It did not within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            self.poll(0.05)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def batches(tail: Tail) -> list[tuple[int, int, LogBatch]]:
+    """The log batches a log `Tail` has read: ``(partition, offset, batch)``."""
+    return [(p, o, b) for p, o, b in tail.records if isinstance(b, LogBatch)]
+
+
+def abort_command(conversation_id: str, submission_id: str, command_id: str | None = None) -> AbortRequested:
+    """An `AbortRequested` for ``submission_id`` (a fresh command id unless one is given)."""
+    return AbortRequested(
+        command_id=command_id or f"abort-{uuid.uuid4().hex[:12]}",
+        principal="tester",
+        conversation_id=conversation_id,
+        submission_id=submission_id,
+        reason="test abort",
+        requested_at=datetime.now(UTC),
+    )
+
+
+class Inbox:
+    """A long-lived idempotent producer to the inbox (settled's murmur2 partitioner), for tests that send often."""
+
+    def __init__(self, s: Settings) -> None:
+        self.settings = s
+        self._producer = Producer(producer_config(s))
+
+    def send(self, *records: InboxRecord) -> None:
+        """Produce ``records`` keyed by their conversation id and wait until the broker has them."""
+        for r in records:
+            self._producer.produce(self.settings.topic("inbox"), key=r.conversation_id.encode(), value=CODEC.encode(r))
+        assert self._producer.flush(30) == 0
+
+
+def send(s: Settings, *records: InboxRecord) -> None:
+    """Produce inbox records keyed by their conversation id with a one-off producer."""
+    produce_inbox(s, [(r.conversation_id.encode(), CODEC.encode(r)) for r in records])
