@@ -5,6 +5,7 @@
 * `apply` / `fold` (`_fold`): a partition's conversations as a fold of canonical batches (`PartitionState`,
   `ConversationState`), refusing a stale owner epoch (`StaleEpoch`), a broken chain, an illegal transition or an
   inconsistent log with typed errors.
+* `classify` (`_recovery`): the recovery classifier over a submission's persisted facts (DUR-013, spec §15).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -53,6 +54,16 @@ from settled.protocol._fold import (
     input_key,
     scope_digest,
 )
+from settled.protocol._recovery import (
+    OpenCall,
+    ReconcileAnswer,
+    Reconciliation,
+    Recovery,
+    RecoveryAction,
+    RecoverySnapshot,
+    ToolSafety,
+    classify,
+)
 from settled.protocol._states import (
     EDGES,
     NONTERMINAL_STATES,
@@ -79,14 +90,21 @@ __all__ = [
     "InputKey",
     "KeyEntry",
     "LogInconsistency",
+    "OpenCall",
     "PartitionState",
     "ProtocolError",
+    "ReconcileAnswer",
+    "Reconciliation",
+    "Recovery",
+    "RecoveryAction",
+    "RecoverySnapshot",
     "SettleAborted",
     "StaleEpoch",
     "StartAttempt",
     "Submission",
     "SubmissionState",
     "TerminalOutcomeConflict",
+    "ToolSafety",
     "Transition",
     "UnknownSubmission",
     "WrongConversation",
@@ -96,6 +114,7 @@ __all__ = [
     "apply_traced",
     "cause_qualifier",
     "claim",
+    "classify",
     "edges_from",
     "find_edge",
     "fold",
