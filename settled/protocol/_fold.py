@@ -30,6 +30,7 @@ copies each map once for the whole run of batches.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,7 +74,6 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
-    canonical_json,
     json_digest,
 )
 
@@ -119,15 +119,23 @@ def input_key(ref: InputRef) -> InputKey:
 def scope_digest(principal: str, conversation_id: str, idempotency_key: str) -> str:
     """Return the key-index entry of an idempotency key: its scope is principal + conversation (DESIGN.md §4).
 
+    The index lives in memory only (the fold rebuilds it from the log), so this encoding may change freely; it
+    must only be injective: each part is UTF-8 encoded and prefixed with its byte length.
+
     Args:
         principal: Who submits.
         conversation_id: The conversation.
         idempotency_key: The client's key.
 
     Returns:
-        `json_digest` of the canonical JSON array ``[principal, conversation_id, idempotency_key]``.
+        Lowercase hex SHA-256 of the length-prefixed parts.
     """
-    return json_digest(canonical_json([principal, conversation_id, idempotency_key]))
+    digest = hashlib.sha256()
+    for part in (principal, conversation_id, idempotency_key):
+        raw = part.encode("utf-8")
+        digest.update(len(raw).to_bytes(8, "big"))
+        digest.update(raw)
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------- values

@@ -12,8 +12,15 @@ epoch, classify recovery). Checked on what commits:
 * at most one active submission per conversation at every fold (DUR-005), starts in FIFO order (DUR-004);
 * every inbox input decided exactly once (one canonical event carrying its offset, one receipt), re-read inputs
   skipped; every key admitted once, duplicates answered with the original, conflicts rejected (DUR-001);
-* an abort's reply names the outcome that won (DUR-012);
+* an abort's reply names the outcome that won (DUR-012); an abort of a queued submission settles it in the same
+  batch, without an attempt (spec §13);
+* a stale attempt appends nothing after a claim (spec §6);
+* after a final drain (every input decided, runs finished, Unknowns resolved) every admitted submission has exactly
+  one settlement (DUR-002, DUR-014);
 * restoring by `fold` from the committed batches equals the state built batch by batch.
+
+The minimal recovery classifier here stands in for `settled.protocol.classify`; random operations are weighted op
+codes (see ``WEIGHTS``) so that long runs stay productive and failures shrink well.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from settled.schemas import (
     InputRef,
     LogBatch,
     LogEvent,
+    OwnershipClaimed,
     Receipt,
     ReceiptOutcome,
     RecoveryDecision,
@@ -120,6 +128,7 @@ class Owner:
     pending: list[Pending] = field(default_factory=list)
     batches: list[LogBatch] = field(default_factory=list)
     trace: list[Transition] = field(default_factory=list)
+    traces: list[tuple[Transition, ...]] = field(default_factory=list)  # per committed batch
     receipts: list[Receipt] = field(default_factory=list)
     settlements: list[SettlementRecord] = field(default_factory=list)
     proposed: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))  # cid -> [(sid, key)]
@@ -156,6 +165,7 @@ class Owner:
         for item in self.pending:
             self.batches.append(item.batch)
             self.trace.extend(item.trace)
+            self.traces.append(item.trace)
             if item.receipt is not None:
                 self.receipts.append(item.receipt)
             if item.settlement is not None:
@@ -382,6 +392,32 @@ class Owner:
         if actions:
             actions[choice % len(actions)]()
 
+    def drain(self, max_rounds: int = 200) -> None:
+        """Run every conversation to quiescence: decide all inputs, finish runs, resolve Unknowns (DUR-002/014)."""
+        for _ in range(max_rounds):
+            self.commit()
+            before = (len(self.batches), len(self.inbox))
+            self.consume(len(self.inbox))
+            for cid in CONVS:
+                conv = self.scratch.conversation(cid)
+                active = conv.active()
+                if active is not None and active.state is S.RECOVERY:
+                    self.classify(cid)
+                elif active is not None and active.state is S.UNKNOWN:
+                    if not any(isinstance(r, ResolveUnknown) for _, r in self.inbox[self.position :]):
+                        self.request_resolution(cid, ResolutionKind.SAFE_TO_RETRY, True)
+                elif self.running(cid) is not None:
+                    if self.running(cid).open_calls:
+                        self.tool_done(cid)
+                    else:
+                        self.finish(cid, SettlementOutcome.COMPLETED)
+                elif schedule(conv) is not None:
+                    self.step(cid)
+            self.commit()
+            if (len(self.batches), len(self.inbox)) == before and self.position == len(self.inbox):
+                return
+        raise AssertionError("the conversations did not quiesce: work is stuck (DUR-014)")
+
     def run(self, op: tuple[int, int]) -> None:
         code, arg = op
         cid = CONVS[arg % len(CONVS)]
@@ -423,10 +459,7 @@ def test_random_interleavings_keep_every_promise(ops: list[tuple[int, int]]) -> 
     owner.crash(0)  # the first owner claims epoch 1
     for op in ops:
         owner.run(op)
-    owner.commit()
-    while owner.position < len(owner.inbox):  # drain: every input gets decided
-        owner.consume(len(owner.inbox))
-        owner.commit()
+    owner.drain()
     check_log(owner)
 
 
@@ -511,6 +544,41 @@ def check_log(owner: Owner) -> None:
         if isinstance(event, CommandRejected) and event.reason is CommandRejectReason.ALREADY_TERMINAL:
             assert event.submission_id is not None
             assert event.winning_outcome is outcome_of[event.submission_id]
+
+    # Liveness after the drain: every admitted submission settled exactly once (DUR-002, DUR-014).
+    admitted_ids = {e.submission_id for e in events if isinstance(e, SubmissionAdmitted)}
+    assert set(settled) == admitted_ids, f"never settled: {admitted_ids - set(settled)}"
+
+    # A stale attempt appends nothing: attempt records and run settlements are written at the attempt's epoch.
+    attempt_epoch: dict[str, int] = {}
+    current_attempt: dict[str, str] = {}
+    for batch, trace in zip(owner.batches, owner.traces, strict=True):
+        for event in batch.events:
+            if isinstance(event, AttemptStarted):
+                attempt_epoch[event.attempt_id] = event.owner_epoch
+                current_attempt[event.submission_id] = event.attempt_id
+            attempt_id = getattr(event, "attempt_id", None)
+            if attempt_id is not None and not isinstance(event, RecoveryDecision):
+                assert attempt_epoch[attempt_id] == batch.owner_epoch, f"{type(event).__name__} of a stale attempt"
+        for t in trace:
+            if t.edge.source is S.RUNNING and not isinstance(t.event, OwnershipClaimed):
+                attempt = current_attempt[t.submission_id]
+                assert attempt_epoch[attempt] == batch.owner_epoch, f"{t.edge} by a stale attempt {attempt}"
+
+    # An abort of a queued submission settles it in the same batch, without an attempt (spec §13).
+    before_batch: dict[str, SubmissionState] = {}
+    applied: set[str] = set()
+    for batch, trace in zip(owner.batches, owner.traces, strict=True):
+        for event in batch.events:
+            if not isinstance(event, AbortRecorded) or event.command_id in applied:
+                continue  # a repeated command's record changes nothing
+            applied.add(event.command_id)
+            if before_batch.get(event.submission_id) in (S.ADMITTED, S.READY):
+                assert any(
+                    isinstance(e, Settlement) and e.submission_id == event.submission_id for e in batch.events
+                ), f"queued {event.submission_id} was not settled with its abort"
+        for t in trace:
+            before_batch[t.submission_id] = t.edge.target
 
     # Restore equals the incremental state.
     assert fold(PartitionState(partition=0), owner.batches) == final
