@@ -6,10 +6,13 @@ The race of an abort with the final append (scenario 6) is `test_abort_raced_aga
 from __future__ import annotations
 
 import time
+from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from settled import _failpoints
 from settled._settings import Settings
 from settled.processors import Worker
 from settled.producers import provision_topics
@@ -30,7 +33,7 @@ from settled.schemas import (
 from settled.services._worker_service import build_worker
 from tests._promise import promise
 from tests.integration.helpers import CODEC, proposal, running
-from tests.integration.workerproc import Inbox, Tail, abort_command, batches
+from tests.integration.workerproc import Inbox, Tail, abort_command, batches, spawn_worker
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +61,11 @@ def _events(log: Tail, kind: type, submission_id: str) -> list[tuple[int, object
         for e in b.events
         if isinstance(e, kind) and getattr(e, "submission_id", None) == submission_id
     ]
+
+
+def _all_events(log: Tail, submission_id: str) -> list[tuple[int, object]]:
+    """``(offset, event)`` of every event of the batches about ``submission_id`` or naming it."""
+    return [(o, e) for _, o, b in batches(log) for e in b.events if getattr(e, "submission_id", None) == submission_id]
 
 
 def test_abort_queued_active_repeated_settled_and_unknown(topics: Settings) -> None:
@@ -179,3 +187,116 @@ def test_abort_queued_active_repeated_settled_and_unknown(topics: Settings) -> N
     assert rejected.winning_outcome is SettlementOutcome.COMPLETED
     for sid in (s1.submission_id, s2.submission_id, s3.submission_id):
         assert len(_events(log, Settlement, sid)) == 1, f"{sid} settled more than once"
+
+
+RACE_ITERATIONS = 200
+RACE_MAX_DELAY_MS = 50
+
+
+def test_abort_raced_against_the_final_append(topics: Settings, tmp_path: Path) -> None:
+    """Scenario 6: an abort against a run committing its final batch, 200 times in one worker's life.
+
+    A barrier armed for one hit holds the submission at its end, in one of three modes (by iteration, in turn):
+
+    * ``settle``: the worker loop waits at ``conductor.before_settle`` (the settlement is about to be staged); the
+      abort is sent, then the barrier released: the abort is read after the settlement commits, so completed wins;
+    * ``abort-first``: the run's own thread waits at ``echo.before_reply`` (its reply is ready, the worker has not
+      seen it); the abort is sent, then the barrier released;
+    * ``race``: the same barrier is released first and the abort sent after the delay, as the worker picks up the
+      reply and commits the settlement: either may win.
+
+    The delay between the two steps is swept from 0 to 50 ms. Each time: exactly one terminal outcome, and the
+    abort's reply names the one that won (applied for aborted; rejected ``already_terminal`` naming the other).
+    """
+    s = topics
+    control = _failpoints.FailpointControl(tmp_path / "fp")
+    inbox = Inbox(s)
+    receipts, settlements = Tail(s, "receipts"), Tail(s, "settlements")
+    worker = spawn_worker(s, tmp_path, "race-worker", control=control, log_level="WARNING")
+    seen: dict[str, tuple[str, int, str]] = {}  # submission -> (mode, delay_ms, winner)
+    aborts: dict[str, str] = {}  # submission -> abort command id
+    started = time.monotonic()
+    try:
+        for i in range(RACE_ITERATIONS):
+            mode = ("settle", "abort-first", "race")[i % 3]
+            point = "conductor.before_settle" if mode == "settle" else "echo.before_reply"
+            delay_ms = round(RACE_MAX_DELAY_MS * i / (RACE_ITERATIONS - 1))
+            sub = proposal(f"race-{i}", value={"i": i})
+            cmd = abort_command(sub.conversation_id, sub.submission_id)
+            control.arm(point, "1*pause(30s)")
+            inbox.send(sub)
+            try:
+                control.wait_reached(point, 30)
+            except TimeoutError:
+                raise AssertionError(f"iteration {i}: {point} not reached\n{worker.tail()}") from None
+            if mode == "race":
+                assert control.release(point) == 1
+                time.sleep(delay_ms / 1000)
+                inbox.send(cmd)
+            else:
+                inbox.send(cmd)
+                time.sleep(delay_ms / 1000)
+                assert control.release(point) == 1
+            control.disarm(point)
+            receipts.wait(lambda c=cmd: bool(_receipts(receipts, c.command_id)), 30, f"iteration {i}'s abort reply")
+            settlements.wait(lambda s=sub: bool(_settlements(settlements, s.submission_id)), 30, f"iteration {i}")
+            (reply,) = _receipts(receipts, cmd.command_id)
+            (settled,) = _settlements(settlements, sub.submission_id)
+            winner = settled.outcome
+            if reply.outcome is ReceiptOutcome.APPLIED:
+                names_winner = winner is SettlementOutcome.ABORTED
+            else:
+                names_winner = (
+                    reply.outcome is ReceiptOutcome.REJECTED
+                    and (reply.reason or "").startswith(f"already_terminal: {winner.value} won")
+                    and winner is not SettlementOutcome.ABORTED
+                )
+            promise(
+                "DUR-012.abort-names-winner",
+                names_winner,
+                f"iteration {i} ({mode}, {delay_ms} ms): settled {winner.value}, abort reply {reply}",
+            )
+            if mode == "settle":
+                assert winner is SettlementOutcome.COMPLETED, f"iteration {i}: the staged settlement lost: {settled}"
+            seen[sub.submission_id] = (mode, delay_ms, winner.value)
+            aborts[sub.submission_id] = cmd.command_id
+        elapsed_s = time.monotonic() - started
+        time.sleep(1.0)  # late, wrong writes would show up by now
+        receipts.poll(0.5), settlements.poll(0.5)
+    finally:
+        worker.stop()
+        for t in (receipts, settlements):
+            t.close()
+
+    log = Tail(s, "log")
+    try:
+        log.catch_up(60)
+    finally:
+        log.close()
+    counts = Counter(r.submission_id for r in settlements.values() if isinstance(r, SettlementRecord))
+    promise(
+        "DUR-012.race-one-outcome",
+        counts == Counter(dict.fromkeys(seen, 1)),
+        f"settlement records per submission: {[(k, n) for k, n in counts.items() if n != 1]}",
+    )
+    for sid, (mode, delay_ms, winner) in seen.items():
+        settled_events = _events(log, Settlement, sid)
+        promise(
+            "DUR-012.race-one-outcome",
+            len(settled_events) == 1,
+            f"{sid} ({mode}, {delay_ms} ms) has {len(settled_events)} Settlement events",
+        )
+        ((settled_at, _),) = settled_events
+        later = [type(e).__name__ for o, e in _all_events(log, sid) if o > settled_at]
+        assert set(later) <= {"CommandRejected"}, f"{sid}: events after its settlement: {later}"
+        rejected = [e for _, e in _events(log, CommandRejected, sid)]
+        for e in rejected:
+            assert isinstance(e, CommandRejected) and e.command_id == aborts[sid]
+            assert e.winning_outcome is not None and e.winning_outcome.value == winner, (sid, e, winner)
+    by_mode = Counter((mode, winner) for mode, _, winner in seen.values())
+    print(f"{RACE_ITERATIONS} abort races in {elapsed_s:.1f} s: {dict(sorted(by_mode.items()))}")
+    # Both sides of the race must have been exercised: the abort winning (applied) and the run winning (rejected).
+    # The "race" mode's split depends on timing (the worker picks up a finished run at its next turn, after a poll
+    # of up to poll_timeout_s), so only its sum with the deterministic modes is asserted.
+    winners = {winner for _, _, winner in seen.values()}
+    assert winners == {"aborted", "completed"}, f"only {winners} won: {dict(by_mode)}"

@@ -173,6 +173,24 @@ class Tail:
             got += 1
         return got
 
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        """Read up to the end offsets (the LSO, read_committed) every partition has now.
+
+        Raises:
+            AssertionError: Not reached within ``timeout_s``.
+        """
+        assert self._consumer is not None
+        assignment = self._consumer.assignment()
+        ends = [self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in assignment]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            positions = [tp.offset for tp in self._consumer.position(assignment)]
+            if all(end == 0 or pos >= end for pos, end in zip(positions, ends, strict=True)):
+                return
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{self.short}: positions {positions} short of {ends} after {timeout_s} s")
+            self.poll(0.1)
+
     def values(self) -> list[Any]:
         """The decoded records read so far, in read order."""
         return [r for _, _, r in self.records]
