@@ -59,6 +59,7 @@ from settled.schemas import (
 from settled.schemas import (
     SubmissionRejected as SubmissionRejectedEvent,
 )
+from settled.services._devstack import StackError
 from settled.services._worker_service import build_worker
 from settled.services.cli import app
 from tests.integration.helpers import CODEC, read_topic, running
@@ -372,6 +373,15 @@ def test_the_same_key_from_many_threads_is_admitted_once_and_every_copy_gets_a_r
 # ------------------------------------------------------------------------------------------ broker outage
 
 
+def _restart(broker: Any) -> None:
+    # Once in a few dozen runs on the shared 2-core machine the restarted broker JVM exited right after logging
+    # "Kafka Server started", with nothing in its log; the test is about the client, so the restart is tried twice.
+    try:
+        broker.start()
+    except StackError:
+        broker.start()
+
+
 def test_submit_with_the_broker_down_raises_outcome_unknown_and_the_key_finds_the_true_outcome(
     private_broker: Any, namespace: str
 ) -> None:
@@ -391,7 +401,7 @@ def test_submit_with_the_broker_down_raises_outcome_unknown_and_the_key_finds_th
         message = str(caught.value)
         assert "key-outage" in message and "same idempotency key" in message and "original receipt" in message
         assert caught.value.idempotency_key == "key-outage"
-        broker.start()
+        _restart(broker)
         with _real_worker(s):
             again = client.submit("conv-o", {"turn": 2}, idempotency_key="key-outage", timeout_s=90)
             settlement = client.wait(again, 60)
