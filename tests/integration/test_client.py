@@ -374,8 +374,8 @@ def test_the_same_key_from_many_threads_is_admitted_once_and_every_copy_gets_a_r
 
 
 def _restart(broker: Any) -> None:
-    # Once in a few dozen runs on the shared 2-core machine the restarted broker JVM exited right after logging
-    # "Kafka Server started", with nothing in its log; the test is about the client, so the restart is tried twice.
+    # In one of six runs on the shared 2-core machine (a CI run in parallel) the restarted broker JVM exited after
+    # logging "Kafka Server started", with nothing in its log; the test is about the client: the restart is tried twice.
     try:
         broker.start()
     except StackError:
