@@ -21,8 +21,8 @@ from settled.client._errors import (
     UnexpectedReceipt,
     reason_parts,
 )
-from settled.client._partitioner import murmur2, partition_for_key
 from settled.client._settlements import SettlementStream
+from settled.producers._partitioner import murmur2, partition_for_key
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",

@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailable, SettlementTimeout
-from settled.client._partitioner import partition_for_key
+from settled.producers._partitioner import partition_for_key
 from settled.schemas import Codec, SettlementRecord
 
 __all__ = ["SettlementStream", "read_settlement", "settlement_partitions"]

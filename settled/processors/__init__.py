@@ -2,9 +2,9 @@
 
 from settled.processors._conductor import Agent, AgentRun, Conductor, RunFailed
 from settled.processors._ledger import LedgerDecider, load_public_key, to_loop_decision
-from settled.processors._murmur2 import murmur2, partition_for_key
 from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner, StaleEpochError
 from settled.processors._worker import PartitionConductor, Worker, WorkerConfig
+from settled.producers import murmur2, partition_for_key
 
 __all__ = [
     "Agent",

@@ -8,6 +8,7 @@ Unknown resolutions, quarantine, and misrouted records (a key that does not hash
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,18 +17,22 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from settled import protocol
-from settled.processors._murmur2 import partition_for_key
+from settled._faults import fault_enabled
 from settled.processors._partition import Decision, InboxInput
+from settled.producers import partition_for_key
 from settled.protocol import PartitionState
 from settled.schemas import (
     AbortRequested,
+    AttemptStarted,
     CommandRejectReason,
+    InputApplied,
     LogBatch,
     QuarantineReason,
     ResolveUnknown,
     Settlement,
     SettlementOutcome,
     SubmissionAdmitted,
+    SubmissionDuplicate,
     SubmissionProposed,
     SubmissionRejectReason,
 )
@@ -120,6 +125,10 @@ class LedgerDecider:
                     conv, record, inp.ref, now, reason=SubmissionRejectReason.MISROUTED, field="key", detail=misrouted
                 )
             else:
+                if fault_enabled("admission_without_key_index"):
+                    # Fault switch (DUR-001; tests/fault_switches.toml): admission resolves keys against an empty
+                    # key index, so a resubmitted key looks new. Breaks key resolution only, on purpose.
+                    conv = dataclasses.replace(conv, key_index={})
                 d = protocol.admit(conv, record, inp.ref, now)
         elif isinstance(record, AbortRequested):
             d = protocol.abort(conv, record, inp.ref, now)
@@ -140,21 +149,40 @@ class LedgerDecider:
     ) -> Sequence[Decision]:
         """Replace decisions that cannot be appended by typed failures deciding the same inputs (DESIGN.md §3).
 
-        An admission becomes a rejection naming the reason; a settlement becomes a failed settlement of type
-        ``result_too_large``. Anything else cannot be replaced.
+        An admission becomes a rejection naming the reason; a duplicate answered from the pending overlay with an
+        admission replaced here becomes a rejection too (the same payload, the same failure); a settlement becomes a
+        failed settlement of type ``result_too_large``. An attempt start (``AttemptStarted`` + ``InputApplied``,
+        deciding no input) is dropped: nothing ran yet (a run starts only once its start is committed) and the
+        conductor forgets a staged start that never commits, so the scheduler decides again from what did commit.
+        The conductor stages that start in the same turn as the admission or settlement before it, so it shares
+        their run. Anything else cannot be replaced.
 
         Raises:
             ValueError: A decision that has no typed failure.
         """
         out: list[Decision] = []
+        rejected: dict[str, SubmissionAdmitted] = {}
         for d in decisions:
             conv = state.conversation(d.conversation_id)
             admitted = next((e for e in d.events if isinstance(e, SubmissionAdmitted)), None)
+            duplicate = next((e for e in d.events if isinstance(e, SubmissionDuplicate)), None)
             settled = next((e for e in d.events if isinstance(e, Settlement)), None)
             if admitted is not None and admitted.input_ref is not None:
                 proposal = _proposal_of(admitted, now)
                 r = protocol.reject_submission(
                     conv, proposal, admitted.input_ref, now, reason=SubmissionRejectReason.OTHER, detail=reason
+                )
+                rejected[admitted.submission_id] = admitted
+                out.append(to_loop_decision(d.conversation_id, r, d.inputs))
+            elif (
+                duplicate is not None
+                and duplicate.input_ref is not None
+                and duplicate.original_submission_id in rejected
+            ):
+                original = rejected[duplicate.original_submission_id]
+                copy = _proposal_of(original, now).model_copy(update={"submission_id": duplicate.submission_id})
+                r = protocol.reject_submission(
+                    conv, copy, duplicate.input_ref, now, reason=SubmissionRejectReason.OTHER, detail=reason
                 )
                 out.append(to_loop_decision(d.conversation_id, r, d.inputs))
             elif settled is not None:
@@ -167,6 +195,8 @@ class LedgerDecider:
                     error_reason=reason,
                 )
                 out.append(to_loop_decision(d.conversation_id, r, d.inputs))
+            elif not d.inputs and d.events and all(isinstance(e, (AttemptStarted, InputApplied)) for e in d.events):
+                continue
             else:
                 raise ValueError(f"no typed failure replaces {[type(e).__name__ for e in d.events]}: {reason}")
         return out

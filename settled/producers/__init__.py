@@ -20,6 +20,7 @@ from settled.producers._kafka import (
     read_partition,
     transactional_id,
 )
+from settled.producers._partitioner import murmur2, partition_for_key
 from settled.producers._topics import (
     TOPICS,
     PartitionCountMismatchError,
@@ -50,6 +51,8 @@ __all__ = [
     "end_offsets",
     "genesis_conversation",
     "low_watermark",
+    "murmur2",
+    "partition_for_key",
     "producer_config",
     "provision_topics",
     "read_genesis",

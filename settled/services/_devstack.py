@@ -55,8 +55,12 @@ def free_port() -> int:
         return port
 
 
+#: Where root's tools live; a minimal environment's PATH may lack them.
+_SYSTEM_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
 def _require(command: str, install_hint: str) -> str:
-    path = shutil.which(command)
+    path = shutil.which(command, path=_SYSTEM_PATH)
     if path is None:
         raise StackError(f"{command!r} was not found on PATH; install it with: {install_hint}")
     return path
@@ -135,9 +139,16 @@ def resolve_kafka_jars(cache_dir: Path, kafka_version: str, log4j2_version: str,
     pom.write_text(resources.files("settled.services").joinpath("stack/pom.xml").read_text())
     tmp_lib = home / f"lib.{uuid.uuid4().hex}"
     cmd = [
-        mvn, "-q", "-B", "-f", str(pom), "package",
-        f"-Dkafka.version={kafka_version}", f"-Dlog4j2.version={log4j2_version}", f"-Dlib.dir={tmp_lib}",
-    ]  # fmt: skip
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(pom),
+        "package",
+        f"-Dkafka.version={kafka_version}",
+        f"-Dlog4j2.version={log4j2_version}",
+        f"-Dlib.dir={tmp_lib}",
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -258,24 +269,45 @@ class KafkaBroker:
         log4j = self.home / "log4j2.properties"
         log4j.write_text(resources.files("settled.services").joinpath("stack/log4j2.properties").read_text())
         jvm = [
-            "-Xms128m", f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+            "-Xms128m",
+            f"-Xmx{self.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}",
-        ]  # fmt: skip
+        ]
         classpath = f"{self.lib_dir}/*"
         if not (self.home / "data" / "meta.properties").exists():
             cluster_id = _kraft_cluster_id()
             fmt = subprocess.run(
-                [java, *jvm, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                 "-t", cluster_id, "-c", str(conf), "--standalone", "--ignore-formatted"],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
+                [
+                    java,
+                    *jvm,
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(conf),
+                    "--standalone",
+                    "--ignore-formatted",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             if fmt.returncode != 0:
                 raise StackError(f"kafka StorageTool format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
         with self.log_file.open("ab") as log:
             proc = subprocess.Popen(
                 [java, *jvm, "-cp", classpath, "kafka.Kafka", str(conf)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self._pid_file.write_text(f"{proc.pid}\n")
         self.wait_ready(ready_timeout_s)
 
@@ -347,9 +379,17 @@ def _ensure_pg_user() -> pwd.struct_passwd:
         return pwd.getpwnam(_PG_USER)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", _PG_USER],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                _require("useradd", "apt-get install -y passwd"),
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                _PG_USER,
+            ],
+            check=True,
+            capture_output=True,
+        )
         return pwd.getpwnam(_PG_USER)
 
 
@@ -388,7 +428,7 @@ class PostgresServer:
 
     def _run(self, argv: list[str], timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
         if os.geteuid() == 0:
-            argv = ["runuser", "-u", _PG_USER, "--", *argv]
+            argv = [_require("runuser", "apt-get install -y util-linux"), "-u", _PG_USER, "--", *argv]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, cwd="/")
 
     def is_running(self) -> bool:
@@ -417,8 +457,20 @@ class PostgresServer:
         if self.is_running():
             return
         if not (self.data_dir / "PG_VERSION").exists():
-            res = self._run([str(bindir / "initdb"), "-D", str(self.data_dir), "-U", "postgres", "-A", "trust",
-                             "-E", "UTF8", "--no-sync"])  # fmt: skip
+            res = self._run(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ]
+            )
             if res.returncode != 0:
                 raise StackError(f"initdb failed (exit {res.returncode}):\n{res.stdout}{res.stderr}")
         opts = (
@@ -426,10 +478,21 @@ class PostgresServer:
             "-c max_connections=300 -c shared_buffers=64MB"
         )
         res = self._run(
-            [str(bindir / "pg_ctl"), "start", "-w", "-t", str(int(ready_timeout_s)), "-D", str(self.data_dir),
-             "-l", str(self.log_file), "-o", opts],
+            [
+                str(bindir / "pg_ctl"),
+                "start",
+                "-w",
+                "-t",
+                str(int(ready_timeout_s)),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_file),
+                "-o",
+                opts,
+            ],
             timeout_s=ready_timeout_s + 10,
-        )  # fmt: skip
+        )
         if res.returncode != 0:
             raise StackError(
                 f"pg_ctl start failed (exit {res.returncode}):\n{res.stdout}{res.stderr}\n{_tail(self.log_file)}"

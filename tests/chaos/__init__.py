@@ -1,0 +1,1 @@
+"""Chaos tests: real worker processes killed at failpoints chosen by a logged seed."""
