@@ -189,6 +189,7 @@ class KafkaBroker:
     overrides: dict[str, str] = field(default_factory=dict)
 
     _MARKER = "kafka.Kafka"
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def bootstrap(self) -> str:
@@ -244,6 +245,9 @@ class KafkaBroker:
 
     def is_running(self) -> bool:
         """Return whether this broker's process is alive (it may not be ready yet)."""
+        if self._proc is not None and self._proc.poll() is None:
+            # Started by this process: ask the child itself (right after fork its cmdline is still ours).
+            return True
         pid = _read_pid(self._pid_file)
         return pid is not None and _pid_alive(pid, self._MARKER)
 
@@ -309,6 +313,7 @@ class KafkaBroker:
                 start_new_session=True,
             )
         self._pid_file.write_text(f"{proc.pid}\n")
+        self._proc = proc
         self.wait_ready(ready_timeout_s)
 
     def wait_ready(self, timeout_s: float = _READY_TIMEOUT_S) -> None:
