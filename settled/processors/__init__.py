@@ -1,14 +1,26 @@
 """settled.processors: the conversation worker — partition ownership, restore, decisions, checkpoints, attempts."""
 
-from settled.processors._conductor import Agent, AgentRun, Conductor, RunFailed
+from settled.processors._conductor import (
+    JOURNAL_EVENT_TYPES,
+    Agent,
+    AgentRun,
+    AttemptSuperseded,
+    CancelSignal,
+    Conductor,
+    RunFailed,
+    ToolPolicy,
+)
 from settled.processors._ledger import LedgerDecider, load_public_key, to_loop_decision
 from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner, StaleEpochError
 from settled.processors._worker import PartitionConductor, Worker, WorkerConfig
 from settled.producers import murmur2, partition_for_key
 
 __all__ = [
+    "JOURNAL_EVENT_TYPES",
     "Agent",
     "AgentRun",
+    "AttemptSuperseded",
+    "CancelSignal",
     "Conductor",
     "Decider",
     "Decision",
@@ -18,6 +30,7 @@ __all__ = [
     "PartitionOwner",
     "RunFailed",
     "StaleEpochError",
+    "ToolPolicy",
     "Worker",
     "WorkerConfig",
     "load_public_key",

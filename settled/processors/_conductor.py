@@ -1,39 +1,101 @@
-"""The conductor: scheduling, attempts, terminalization and abort for one owned partition (issue 5; spec §5, §12, §13).
+"""The conductor: scheduling, attempts, effects, recovery, terminalization and abort for one owned partition.
 
-Driven by the worker loop, one call per phase of a turn:
+Issue 5 (spec §5, §12, §13) and issue 6 (spec §8-§11, §14, §15; DESIGN.md §3, §5). Driven by the worker loop, one
+call per phase of a turn:
 
-* `before_checkpoint` — drain finished runs and stage their settlements (or, for a run that raised, an
-  interruption to retry, or a failed settlement once ``max_attempts`` is spent); decide recovery for submissions
-  the claim put in Recovery; stage what the scheduler says next on the overlay (``AttemptStarted`` — canonical before
-  the attempt runs — or an immediate aborted settlement of a queued submission).
-* `after_checkpoint` — start the runs whose ``AttemptStarted`` is now committed, and cancel runs whose abort is now
-  canonical (DUR-012: the abort is canonical before the worker is interrupted).
+* `before_checkpoint` — stage the effects runs asked to record (each a canonical batch, checked against the
+  overlay: only the submission's current, running attempt may append — attempt tokens fence superseded attempts
+  inside one process, Kafka epochs fence other processes); drain finished runs and stage their settlements (or, for
+  a run that raised, an interruption to retry, or a failed settlement once ``max_attempts`` is spent); classify
+  submissions in Recovery with the pure classifier (`settled.protocol.classify`) and stage its decision *before*
+  acting on it (DUR-013) — asking tools' reconcilers first when the classifier needs their answers; stage what the
+  scheduler says next (``AttemptStarted``, canonical before the attempt runs, or an immediate aborted settlement of
+  a queued submission).
+* `after_checkpoint` — resolve the effect futures whose batches committed (a run continues only once its record is
+  canonical: e.g. ``ToolCallPrepared`` before the tool runs, DESIGN.md §5); start the runs whose ``AttemptStarted``
+  committed, handing each the journal of its submission's recorded effects to replay; cancel runs whose abort is
+  canonical (DUR-012: the abort is canonical before the worker is interrupted) or whose attempt was superseded.
 
-A run's late result is kept only if its attempt is still the submission's current one (attempt tokens: a superseded
-attempt appends nothing). Runs execute on a thread pool, so conversations sharing a partition run concurrently;
-suspended and settled runs hold no pool slot.
+The journal (recorded tool calls, steps, ``now``/``uuid`` values, recovery decisions, resolutions, model records)
+is kept per nonterminal submission from committed batches only (the owner's restore and checkpoints) and dropped
+when the submission settles (DESIGN.md §3 "Memory"). Runs execute on a thread pool whose size is the worker's
+concurrency permit count; a run in Unknown, or suspended, holds no pool slot.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import queue
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from settled import protocol
 from settled._failpoints import failpoint
+from settled._faults import fault_enabled
 from settled.processors._ledger import to_loop_decision
-from settled.processors._partition import PartitionOwner
-from settled.protocol import PartitionState, SettleAborted, StartAttempt, SubmissionState
-from settled.schemas import RecoveryDecision, RecoveryDecisionKind, SettlementOutcome
+from settled.processors._partition import Decision, PartitionOwner
+from settled.protocol import (
+    OpenCall,
+    PartitionState,
+    ReconcileAnswer,
+    Reconciliation,
+    RecoveryAction,
+    RecoverySnapshot,
+    SettleAborted,
+    StartAttempt,
+    SubmissionState,
+    ToolSafety,
+)
+from settled.schemas import (
+    EffectRecorded,
+    LogBatch,
+    LogEvent,
+    ModelResponseCompleted,
+    ModelResponseDelta,
+    RecoveryDecision,
+    RecoveryDecisionKind,
+    Settlement,
+    SettlementOutcome,
+    StepRecorded,
+    ToolCallPrepared,
+    ToolCallRefused,
+    ToolCallSettled,
+    ToolCallUnknown,
+    UnknownResolved,
+)
 
-__all__ = ["Agent", "AgentRun", "Conductor", "RunFailed"]
+__all__ = [
+    "JOURNAL_EVENT_TYPES",
+    "Agent",
+    "AgentRun",
+    "AttemptSuperseded",
+    "CancelSignal",
+    "Conductor",
+    "RunFailed",
+    "ToolPolicy",
+]
 
 _log = logging.getLogger(__name__)
+
+#: The events a run's journal keeps: what replay and the recovery classifier read (DESIGN.md §3, §5).
+JOURNAL_EVENT_TYPES: tuple[type[LogEvent], ...] = (
+    ToolCallPrepared,
+    ToolCallSettled,
+    ToolCallRefused,
+    ToolCallUnknown,
+    UnknownResolved,
+    StepRecorded,
+    EffectRecorded,
+    RecoveryDecision,
+    ModelResponseDelta,
+    ModelResponseCompleted,
+)
 
 
 class RunFailed(Exception):
@@ -50,6 +112,52 @@ class RunFailed(Exception):
         self.non_retryable = non_retryable
 
 
+class AttemptSuperseded(Exception):
+    """A run's effect cannot be recorded: its attempt is no longer the submission's running one (spec §6).
+
+    Raised into the run (through the future `AgentRun.record` returned) when the attempt was aborted, timed out,
+    interrupted or moved to Recovery, or when this worker's ownership of the partition ended. Late work of a
+    superseded attempt appends nothing.
+    """
+
+
+class CancelSignal(threading.Event):
+    """A `threading.Event` that also calls registered callbacks, once, when it is set (abort, revoke)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+        self._callback_lock = threading.Lock()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the setting thread) when the signal is set; at once if it already is.
+
+        Args:
+            callback: A cheap, thread-safe function (e.g. ``loop.call_soon_threadsafe(task.cancel)``).
+        """
+        with self._callback_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def set(self) -> None:
+        """Set the signal and run the callbacks registered so far."""
+        with self._callback_lock:
+            if self.is_set():
+                return
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def _no_recorder(events: Sequence[LogEvent]) -> Future[None]:
+    fut: Future[None] = Future()
+    fut.set_exception(AttemptSuperseded("this run has no recorder (it was not started by a conductor)"))
+    return fut
+
+
 @dataclass(frozen=True)
 class AgentRun:
     """What an agent's run body gets.
@@ -57,11 +165,16 @@ class AgentRun:
     Attributes:
         conversation_id: The conversation.
         submission_id: The submission.
-        attempt_id: This attempt's id (its token: a superseded attempt's result is dropped).
+        attempt_id: This attempt's id (its token: a superseded attempt's result and effects are dropped).
         attempt: The attempt number (1, 2, ...).
         input_json: The submission's input, canonical JSON.
         owner_epoch: The owner epoch, a fencing token for outside systems (DESIGN.md §3).
-        cancelled: Set when the run must stop (abort, revoke); a run checks it at its own pace.
+        cancelled: Set when the run must stop (abort, revoke, superseded); a run checks it or registers a callback.
+        run_id: The logical run id, stable across attempts (part of every effect's key; the submission id).
+        tools_offered: Tool names offered for the turn (empty: no restriction).
+        journal: The submission's recorded effects, committed, in log order (`JOURNAL_EVENT_TYPES`), to replay.
+        record: Stages events of this attempt for the next checkpoint; the future resolves once they are committed,
+            or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError`) when they cannot be.
     """
 
     conversation_id: str
@@ -71,16 +184,64 @@ class AgentRun:
     input_json: str
     owner_epoch: int
     cancelled: threading.Event
+    run_id: str = ""
+    tools_offered: tuple[str, ...] = ()
+    journal: tuple[LogEvent, ...] = ()
+    record: Callable[[Sequence[LogEvent]], Future[None]] = _no_recorder
 
 
 #: An agent's run body: returns the final reply as canonical JSON, or raises.
 Agent = Callable[[AgentRun], str]
 
 
+class ToolPolicy(Protocol):
+    """What the conductor needs to know about tools to classify recovery (DESIGN.md §5; see `settled.runtime`)."""
+
+    def safety(self, tool: str) -> ToolSafety | None:
+        """Return the tool's declared safety, or None when no tool of that name is registered."""
+        ...
+
+    def reconcile(self, prepared: ToolCallPrepared) -> Reconciliation:
+        """Ask the tool's reconciler about a prepared call (blocking I/O; bounded by the tool's timeout).
+
+        Raises:
+            Exception: Whatever the reconciler raised; the conductor classifies the call as in doubt.
+        """
+        ...
+
+
 @dataclass
 class _Running:
     run: AgentRun
     future: Future[str]
+
+
+@dataclass
+class _Effect:
+    conversation_id: str
+    submission_id: str
+    attempt_id: str
+    events: tuple[LogEvent, ...]
+    future: Future[None]
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """A stand-in batch to check that the fold accepts an effect batch before it is staged."""
+
+    conversation_id: str
+    first_event_seq: int
+    owner_epoch: int
+    prev_batch_digest: str | None
+    batch_digest: str
+    events: tuple[LogEvent, ...]
+
+
+def _journal_submission(event: LogEvent) -> str | None:
+    if not isinstance(event, JOURNAL_EVENT_TYPES):
+        return None
+    sid = getattr(event, "submission_id", None)  # every journal type has one
+    return sid if isinstance(sid, str) else None
 
 
 @dataclass
@@ -93,6 +254,8 @@ class Conductor:
         pool: The worker's thread pool (its size is the worker's concurrency permit count).
         clock: Returns "now".
         max_attempts: Attempts per submission before it settles failed (DESIGN.md §5; default 3).
+        tools: The tools' declared safety and reconcilers (None: every tool counts as neither idempotent nor
+            reconcilable, so any prepared call without a settlement is Unknown).
     """
 
     owner: PartitionOwner[PartitionState]
@@ -100,15 +263,50 @@ class Conductor:
     pool: ThreadPoolExecutor
     clock: Callable[[], datetime]
     max_attempts: int = 3
+    tools: ToolPolicy | None = None
     _staged: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # submission -> (conv, attempt)
     _running: dict[str, _Running] = field(default_factory=dict, init=False)  # attempt id -> run
     _last_error: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)
+    _journals: dict[str, list[LogEvent]] = field(default_factory=dict, init=False)
+    _effects: queue.SimpleQueue[_Effect] = field(default_factory=queue.SimpleQueue, init=False)
+    _awaiting: list[tuple[str, int, _Effect]] = field(default_factory=list, init=False)  # (conv, last seq, effect)
+    _reconciling: dict[str, tuple[str, Future[dict[str, Reconciliation]]]] = field(default_factory=dict, init=False)
+    _evidence: dict[str, tuple[str, dict[str, Reconciliation]]] = field(default_factory=dict, init=False)
+    _closed: bool = field(default=False, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
+
+    def __post_init__(self) -> None:
+        self.owner.committed_listeners.append(self._on_committed)
+
+    # -- the journal (committed batches only) ----------------------------------------------------------------
+
+    def _on_committed(self, batch: LogBatch) -> None:
+        for event in batch.events:
+            if isinstance(event, Settlement):
+                self._journals.pop(event.submission_id, None)
+                self._last_error.pop(event.submission_id, None)
+                continue
+            sid = _journal_submission(event)
+            if sid is not None:
+                self._journals.setdefault(sid, []).append(event)
+
+    def journal(self, submission_id: str) -> tuple[LogEvent, ...]:
+        """Return a nonterminal submission's recorded effects, committed, in log order.
+
+        Args:
+            submission_id: The submission.
+
+        Returns:
+            Its journal (empty for a settled or unknown submission).
+        """
+        return tuple(self._journals.get(submission_id, ()))
 
     # -- phase 1 -------------------------------------------------------------------------------------------------
 
     def before_checkpoint(self) -> None:
-        """Stage settlements of finished runs, recovery decisions, and the scheduler's next steps."""
+        """Stage recorded effects, settlements of finished runs, recovery decisions, and the scheduler's next steps."""
         now = self.clock()
+        self._stage_effects()
         for attempt_id, running in list(self._running.items()):
             if running.future.done():
                 del self._running[attempt_id]
@@ -120,63 +318,204 @@ class Conductor:
     def _conv(self, conversation_id: str) -> protocol.ConversationState:
         return self.owner.overlay.conversation(conversation_id)
 
+    def _record(self, conversation_id: str, submission_id: str, attempt_id: str) -> Callable[..., Future[None]]:
+        def record(events: Sequence[LogEvent]) -> Future[None]:
+            fut: Future[None] = Future()
+            with self._lock:
+                if self._closed:
+                    fut.set_exception(AttemptSuperseded("this worker no longer owns the partition"))
+                elif not events:
+                    fut.set_result(None)
+                else:
+                    self._effects.put(_Effect(conversation_id, submission_id, attempt_id, tuple(events), fut))
+            return fut
+
+        return record
+
+    def _stage_effects(self) -> None:
+        while True:
+            try:
+                effect = self._effects.get_nowait()
+            except queue.Empty:
+                return
+            conv = self._conv(effect.conversation_id)
+            sub = conv.submission(effect.submission_id)
+            running = sub is not None and sub.state is SubmissionState.RUNNING and sub.attempt_id == effect.attempt_id
+            if not running or effect.attempt_id not in self._running:
+                state = "unknown" if sub is None else sub.state.value
+                effect.future.set_exception(
+                    AttemptSuperseded(
+                        f"attempt {effect.attempt_id} of submission {effect.submission_id} is not running "
+                        f"(the submission is {state}, its attempt {getattr(sub, 'attempt_id', None)}): "
+                        f"{[type(e).__name__ for e in effect.events]} not recorded"
+                    )
+                )
+                continue
+            probe = _Probe(
+                effect.conversation_id,
+                conv.last_event_seq + 1,
+                self.owner.epoch,
+                conv.last_batch_digest,
+                "probe",
+                effect.events,
+            )
+            try:
+                protocol.apply(self.owner.overlay, probe)
+            except protocol.ProtocolError as exc:
+                _log.error("an effect the fold refuses was not recorded", extra={"error": str(exc)})
+                effect.future.set_exception(exc)
+                continue
+            self.owner.stage(Decision(effect.conversation_id, effect.events, submission_id=effect.submission_id))
+            self._awaiting.append((effect.conversation_id, conv.last_event_seq + len(effect.events), effect))
+
     def _finish(self, running: _Running, now: datetime) -> None:
         run = running.run
         conv = self._conv(run.conversation_id)
         sub = conv.submission(run.submission_id)
         if sub is None or sub.attempt_id != run.attempt_id or sub.state is not SubmissionState.RUNNING:
-            _log.info("late result of a superseded attempt dropped", extra={"attempt_id": run.attempt_id})
+            _log.info(
+                "run ended after its attempt stopped running; its result is dropped",
+                extra={"attempt_id": run.attempt_id, "state": None if sub is None else sub.state.value},
+            )
             return
         exc = running.future.exception()
-        if exc is None:
+        if exc is not None:
+            error_type = exc.error_type if isinstance(exc, RunFailed) else type(exc).__name__
+            self._last_error[run.submission_id] = (error_type, str(exc))
+        if sub.open_calls:
+            # A call is prepared without a settlement (e.g. an abort past the grace, a transport error budget
+            # spent): the classifier decides, after this interruption moves the run to Recovery (DESIGN.md §5).
+            why = "returned" if exc is None else f"raised {type(exc).__name__}"
+            decision = protocol.interrupt(
+                conv, run.submission_id, f"attempt {run.attempt} {why} with calls in doubt: {sorted(sub.open_calls)}"
+            )
+        elif exc is None:
             decision = protocol.terminalize(
                 conv, run.submission_id, SettlementOutcome.COMPLETED, now, reply_json=running.future.result()
             )
         elif sub.abort_requested:
             decision = protocol.terminalize(conv, run.submission_id, SettlementOutcome.ABORTED, now)
         else:
-            error_type = exc.error_type if isinstance(exc, RunFailed) else type(exc).__name__
-            self._last_error[run.submission_id] = (error_type, str(exc))
+            error_type, reason = self._last_error[run.submission_id]
             final = (isinstance(exc, RunFailed) and exc.non_retryable) or run.attempt >= self.max_attempts
             if final:
                 decision = protocol.terminalize(
-                    conv, run.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=str(exc)
+                    conv, run.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=reason
                 )
             else:
                 decision = protocol.interrupt(conv, run.submission_id, f"attempt {run.attempt} raised {error_type}")
         failpoint("conductor.before_settle")  # a finished run's settlement (or interruption) is about to be staged
         self.owner.stage(to_loop_decision(run.conversation_id, decision))
 
+    # -- recovery (spec §14; DUR-013) -------------------------------------------------------------------------
+
+    def _live_run(self, submission_id: str) -> bool:
+        return any(r.run.submission_id == submission_id for r in self._running.values())
+
+    def _snapshot(self, sub: protocol.Submission, evidence: dict[str, Reconciliation]) -> RecoverySnapshot:
+        prepared = self._prepared(sub.submission_id)
+        calls = []
+        for call_id in sorted(sub.open_calls):
+            found = prepared.get(call_id)
+            if found is None:
+                continue  # the snapshot marks an undescribed open call unsafe
+            safety = self.tools.safety(found.tool) if self.tools is not None else None
+            calls.append(OpenCall(call_id, found.tool, safety or ToolSafety(), evidence.get(call_id)))
+        journal = self._journals.get(sub.submission_id, [])
+        deltas = {
+            e.response_ordinal for e in journal if isinstance(e, ModelResponseDelta) and e.attempt_id == sub.attempt_id
+        }
+        completed = {
+            e.response_ordinal
+            for e in journal
+            if isinstance(e, ModelResponseCompleted) and e.attempt_id == sub.attempt_id
+        }
+        snap = RecoverySnapshot.of(
+            sub.submission_id, sub, calls, self.max_attempts, partial_response=bool(deltas - completed)
+        )
+        if fault_enabled("classifier_prepared_as_settled"):
+            # Fault switch (DUR-009, DUR-013; tests/fault_switches.toml): the classifier is told that every
+            # prepared call has its result, so a call in doubt is resumed instead of marked Unknown.
+            snap = dataclasses.replace(snap, open_calls=())
+        return snap
+
+    def _prepared(self, submission_id: str) -> dict[str, ToolCallPrepared]:
+        return {e.call_id: e for e in self._journals.get(submission_id, ()) if isinstance(e, ToolCallPrepared)}
+
     def _recover(self, conversation_id: str, now: datetime) -> None:
         conv = self._conv(conversation_id)
         active = conv.active()
-        if active is None or active.state is not SubmissionState.RECOVERY:
+        if active is None or active.state not in (SubmissionState.RECOVERY, SubmissionState.TERMINALIZING):
             return
-        # Until the execution engine's classifier (issue 6): a run without tools may always resume, within budget.
-        if active.attempt_count >= self.max_attempts:
-            decision = RecoveryDecision(
-                submission_id=active.submission_id,
-                attempt_id=active.attempt_id,
-                decision=RecoveryDecisionKind.TERMINALIZE,
-                call_ids=(),
-                reason=f"{active.attempt_count} attempts ended without a settlement",
+        sid = active.submission_id
+        if self._live_run(sid):
+            return  # its run is still unwinding (e.g. after marking a call Unknown): classify once it ended
+        if active.state is SubmissionState.RECOVERY and not self._evidence_ready(active):
+            return
+        attempt, evidence = self._evidence.get(sid, (active.attempt_id or "", {}))
+        recovery = protocol.classify(self._snapshot(active, evidence if attempt == active.attempt_id else {}))
+        if recovery.action is RecoveryAction.RECONCILE_FIRST:
+            self._start_reconcile(active, recovery.reconcile)
+            return
+        if recovery.action is RecoveryAction.DECIDE:
+            _log.info(
+                "recovery decision",
+                extra={"submission_id": sid, "decision": recovery.kind, "reason": recovery.reason},
             )
-        else:
-            decision = RecoveryDecision(
-                submission_id=active.submission_id,
-                attempt_id=active.attempt_id,
-                decision=RecoveryDecisionKind.RESUME,
-                call_ids=(),
-                reason="the worker disappeared; no effect is in doubt",
-            )
-        self.owner.stage(to_loop_decision(conversation_id, protocol.Decision(events=(decision,))))
-        if decision.decision is RecoveryDecisionKind.TERMINALIZE:
-            conv = self._conv(conversation_id)
-            error_type, reason = self._last_error.get(active.submission_id, ("WorkerDied", decision.reason))
-            settle = protocol.terminalize(
-                conv, active.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=reason
-            )
-            self.owner.stage(to_loop_decision(conversation_id, settle))
+            self.owner.stage(Decision(conversation_id, recovery.events, submission_id=sid))
+            self._evidence.pop(sid, None)
+            if recovery.kind is not RecoveryDecisionKind.TERMINALIZE:
+                return
+        elif recovery.action is not RecoveryAction.SETTLE_RESERVED:
+            return
+        conv = self._conv(conversation_id)
+        outcome = recovery.settle or SettlementOutcome.FAILED
+        error_type, reason = self._last_error.get(sid, ("WorkerDied", recovery.reason))
+        if outcome is SettlementOutcome.FAILED and reason != recovery.reason:
+            reason = f"{reason} ({recovery.reason})"
+        settle = protocol.terminalize(conv, sid, outcome, now, error_type=error_type, error_reason=reason)
+        self.owner.stage(to_loop_decision(conversation_id, settle))
+
+    def _evidence_ready(self, sub: protocol.Submission) -> bool:
+        """Collect finished reconciliations; False while some still run."""
+        pending = self._reconciling.get(sub.submission_id)
+        if pending is None:
+            return True
+        attempt_id, fut = pending
+        if not fut.done():
+            return False
+        del self._reconciling[sub.submission_id]
+        answers = fut.result()  # _reconcile_all never raises: a failing reconciler's answer is "unknown"
+        self._evidence[sub.submission_id] = (attempt_id, answers)
+        return True
+
+    def _start_reconcile(self, sub: protocol.Submission, call_ids: Sequence[str]) -> None:
+        prepared = self._prepared(sub.submission_id)
+        calls = [prepared[c] for c in call_ids if c in prepared]
+        self._reconciling[sub.submission_id] = (
+            sub.attempt_id or "",
+            self.pool.submit(self._reconcile_all, calls),
+        )
+
+    def _reconcile_all(self, calls: Sequence[ToolCallPrepared]) -> dict[str, Reconciliation]:
+        answers: dict[str, Reconciliation] = {}
+        for call in calls:
+            if self.tools is None:
+                answers[call.call_id] = Reconciliation(ReconcileAnswer.UNKNOWN, reason="no tool registry")
+                continue
+            try:
+                answers[call.call_id] = self.tools.reconcile(call)
+            except Exception as exc:  # noqa: BLE001 - recorded: the call is classified in doubt with this reason
+                _log.warning(
+                    "reconciler failed; the call is in doubt",
+                    extra={"call_id": call.call_id, "tool": call.tool, "error": repr(exc)},
+                )
+                answers[call.call_id] = Reconciliation(
+                    ReconcileAnswer.UNKNOWN, reason=f"the reconciler raised {type(exc).__name__}: {exc}"
+                )
+        return answers
+
+    # -- scheduling --------------------------------------------------------------------------------------------
 
     def _schedule(self, conversation_id: str, now: datetime) -> None:
         while True:
@@ -196,8 +535,17 @@ class Conductor:
     # -- phase 2 -------------------------------------------------------------------------------------------------
 
     def after_checkpoint(self) -> None:
-        """Start runs whose ``AttemptStarted`` committed; cancel runs whose abort committed."""
+        """Resolve committed effects; start runs whose ``AttemptStarted`` committed; cancel aborted or stale runs."""
         committed = self.owner.committed
+        still: list[tuple[str, int, _Effect]] = []
+        for conversation_id, last_seq, effect in self._awaiting:
+            if committed.conversation(conversation_id).last_event_seq >= last_seq:
+                effect.future.set_result(None)
+            elif self.owner.is_pending(conversation_id):
+                still.append((conversation_id, last_seq, effect))  # a deferred checkpoint: still pending
+            else:
+                effect.future.set_exception(AttemptSuperseded("the batch holding the effect was not committed"))
+        self._awaiting = still
         for submission_id, (conversation_id, attempt_id) in list(self._staged.items()):
             conv = committed.conversation(conversation_id)
             sub = conv.submission(submission_id)
@@ -216,18 +564,34 @@ class Conductor:
                 attempt=sub.attempt_count,
                 input_json=sub.input_json or "null",
                 owner_epoch=self.owner.epoch,
-                cancelled=threading.Event(),
+                cancelled=CancelSignal(),
+                run_id=submission_id,
+                tools_offered=sub.tools_offered,
+                journal=self.journal(submission_id),
+                record=self._record(conversation_id, submission_id, attempt_id),
             )
             self._running[attempt_id] = _Running(run, self.pool.submit(self.agent, run))
         for running in self._running.values():
             conv = committed.conversation(running.run.conversation_id)
             sub = conv.submission(running.run.submission_id)
-            if sub is not None and sub.abort_requested:
+            stale = sub is None or sub.attempt_id != running.run.attempt_id or sub.state is not SubmissionState.RUNNING
+            if stale or (sub is not None and sub.abort_requested):
                 running.run.cancelled.set()
 
     def close(self) -> None:
-        """Stop every run of this partition (its ownership ended); their late results append nothing."""
+        """Stop every run of this partition (its ownership ended); their late results and effects append nothing."""
+        with self._lock:
+            self._closed = True
         for running in self._running.values():
             running.run.cancelled.set()
+        gone = AttemptSuperseded("this worker no longer owns the partition")
+        for _, _, effect in self._awaiting:
+            effect.future.set_exception(gone)
+        while True:
+            try:
+                self._effects.get_nowait().future.set_exception(gone)
+            except queue.Empty:
+                break
+        self._awaiting.clear()
         self._running.clear()
         self._staged.clear()

@@ -158,6 +158,8 @@ class PartitionOwner(Generic[S]):
         epoch: The logical owner epoch (of the latest claim folded).
         genesis: The partition's genesis event, once restored.
         committed: The decider's state folded from committed batches only.
+        committed_listeners: Called with every batch once it is committed (restored or checkpointed), after it is
+            folded into ``committed``; e.g. the conductor's per-submission journal (issue 6).
     """
 
     settings: Settings
@@ -171,6 +173,7 @@ class PartitionOwner(Generic[S]):
     epoch: int = field(default=0, init=False)
     genesis: Genesis | None = field(default=None, init=False)
     committed: S = field(init=False)
+    committed_listeners: list[Callable[[LogBatch], None]] = field(default_factory=list, init=False)
     _overlay: S = field(init=False)
     _heads: dict[str, _Head] = field(default_factory=dict, init=False)
     _pending_heads: dict[str, _Head] = field(default_factory=dict, init=False)
@@ -259,7 +262,10 @@ class PartitionOwner(Generic[S]):
             ref = getattr(event, "input_ref", None)
             if isinstance(ref, InputRef) and ref.partition == self.partition and ref.topic == self.input_topic:
                 self._decided.add(ref.offset)
-        return self.decider.fold(state, batch)
+        state = self.decider.fold(state, batch)
+        for listener in self.committed_listeners:
+            listener(batch)
+        return state
 
     # -- deciding ------------------------------------------------------------------------------------------------
 

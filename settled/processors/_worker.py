@@ -193,6 +193,8 @@ class Worker(Generic[S]):
                 self.turn()
             for owner in list(self.owners.values()):
                 self._checkpoint(owner)
+            for conductor in list(self.conductors.values()):
+                conductor.close()
         finally:
             consumer.close()  # leaves the group: the partitions move at once
             self._consumer = None
@@ -265,11 +267,15 @@ class Worker(Generic[S]):
             clock=self.clock,
             worker_id=self.worker_id,
         )
+        # Built before the claim, so it sees the restored batches (the conductor's journals, issue 6).
+        conductor = self.conductor_factory(owner) if self.conductor_factory is not None else None
         try:
             owner.claim()
         except ProducerFencedError:
             _log.warning("fenced while claiming", extra={"partition": p})
             self._to_claim.discard(p)
+            if conductor is not None:
+                conductor.close()
             return
         self._to_claim.discard(p)
         genesis = owner.genesis
@@ -280,8 +286,8 @@ class Worker(Generic[S]):
                 "partitions: halting (DESIGN.md §2: adding partitions would re-admit keys)"
             )
         self.owners[p] = owner
-        if self.conductor_factory is not None:
-            self.conductors[p] = self.conductor_factory(owner)
+        if conductor is not None:
+            self.conductors[p] = conductor
         self._skip_below.pop(p, None)
         tp = TopicPartition(self.settings.topic("inbox"), p)
         committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]
@@ -302,6 +308,9 @@ class Worker(Generic[S]):
 
     def _drop(self, p: int) -> None:
         self._skip_below.pop(p, None)
+        conductor = self.conductors.pop(p, None)
+        if conductor is not None:
+            conductor.close()  # its runs stop; their late effects and results append nothing
         owner = self.owners.pop(p, None)
         if owner is not None:
             owner.appender.close()

@@ -1,14 +1,34 @@
-"""The app object agent authors hand to ``settled worker --app package.module:app`` (DESIGN.md §11)."""
+"""The app object agent authors hand to ``settled worker --app package.module:app`` (DESIGN.md §11; issue 6).
+
+::
+
+    app = App(agent=my_agent, resolver_keys={"ops-1": "<base64 Ed25519 public key>"})
+
+    @app.tool(idempotent=True, timeout_s=10)
+    def charge(args: dict, call: ToolCall) -> dict:
+        return payments.charge(args["amount"], idempotency_key=call.idempotency_key, fence=call.owner_epoch)
+
+    async def my_agent(ctx: RunContext) -> dict:
+        receipt = await ctx.tool("charge", {"amount": 5})
+        return {"receipt": receipt, "at": ctx.now().isoformat()}
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 from settled.processors import Agent
+from settled.runtime._context import AgentFunction, RunOptions, execute
+from settled.runtime._errors import UnsafeToolsError
+from settled.runtime._tools import Reconciler, ToolFunction, ToolRegistry, ToolSpec
 
 __all__ = ["App", "AppLoadError", "load_app"]
+
+F = TypeVar("F", bound=ToolFunction)
 
 
 class AppLoadError(ValueError):
@@ -20,17 +40,131 @@ class App:
     """What a worker runs.
 
     Attributes:
-        agent: The run body: called with an `settled.processors.AgentRun`, returns the final reply as canonical
-            JSON, or raises (an uncaught error ends the attempt; ``max_attempts`` bounds the retries).
+        agent: ``async def agent(ctx: RunContext) -> reply``: the reply is any JSON value; an uncaught error ends
+            the attempt (``max_attempts`` bounds the retries).
         max_attempts: Attempts per submission before it settles failed (DESIGN.md §5).
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
         concurrency: Runs at once in one worker process (its concurrency permits).
+        tools: The registered tools (`tool` adds to it).
+        options: How runs execute effects (clock, abort grace, result size limit).
+
+    Raises:
+        ValueError: ``max_attempts`` or ``concurrency`` is below 1.
     """
 
-    agent: Agent
+    agent: AgentFunction
     max_attempts: int = 3
     resolver_keys: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 16
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    options: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"App.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.concurrency < 1:
+            raise ValueError(f"App.concurrency must be >= 1, got {self.concurrency}")
+
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        idempotent: bool = False,
+        reconcile: Reconciler | None = None,
+        idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+        timeout_s: float = 30.0,
+        parallel_safe: bool = False,
+        retry_budget_s: float = 30.0,
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def tool(
+        self,
+        fn: F,
+        /,
+        *,
+        name: str | None = None,
+        idempotent: bool = False,
+        reconcile: Reconciler | None = None,
+        idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+        timeout_s: float = 30.0,
+        parallel_safe: bool = False,
+        retry_budget_s: float = 30.0,
+    ) -> F: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        idempotent: bool = False,
+        reconcile: Reconciler | None = None,
+        idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+        timeout_s: float = 30.0,
+        parallel_safe: bool = False,
+        retry_budget_s: float = 30.0,
+    ) -> F | Callable[[F], F]:
+        """Register a tool; use as ``@app.tool`` or ``@app.tool(idempotent=True, timeout_s=5)`` (see `ToolSpec`).
+
+        Args:
+            fn: The tool (when used without arguments).
+            name: Its name (default: the function's name).
+            idempotent: Safe to execute again under the same idempotency key.
+            reconcile: ``reconcile(key, args)`` → a `settled.protocol.Reconciliation`.
+            idempotency_key: ``idempotency_key(args)`` → the key, replacing the default digest.
+            timeout_s: How long one execution may take.
+            parallel_safe: Calls may overlap.
+            retry_budget_s: How long an in-doubt safe call is retried within one attempt.
+
+        Returns:
+            The function unchanged (or a decorator that registers and returns it).
+
+        Raises:
+            ValueError: A tool of that name is already registered, or a value is invalid.
+        """
+
+        def register(f: F) -> F:
+            self.tools.register(
+                ToolSpec(
+                    name=name or f.__name__,
+                    fn=f,
+                    idempotent=idempotent,
+                    reconcile=reconcile,
+                    idempotency_key=idempotency_key,
+                    timeout_s=timeout_s,
+                    parallel_safe=parallel_safe,
+                    retry_budget_s=retry_budget_s,
+                )
+            )
+            return f
+
+        return register if fn is None else register(fn)
+
+    def check(self) -> None:
+        """Refuse a configuration that could leave a run Unknown with nobody able to resolve it (DUR-017).
+
+        Raises:
+            UnsafeToolsError: A registered tool is neither idempotent nor reconcilable and no resolver key is
+                configured (the message names the tools).
+        """
+        unsafe = sorted(t.name for t in self.tools if not t.idempotent and t.reconcile is None)
+        if unsafe and not self.resolver_keys:
+            raise UnsafeToolsError(
+                f"tools {unsafe} are neither idempotent nor reconcilable, and no resolver key is configured: a call "
+                "of theirs in doubt would stay Unknown with nobody authorized to resolve it (DUR-017). Declare them "
+                "idempotent=True or give them a reconcile=..., or configure App.resolver_keys."
+            )
+
+    def runner(self) -> Agent:
+        """The run body the conductor calls on a pool thread: one attempt of `agent` on its own event loop."""
+        return functools.partial(execute, self.agent, self.tools, self.options)
 
 
 def load_app(reference: str) -> App:

@@ -1,20 +1,20 @@
-"""The built-in echo agent: replies with its input after an optional delay (issue 5's run body)."""
+"""The built-in echo agent: replies with its input after an optional delay (issue 5's run body, on RunContext)."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
+from typing import Any
 
 from settled._failpoints import failpoint
-from settled.processors import AgentRun
 from settled.runtime._app import App
-from settled.schemas import canonical_json
+from settled.runtime._context import RunContext
 
 __all__ = ["EchoAgent", "app"]
 
 
 class EchoAgent:
-    """Reply ``{"echo": <input>, "attempt": n}``; wait ``delay_s`` first, stopping early when cancelled.
+    """Reply ``{"echo": <input>, "attempt": n}``; wait ``delay_s`` first (an abort cancels the wait).
 
     A test may make it misbehave through its input: ``{"raise": "message"}`` raises every attempt, and
     ``{"exit": code}`` ends the whole process (``os._exit``), as a poison submission would.
@@ -26,9 +26,9 @@ class EchoAgent:
     def __init__(self, delay_s: float | None = None) -> None:
         self.delay_s = delay_s
 
-    def __call__(self, run: AgentRun) -> str:
+    async def __call__(self, ctx: RunContext) -> Any:
         """Run once; see the class docstring."""
-        value = json.loads(run.input_json)
+        value = ctx.input
         if isinstance(value, dict) and "exit" in value:
             os._exit(int(value["exit"]))
         if isinstance(value, dict) and "raise" in value:
@@ -36,9 +36,10 @@ class EchoAgent:
         delay_s = self.delay_s if self.delay_s is not None else float(os.environ.get("SETTLED_ECHO_DELAY_S", "0"))
         if isinstance(value, dict) and "delay_s" in value:
             delay_s = float(value["delay_s"])
-        run.cancelled.wait(delay_s)
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         failpoint("echo.before_reply")  # on the run's thread: the reply is ready, the worker has not seen it yet
-        return canonical_json({"echo": value, "attempt": run.attempt})
+        return {"echo": value, "attempt": ctx.attempt}
 
 
 #: ``settled worker --app settled.runtime.echo:app``

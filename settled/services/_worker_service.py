@@ -54,7 +54,9 @@ def build_worker(
 
     Raises:
         ValueError: A resolver key is not a valid Ed25519 public key.
+        UnsafeToolsError: A tool is neither idempotent nor reconcilable and no resolver key is configured (DUR-017).
     """
+    app.check()
     keys = {key_id: load_public_key(text) for key_id, text in app.resolver_keys.items()}
     pool = ThreadPoolExecutor(max_workers=app.concurrency, thread_name_prefix="settled-run")
     holder: list[Worker[PartitionState]] = []
@@ -63,7 +65,14 @@ def build_worker(
         return LedgerDecider(partition=partition, partition_count=holder[0].partition_count, resolver_keys=keys)
 
     def conductor(owner: PartitionOwner[PartitionState]) -> Conductor:
-        return Conductor(owner=owner, agent=app.agent, pool=pool, clock=holder[0].clock, max_attempts=app.max_attempts)
+        return Conductor(
+            owner=owner,
+            agent=app.runner(),
+            pool=pool,
+            clock=holder[0].clock,
+            max_attempts=app.max_attempts,
+            tools=app.tools,
+        )
 
     extra: dict[str, Any] = {} if worker_id is None else {"worker_id": worker_id}
     worker: Worker[PartitionState] = Worker(

@@ -1,0 +1,570 @@
+"""RunContext: the durable effects agent code calls, recorded in ``settled.log`` and replayed on re-entry (issue 6).
+
+An agent is ``async def agent(ctx: RunContext) -> reply``. Every effect it asks for takes the next **callsite
+ordinal** of the run when it is *called* (so parallel effects — ``asyncio.gather`` over several ``ctx.tool`` —
+reserve their ordinals in call order and replay aligns whatever order they finish in). On re-entry (a new attempt
+after a crash, a takeover, a retry) the run gets its submission's journal: at a recorded ordinal the recorded
+outcome is returned — or the recorded error re-raised — without running anything; a different effect or payload at
+a recorded ordinal raises `ReplayDivergence` naming the ordinal, the expected and the actual effect. Ordinals are
+scoped to one run (one submission), so two submissions calling the same tool with the same arguments never replay
+each other.
+
+* ``await ctx.tool(name, args)`` (DESIGN.md §5, spec §10): ``ToolCallPrepared`` committed → the tool runs with its
+  idempotency key and the owner epoch → ``ToolCallSettled`` (result or typed application error) committed. A call
+  in doubt (transport error, timeout) is retried under the same key when the tool is idempotent or reconcilable;
+  otherwise it is marked ``ToolCallUnknown`` and the run stops (DUR-009): recovery records the Unknown decision and
+  the run holds no pool slot until a signed resolution.
+* ``ctx.now()`` / ``ctx.uuid()``: recorded (``EffectRecorded``) and committed with the next effect at the latest
+  (or before the reply); identical on replay (DESIGN.md §3).
+* ``await ctx.step(name, fn, *args, version=...)``: an at-least-once body under a stable step id; exactly one
+  recorded success (``StepRecorded``); a failure is not recorded and re-executes on the next attempt (DUR-010).
+
+Each record reaches the log through the conductor (`settled.processors.AgentRun.record`): the run waits until the
+checkpoint holding it commits. A superseded attempt's late work fails with `AttemptSuperseded` and appends nothing.
+
+Failpoints at the crash-matrix boundaries (spec §15): ``engine.after_prepared_commit`` (prepared, not invoked),
+``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit``,
+``engine.step_returned``, ``engine.after_step_commit`` and ``engine.run_returned`` (the reply is decided, the
+settlement not staged). "During invocation" is inside the tool: a test tool hits its own failpoint there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid as uuid_module
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from settled._failpoints import FailpointError, failpoint
+from settled._faults import fault_enabled
+from settled.processors import AgentRun, CancelSignal
+from settled.protocol import ReconcileAnswer, Reconciliation
+from settled.runtime._errors import (
+    ReplayDivergence,
+    RunCancelled,
+    RunSuspended,
+    ToolCallError,
+    ToolRefused,
+    ToolTransportError,
+    ToolUnavailable,
+    UnsafeReplay,
+)
+from settled.runtime._tools import ToolCall, ToolRegistry, ToolSpec, invoke, still_unknown
+from settled.schemas import (
+    RESULT_TOO_LARGE,
+    CanonicalJsonError,
+    EffectKind,
+    EffectRecorded,
+    LogEvent,
+    RecoveryDecision,
+    RecoveryDecisionKind,
+    ResolutionKind,
+    StepRecorded,
+    ToolCallPrepared,
+    ToolCallRefused,
+    ToolCallSettled,
+    ToolCallUnknown,
+    ToolError,
+    UnknownResolved,
+    canonical_json,
+    json_digest,
+)
+
+__all__ = ["AgentFunction", "RunContext", "RunOptions", "execute"]
+
+_log = logging.getLogger(__name__)
+
+#: Errors that mean "no answer": the call's outcome is in doubt (DESIGN.md §5).
+IN_DOUBT_ERRORS: tuple[type[BaseException], ...] = (ToolTransportError, ConnectionError, TimeoutError)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How runs execute effects.
+
+    Attributes:
+        clock: The clock ``ctx.now()`` reads (aware UTC); tests may offset it.
+        abort_grace_s: After an abort (or any cancellation), how long a call in flight may still return and
+            settle before the run stops with it in doubt (DESIGN.md §5).
+        max_result_bytes: Largest canonical tool or step result recorded inline; a larger tool result is recorded
+            as the error ``result_too_large`` with its digest (a larger step result fails the step).
+        retry_backoff_s: First delay between retries of an in-doubt idempotent call (doubling, at most 2 s).
+    """
+
+    clock: Callable[[], datetime] = _utcnow
+    abort_grace_s: float = 5.0
+    max_result_bytes: int = 262_144
+    retry_backoff_s: float = 0.05
+
+
+def _ordinal_of(call_id: str) -> int | None:
+    _, sep, tail = call_id.rpartition("#")
+    return int(tail) if sep and tail.isdigit() else None
+
+
+def _describe(event: LogEvent) -> str:
+    if isinstance(event, ToolCallPrepared):
+        return f"tool {event.tool!r} with arguments {event.args_digest[:12]}"
+    if isinstance(event, ToolCallRefused):
+        return f"tool {event.tool!r} with arguments {event.args_digest[:12]}"
+    if isinstance(event, StepRecorded):
+        return f"step {event.name!r} version {event.version}"
+    if isinstance(event, EffectRecorded):
+        return f"ctx.{event.kind.value}()"
+    return type(event).__name__
+
+
+class _Journal:
+    """A run's recorded effects, indexed for replay."""
+
+    def __init__(self, events: Sequence[LogEvent]) -> None:
+        self.by_ordinal: dict[int, LogEvent] = {}
+        self.settled: dict[str, ToolCallSettled] = {}
+        self.resolved: dict[str, UnknownResolved] = {}
+        self.retry_ok: set[str] = set()
+        for e in events:
+            if isinstance(e, (ToolCallPrepared, StepRecorded, EffectRecorded)):
+                self.by_ordinal.setdefault(e.ordinal, e)
+            elif isinstance(e, ToolCallRefused):
+                ordinal = _ordinal_of(e.call_id)
+                if ordinal is not None:
+                    self.by_ordinal.setdefault(ordinal, e)
+            elif isinstance(e, ToolCallSettled):
+                self.settled[e.call_id] = e
+            elif isinstance(e, UnknownResolved):
+                self.resolved[e.call_id] = e
+                if e.kind is ResolutionKind.SAFE_TO_RETRY:
+                    self.retry_ok.add(e.call_id)
+            elif isinstance(e, RecoveryDecision) and e.decision in (
+                RecoveryDecisionKind.SAFE_RETRY,
+                RecoveryDecisionKind.RECONCILE,
+            ):
+                self.retry_ok.update(e.call_ids)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A tool's answer, ready to record: a canonical result or a typed application error."""
+
+    result_json: str | None = None
+    result_digest: str | None = None
+    error: ToolError | None = None
+
+
+class RunContext:
+    """What agent code gets: the run's identity, its input, and its durable effects.
+
+    Attributes:
+        conversation_id: The conversation.
+        submission_id: The submission.
+        run_id: The logical run id (stable across attempts).
+        attempt_id: This attempt's id.
+        attempt: This attempt's number (1, 2, ...).
+        owner_epoch: The owner epoch (a fencing token).
+        input_json: The submission's input, canonical JSON.
+        tools_offered: Tool names offered for the turn (empty: every registered tool).
+    """
+
+    def __init__(self, run: AgentRun, tools: ToolRegistry, options: RunOptions | None = None) -> None:
+        self._run = run
+        self._tools = tools
+        self._options = options or RunOptions()
+        self._journal = _Journal(run.journal)
+        self._ordinal = 0
+        self._buffer: list[EffectRecorded] = []
+        self._serial = asyncio.Lock()
+        self.conversation_id = run.conversation_id
+        self.submission_id = run.submission_id
+        self.run_id = run.run_id or run.submission_id
+        self.attempt_id = run.attempt_id
+        self.attempt = run.attempt
+        self.owner_epoch = run.owner_epoch
+        self.input_json = run.input_json
+        self.tools_offered = run.tools_offered
+
+    @property
+    def input(self) -> Any:
+        """The submission's input, decoded from JSON."""
+        return json.loads(self.input_json)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run must stop (an abort is canonical, or the attempt was superseded)."""
+        return self._run.cancelled.is_set()
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+
+    def _next_ordinal(self) -> int:
+        ordinal = self._ordinal
+        self._ordinal += 1
+        return ordinal
+
+    async def _record(self, events: Sequence[LogEvent]) -> None:
+        """Append ``events`` (after any buffered ``now``/``uuid`` values) and wait until they are committed."""
+        batch = [*self._buffer, *events]
+        self._buffer.clear()
+        if batch:
+            await asyncio.wrap_future(self._run.record(batch))
+
+    async def flush(self) -> None:
+        """Commit the buffered ``ctx.now()`` / ``ctx.uuid()`` values now (the runtime does it before the reply)."""
+        await self._record(())
+
+    def _recorded(self, ordinal: int) -> LogEvent | None:
+        return self._journal.by_ordinal.get(ordinal)
+
+    # -- now / uuid ----------------------------------------------------------------------------------------------
+
+    def _effect(self, kind: EffectKind, make: Callable[[], str]) -> str:
+        ordinal = self._next_ordinal()
+        rec = self._recorded(ordinal)
+        if rec is not None:
+            if not (isinstance(rec, EffectRecorded) and rec.kind is kind):
+                raise ReplayDivergence(ordinal, _describe(rec), f"ctx.{kind.value}()")
+            return rec.value
+        value = make()
+        self._buffer.append(
+            EffectRecorded(
+                submission_id=self.submission_id, attempt_id=self.attempt_id, kind=kind, ordinal=ordinal, value=value
+            )
+        )
+        return value
+
+    def now(self) -> datetime:
+        """Return the current time (aware UTC), recorded: a replay returns the recorded value (DESIGN.md §3).
+
+        Returns:
+            The time.
+
+        Raises:
+            ReplayDivergence: Another effect is recorded at this ordinal.
+        """
+
+        def make() -> str:
+            value = self._options.clock()
+            if value.tzinfo is None:
+                raise ValueError(f"the run clock returned a naive datetime {value!r}; settled records aware UTC")
+            return value.astimezone(UTC).isoformat()
+
+        return datetime.fromisoformat(self._effect(EffectKind.NOW, make))
+
+    def uuid(self) -> uuid_module.UUID:
+        """Return a random UUID (version 4), recorded: a replay returns the recorded value.
+
+        Returns:
+            The UUID.
+
+        Raises:
+            ReplayDivergence: Another effect is recorded at this ordinal.
+        """
+        return uuid_module.UUID(self._effect(EffectKind.UUID, lambda: str(uuid_module.uuid4())))
+
+    # -- durable steps (DUR-010) ---------------------------------------------------------------------------------
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, version: int = 1) -> Awaitable[Any]:
+        """Run a durable step: at-least-once body, exactly one recorded success (DUR-010, spec §11).
+
+        The ordinal is taken when this is called. A recorded success is returned without running ``fn``; a
+        failure is not recorded (the exception propagates, and the next attempt runs the body again).
+
+        Args:
+            name: The step's name.
+            fn: The body (sync, on a thread, or async); returns a JSON value.
+            *args: Its arguments.
+            version: The step's version; a different version recorded at this ordinal is a divergence.
+
+        Returns:
+            An awaitable of the step's result (decoded from its canonical JSON, live and on replay alike).
+
+        Raises:
+            ReplayDivergence: Another effect, step name or version is recorded at this ordinal (when awaited).
+        """
+        return self._step(self._next_ordinal(), name, fn, args, version)
+
+    async def _step(self, ordinal: int, name: str, fn: Callable[..., Any], args: tuple[Any, ...], version: int) -> Any:
+        rec = self._recorded(ordinal)
+        actual = f"step {name!r} version {version}"
+        if rec is not None:
+            if not (isinstance(rec, StepRecorded) and rec.name == name and rec.version == version):
+                raise ReplayDivergence(ordinal, _describe(rec), actual)
+            return json.loads(rec.result_json)
+        value = await invoke(fn, *args)
+        result_json = canonical_json(value)
+        size = len(result_json.encode())
+        if size > self._options.max_result_bytes:
+            raise ValueError(
+                f"step {name!r} result is {size} bytes, over max_result_bytes {self._options.max_result_bytes}"
+            )
+        failpoint("engine.step_returned")
+        step_id = json_digest(canonical_json([self.run_id, ordinal, "step", name]))
+        await self._record(
+            [
+                StepRecorded(
+                    submission_id=self.submission_id,
+                    attempt_id=self.attempt_id,
+                    name=name,
+                    version=version,
+                    step_id=step_id,
+                    ordinal=ordinal,
+                    result_json=result_json,
+                    result_digest=json_digest(result_json),
+                )
+            ]
+        )
+        failpoint("engine.after_step_commit")
+        return json.loads(result_json)
+
+    # -- tools (DESIGN.md §5, spec §10) --------------------------------------------------------------------------
+
+    def tool(self, name: str, args: Mapping[str, Any] | None = None) -> Awaitable[Any]:
+        """Call a tool durably: prepared committed → executed with its key and the owner epoch → settled committed.
+
+        The ordinal is taken when this is called (parallel calls replay in call order).
+
+        Args:
+            name: The tool's name.
+            args: Its arguments, a JSON object.
+
+        Returns:
+            An awaitable of the tool's result (decoded canonical JSON, live and on replay alike).
+
+        Raises:
+            ToolCallError: The tool answered with an error (recorded; re-raised identically on replay).
+            ToolRefused: The tool was not offered for the turn (recorded as ``ToolCallRefused``; nothing ran).
+            UnknownToolError: No tool of that name is registered.
+            ReplayDivergence: Another effect, tool or argument digest is recorded at this ordinal.
+            ToolUnavailable: An idempotent call stayed in doubt past its retry budget (the attempt ends).
+            CanonicalJsonError: ``args`` is not representable as canonical JSON.
+        """
+        return self._tool(self._next_ordinal(), name, dict(args or {}))
+
+    async def _tool(self, ordinal: int, name: str, args: dict[str, Any]) -> Any:
+        args_json = canonical_json(args)
+        digest = json_digest(args_json)
+        call_id = f"{self.run_id}#{ordinal}"
+        actual = f"tool {name!r} with arguments {digest[:12]}"
+        rec = self._recorded(ordinal)
+        if rec is not None:
+            if not (isinstance(rec, (ToolCallPrepared, ToolCallRefused)) and rec.tool == name):
+                raise ReplayDivergence(ordinal, _describe(rec), actual)
+            if rec.args_digest != digest:
+                raise ReplayDivergence(ordinal, _describe(rec), actual)
+            if isinstance(rec, ToolCallRefused):
+                raise ToolRefused(name, call_id, "not_offered", rec.reason, non_retryable=True)
+            settled = self._journal.settled.get(call_id)
+            if settled is not None:
+                return self._replay(name, settled)
+            resolved = self._journal.resolved.get(call_id)
+            if resolved is not None and resolved.kind is ResolutionKind.CALL_OUTCOME:
+                return None if resolved.result_json is None else json.loads(resolved.result_json)
+            if call_id not in self._journal.retry_ok:
+                raise UnsafeReplay(call_id, name)
+            # A recovery decision or a resolution declared it safe: prepared again under the same key.
+        if self.tools_offered and name not in self.tools_offered:
+            reason = f"not_offered: tool {name!r} is not offered for this turn (offered: {list(self.tools_offered)})"
+            await self._record(
+                [
+                    ToolCallRefused(
+                        submission_id=self.submission_id,
+                        attempt_id=self.attempt_id,
+                        call_id=call_id,
+                        tool=name,
+                        args_digest=digest,
+                        reason=reason,
+                    )
+                ]
+            )
+            raise ToolRefused(name, call_id, "not_offered", reason, non_retryable=True)
+        spec = self._tools.get(name)
+        prepared = ToolCallPrepared(
+            submission_id=self.submission_id,
+            run_id=self.run_id,
+            attempt_id=self.attempt_id,
+            call_id=call_id,
+            ordinal=ordinal,
+            tool=name,
+            args_json=args_json,
+            args_digest=digest,
+            idempotency_key=spec.key_for(self.run_id, ordinal, args_json, args),
+            owner_epoch=self.owner_epoch,
+        )
+        work = asyncio.ensure_future(self._execute(spec, prepared, args))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():
+                # Abort or revoke while the call is in flight: a bounded grace to return and settle (DESIGN.md §5).
+                await asyncio.wait({work}, timeout=self._options.abort_grace_s)
+                if not work.done():
+                    work.cancel()  # still in flight: the call stays prepared; recovery classifies it
+            raise
+
+    def _replay(self, name: str, settled: ToolCallSettled) -> Any:
+        if settled.error is not None:
+            err = settled.error
+            raise ToolCallError(name, settled.call_id, err.type, err.message, non_retryable=err.non_retryable)
+        return None if settled.result_json is None else json.loads(settled.result_json)
+
+    async def _execute(self, spec: ToolSpec, prepared: ToolCallPrepared, args: dict[str, Any]) -> Any:
+        call = ToolCall(
+            tool=spec.name,
+            call_id=prepared.call_id,
+            idempotency_key=prepared.idempotency_key,
+            owner_epoch=prepared.owner_epoch,
+            submission_id=self.submission_id,
+            attempt=self.attempt,
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            if not spec.parallel_safe:
+                await stack.enter_async_context(self._serial)
+            if fault_enabled("tool_before_prepared_commit"):
+                # Fault switch (DUR-009; tests/fault_switches.toml): the tool runs before its Prepared record
+                # commits, so a crash in between leaves an invocation with no durable trace.
+                answer = await self._answer(spec, prepared, call, args)
+                await self._record([prepared])
+                failpoint("engine.after_prepared_commit")
+            else:
+                await self._record([prepared])
+                failpoint("engine.after_prepared_commit")
+                answer = await self._answer(spec, prepared, call, args)
+            failpoint("engine.tool_returned")
+            settled = ToolCallSettled(
+                submission_id=self.submission_id,
+                attempt_id=self.attempt_id,
+                call_id=prepared.call_id,
+                result_json=answer.result_json,
+                result_digest=answer.result_digest,
+                error=answer.error,
+            )
+            await self._record([settled])
+            failpoint("engine.after_settled_commit")
+        return self._replay(spec.name, settled)
+
+    async def _answer(
+        self, spec: ToolSpec, prepared: ToolCallPrepared, call: ToolCall, args: dict[str, Any]
+    ) -> _Answer:
+        """Execute until the tool answers (a result or an application error); retry in-doubt calls when safe."""
+        deadline = time.monotonic() + spec.retry_budget_s
+        delay_s = self._options.retry_backoff_s
+        while True:
+            try:
+                value = await asyncio.wait_for(invoke(spec.fn, dict(args), call), spec.timeout_s)
+            except FailpointError:
+                raise
+            except IN_DOUBT_ERRORS as exc:
+                why = f"no answer from tool {spec.name!r}: {type(exc).__name__}: {exc}".rstrip(": ")
+                if isinstance(exc, TimeoutError):
+                    why = f"tool {spec.name!r} gave no answer within timeout_s={spec.timeout_s:g}"
+                if spec.reconcile is not None:
+                    rec = await self._reconcile(spec, prepared)
+                    if rec.answer is ReconcileAnswer.RECOVERED and rec.result_json is not None:
+                        return _Answer(rec.result_json, json_digest(rec.result_json))
+                    if rec.answer is ReconcileAnswer.UNKNOWN and not spec.idempotent:
+                        await self._mark_unknown(
+                            prepared.call_id, f"{why}; the reconciler answered unknown: {rec.reason}"
+                        )
+                elif not spec.idempotent:
+                    await self._mark_unknown(
+                        prepared.call_id, f"{why}; the tool is neither idempotent nor reconcilable"
+                    )
+                if time.monotonic() + delay_s > deadline:
+                    raise ToolUnavailable(
+                        f"call {prepared.call_id} of tool {spec.name!r} stayed in doubt for retry_budget_s="
+                        f"{spec.retry_budget_s:g}: {why}"
+                    ) from exc
+                _log.info("retrying an in-doubt call under its key", extra={"call_id": prepared.call_id, "why": why})
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
+                continue
+            except Exception as exc:  # noqa: BLE001 - the tool answered with an error: recorded, replayed
+                message = str(exc)
+                non_retryable = bool(getattr(exc, "non_retryable", False))
+                return _Answer(error=ToolError(type=type(exc).__name__, message=message, non_retryable=non_retryable))
+            return self._result(spec, value)
+
+    def _result(self, spec: ToolSpec, value: Any) -> _Answer:
+        try:
+            result_json = canonical_json(value)
+        except CanonicalJsonError as exc:
+            return _Answer(error=ToolError(type="invalid_output", message=str(exc), non_retryable=True))
+        digest = json_digest(result_json)
+        size = len(result_json.encode())
+        if size > self._options.max_result_bytes:
+            message = f"result of {size} bytes is over max_result_bytes {self._options.max_result_bytes}"
+            return _Answer(
+                result_digest=digest, error=ToolError(type=RESULT_TOO_LARGE, message=message, non_retryable=True)
+            )
+        return _Answer(result_json, digest)
+
+    async def _reconcile(self, spec: ToolSpec, prepared: ToolCallPrepared) -> Reconciliation:
+        try:
+            answer: Reconciliation = await invoke(self._tools.reconcile, prepared)
+        except FailpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded: the call is in doubt with this reason
+            return still_unknown(f"the reconciler of {spec.name!r} raised {type(exc).__name__}: {exc}")
+        return answer
+
+    async def _mark_unknown(self, call_id: str, reason: str) -> NoReturn:
+        await self._record([ToolCallUnknown(submission_id=self.submission_id, call_id=call_id, reason=reason)])
+        raise RunSuspended(f"call {call_id} is Unknown: {reason}")
+
+
+#: An agent: ``async def agent(ctx) -> reply`` (a JSON value).
+AgentFunction = Callable[[RunContext], Awaitable[Any]]
+
+
+async def _main(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, options: RunOptions) -> str:
+    ctx = RunContext(run, tools, options)
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    def cancel() -> None:  # called from the conductor's thread
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the run is over anyway
+                loop.call_soon_threadsafe(task.cancel)
+
+    if isinstance(run.cancelled, CancelSignal):
+        run.cancelled.add_callback(cancel)
+    elif run.cancelled.is_set():
+        task.cancel()
+    try:
+        value = await agent(ctx)
+        reply = canonical_json(value)
+        await ctx.flush()
+    except asyncio.CancelledError:
+        raise RunCancelled(f"attempt {run.attempt} of submission {run.submission_id} was cancelled") from None
+    except RunSuspended as exc:
+        raise RunCancelled(f"the run stopped: {exc}") from None
+    failpoint("engine.run_returned")
+    return reply
+
+
+def execute(agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run: AgentRun) -> str:
+    """Run one attempt of an async agent on its own event loop (the conductor calls this on a pool thread).
+
+    Args:
+        agent: The agent.
+        tools: The app's tools.
+        options: How effects execute.
+        run: The attempt.
+
+    Returns:
+        The reply, canonical JSON.
+
+    Raises:
+        RunCancelled: The run was cancelled, or stopped with a call Unknown.
+        ReplayDivergence: The code diverged from the record.
+        Exception: Whatever the agent raised (the conductor retries within ``max_attempts``).
+    """
+    return asyncio.run(_main(agent, run, tools, options))

@@ -1,0 +1,119 @@
+"""Errors agent code and tools see (issue 6; DESIGN.md §5)."""
+
+from __future__ import annotations
+
+from settled.processors import RunFailed
+
+__all__ = [
+    "ReplayDivergence",
+    "RunCancelled",
+    "RunSuspended",
+    "ToolCallError",
+    "ToolRefused",
+    "ToolTransportError",
+    "ToolUnavailable",
+    "UnknownToolError",
+    "UnsafeReplay",
+    "UnsafeToolsError",
+]
+
+
+class ReplayDivergence(RunFailed):
+    """On re-entry the agent asked for another effect (or payload) than the one recorded at this ordinal.
+
+    The run's code changed under a recorded run, or it is not deterministic between effects. Not retryable: the
+    submission settles failed with this error (a new attempt would diverge the same way).
+
+    Attributes:
+        ordinal: The callsite ordinal within the run.
+        expected: The recorded effect, described.
+        actual: The effect the code asked for, described.
+    """
+
+    def __init__(self, ordinal: int, expected: str, actual: str) -> None:
+        super().__init__(
+            "ReplayDivergence",
+            f"replay diverged at ordinal {ordinal}: the log records {expected}, the code asked for {actual}",
+            non_retryable=True,
+        )
+        self.ordinal = ordinal
+        self.expected = expected
+        self.actual = actual
+
+
+class UnsafeReplay(RunFailed):
+    """A prepared call without a result that no recovery decision or resolution declared safe to run again.
+
+    The runtime never re-runs such a call on its own (DUR-009); reaching this means recovery resumed a run that
+    it should have marked Unknown. Not retryable.
+
+    Attributes:
+        call_id: The call.
+    """
+
+    def __init__(self, call_id: str, tool: str) -> None:
+        super().__init__(
+            "UnsafeReplay",
+            f"call {call_id!r} of tool {tool!r} was prepared and never settled, and nothing declared it safe to run "
+            "again (no safe_retry/reconcile decision, no safe_to_retry resolution): refusing to re-run it (DUR-009)",
+            non_retryable=True,
+        )
+        self.call_id = call_id
+
+
+class ToolCallError(Exception):
+    """A tool's recorded application error: raised on the live call and re-raised identically on every replay.
+
+    Attributes:
+        tool: The tool's name.
+        call_id: The call.
+        error_type: The error's type name as recorded (e.g. the tool's exception class name).
+        message: The recorded message.
+        non_retryable: Whether the tool said retrying cannot help.
+    """
+
+    def __init__(self, tool: str, call_id: str, error_type: str, message: str, *, non_retryable: bool = False) -> None:
+        super().__init__(f"tool {tool!r} (call {call_id}) failed: {error_type}: {message}")
+        self.tool = tool
+        self.call_id = call_id
+        self.error_type = error_type
+        self.message = message
+        self.non_retryable = non_retryable
+
+
+class ToolRefused(ToolCallError):
+    """A call to a tool that was not offered for the turn; recorded as ``ToolCallRefused``; nothing ran."""
+
+
+class UnknownToolError(LookupError):
+    """Agent code called a tool name that the app has not registered."""
+
+
+class ToolTransportError(Exception):
+    """Raised by a tool whose call got no answer (connection refused, reset, lost): the outcome is in doubt.
+
+    The runtime also treats `ConnectionError` and `TimeoutError` as in doubt; wrap other clients' transport errors
+    (e.g. ``httpx.TransportError``) in this. Never recorded as a result (DESIGN.md §5).
+    """
+
+
+class ToolUnavailable(Exception):
+    """An idempotent (or reconcilable) call stayed in doubt past its retry budget in this attempt.
+
+    The attempt ends with the call prepared; recovery retries it under the same key in the next attempt.
+    """
+
+
+class RunSuspended(BaseException):
+    """Ends a run whose call became Unknown (DUR-009): the run stops and holds no worker until a resolution.
+
+    A `BaseException`, so agent code's ``except Exception`` does not swallow it.
+    """
+
+
+class RunCancelled(Exception):
+    """The run was cancelled (an abort became canonical, or the attempt was superseded)."""
+
+
+class UnsafeToolsError(ValueError):
+    """A registered tool is neither idempotent nor reconcilable and no resolver key is configured (DUR-017)."""
