@@ -1,0 +1,151 @@
+"""The engine tests' app: an agent that follows a plan from its input, and tool doubles that count what they do.
+
+The tool doubles are "the outside world": every invocation and every effect is a row in a SQLite file (path in
+``ENGINE_WORLD_DB``) that outlives the killed worker processes, so a test counts invocations and effects
+separately. ``charge_idem`` dedupes its effect by the idempotency key (an outside system honouring keys);
+``charge_once`` applies its effect on every invocation (an ordinary, non-idempotent API). Both hit the failpoint
+``testtool.mid_invocation`` after counting the invocation and before applying the effect ("during invocation",
+spec §15).
+
+The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to the reply and also written to the
+``observations`` table with the attempt number, so a test compares what each attempt saw:
+
+* ``{"tool": name, "args": {...}}`` → the result, or ``{"error": [type, message]}`` for a `ToolCallError`;
+* ``{"now": true}`` / ``{"uuid": true}`` → the recorded value;
+* ``{"step": name, "fail_first": true}`` → a durable step whose body counts its runs and fails on the first.
+
+``app_changed`` is the same agent with changed code: it calls ``charge_other`` where the plan says ``charge_idem``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sqlite3
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from settled._failpoints import failpoint
+from settled.runtime import App, RunContext, ToolCall, ToolCallError
+from settled.schemas import canonical_json
+
+WORLD_ENV = "ENGINE_WORLD_DB"
+
+#: The resolver's signing key (a fixed test key) and its id.
+RESOLVER_KEY_ID = "engine-test-resolver"
+RESOLVER_PRIVATE_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+RESOLVER_PUBLIC_B64 = base64.b64encode(
+    RESOLVER_PRIVATE_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+).decode()
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS invocations (tool TEXT, key TEXT, epoch INTEGER, submission TEXT, attempt INTEGER);
+CREATE TABLE IF NOT EXISTS effects (tool TEXT, key TEXT, amount INTEGER);
+CREATE TABLE IF NOT EXISTS observations (submission TEXT, attempt INTEGER, op INTEGER, value TEXT);
+CREATE TABLE IF NOT EXISTS step_runs (submission TEXT, name TEXT, attempt INTEGER);
+"""
+
+
+def world(path: str | None = None) -> sqlite3.Connection:
+    """Open the world database (autocommit, WAL: several processes write it)."""
+    conn = sqlite3.connect(path or os.environ[WORLD_ENV], timeout=30, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(_SCHEMA)
+    return conn
+
+
+def _invoked(tool: str, call: ToolCall) -> int:
+    with world() as db:
+        db.execute(
+            "INSERT INTO invocations VALUES (?, ?, ?, ?, ?)",
+            (tool, call.idempotency_key, call.owner_epoch, call.submission_id, call.attempt),
+        )
+        (n,) = db.execute("SELECT count(*) FROM invocations WHERE key = ?", (call.idempotency_key,)).fetchone()
+    return int(n)
+
+
+def _charge(tool: str, args: dict[str, Any], call: ToolCall, *, dedupe: bool) -> dict[str, Any]:
+    _invoked(tool, call)
+    failpoint("testtool.mid_invocation")
+    with world() as db:
+        seen = db.execute("SELECT count(*) FROM effects WHERE key = ?", (call.idempotency_key,)).fetchone()[0]
+        if not (dedupe and seen):
+            db.execute("INSERT INTO effects VALUES (?, ?, ?)", (tool, call.idempotency_key, int(args["amount"])))
+    return {"charged": int(args["amount"]), "tool": tool}
+
+
+app = App(agent=lambda ctx: _agent(ctx, {}), resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64}, max_attempts=3)
+app_changed = App(
+    agent=lambda ctx: _agent(ctx, {"charge_idem": "charge_other"}),
+    resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
+    max_attempts=3,
+    tools=app.tools,
+)
+
+
+@app.tool(idempotent=True, timeout_s=10)
+def charge_idem(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Idempotent: the effect is applied once per idempotency key."""
+    return _charge("charge_idem", args, call, dedupe=True)
+
+
+@app.tool(timeout_s=10)
+def charge_once(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Not idempotent: every invocation applies the effect."""
+    return _charge("charge_once", args, call, dedupe=False)
+
+
+@app.tool(idempotent=True, timeout_s=10)
+def charge_other(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """What the changed code calls instead of ``charge_idem``."""
+    return _charge("charge_other", args, call, dedupe=True)
+
+
+@app.tool(timeout_s=10)
+def flaky(args: dict[str, Any], call: ToolCall) -> str:
+    """Raises on its first invocation per key (an application error), answers afterwards."""
+    if _invoked("flaky", call) == 1:
+        raise ValueError("boom on the first invocation")
+    return "fine"
+
+
+def _step_body(submission_id: str, name: str, attempt: int, fail_first: bool) -> dict[str, Any]:
+    with world() as db:
+        db.execute("INSERT INTO step_runs VALUES (?, ?, ?)", (submission_id, name, attempt))
+        (runs,) = db.execute(
+            "SELECT count(*) FROM step_runs WHERE submission = ? AND name = ?", (submission_id, name)
+        ).fetchone()
+    if fail_first and runs == 1:
+        raise RuntimeError(f"step {name} fails on its first run")
+    return {"step": name, "runs_when_recorded": runs}
+
+
+async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
+    plan = ctx.input.get("plan", []) if isinstance(ctx.input, dict) else []
+    results: list[Any] = []
+    for i, op in enumerate(plan):
+        value: Any
+        if "tool" in op:
+            try:
+                value = await ctx.tool(rename.get(op["tool"], op["tool"]), op.get("args", {}))
+            except ToolCallError as exc:
+                value = {"error": [exc.error_type, exc.message]}
+        elif "now" in op:
+            value = ctx.now().isoformat()
+        elif "uuid" in op:
+            value = str(ctx.uuid())
+        elif "step" in op:
+            value = await ctx.step(
+                op["step"], _step_body, ctx.submission_id, op["step"], ctx.attempt, bool(op.get("fail_first"))
+            )
+        else:
+            raise ValueError(f"unknown plan op {op!r}")
+        with world() as db:
+            db.execute(
+                "INSERT INTO observations VALUES (?, ?, ?, ?)",
+                (ctx.submission_id, ctx.attempt, i, canonical_json(value)),
+            )
+        results.append(value)
+    return {"results": results}
