@@ -1,1 +1,93 @@
-"""settled.projections."""
+"""settled.projections: Postgres projections of ``settled.log``, exactly once, rebuilt from the log (DESIGN.md §6).
+
+* `Projector` / `ProjectorConfig` (`_projector`): a read_committed, assign-only consumer per log partition (one
+  writer per partition through an advisory lock) that writes a chunk's rows and the partition's next offset in one
+  transaction, under the offset row's lock and an expected-offset check (DUR-015).
+* `project_batch`, `ProjectionState`, `RowSet`, `fold_reference` (`_rows`): the rows as a pure function of the log,
+  derived from the protocol's fold, so live, rebuilt and reference rows agree by construction.
+* `TABLES` (`_tables`): the tables, their keys and per-column merge rules; the SQL migrations under
+  ``settled/projections/sql/`` mirror them (`migrate`, `check_layout`, `ProjectionNames` in `_schema`).
+* `rebuild` and `check` (`_rebuild`): replay from offset 0 into a new schema version and switch atomically; compare
+  live, a fresh rebuild and the reference fold at identical offsets.
+* `ProjectionReader` (`_queries`): queries that accept ``after=<receipt>`` (read-your-writes).
+
+Never imports `settled.processors`: the worker and the projections are independent (import-linter contract).
+"""
+
+from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
+from settled.projections._queries import ProjectionReader, ReadYourWritesTimeout
+from settled.projections._rebuild import (
+    CheckReport,
+    Difference,
+    RebuildProgress,
+    RebuildResult,
+    check,
+    log_end_offsets,
+    rebuild,
+)
+from settled.projections._rows import (
+    FOLD_COLUMNS,
+    DuplicateRowError,
+    ProjectionState,
+    RowSet,
+    fold_reference,
+    is_partition_conversation,
+    project_batch,
+)
+from settled.projections._schema import (
+    LAYOUT_VERSION,
+    PROJECTION_NAME,
+    Migration,
+    ProjectionLayoutError,
+    ProjectionNames,
+    check_layout,
+    default_schema,
+    migrate,
+    migrations,
+    read_meta,
+    schema_exists,
+)
+from settled.projections._store import OffsetConflict, ProjectionWriter, read_offsets, read_table
+from settled.projections._tables import TABLES, MergeRule, TableMode, TableSpec, merge_rows
+
+__all__ = [
+    "FOLD_COLUMNS",
+    "LAYOUT_VERSION",
+    "PROJECTION_NAME",
+    "TABLES",
+    "CheckReport",
+    "ChunkApplied",
+    "Difference",
+    "DuplicateRowError",
+    "MergeRule",
+    "Migration",
+    "OffsetConflict",
+    "ProjectionLayoutError",
+    "ProjectionNames",
+    "ProjectionReader",
+    "ProjectionState",
+    "ProjectionWriter",
+    "Projector",
+    "ProjectorConfig",
+    "ReadYourWritesTimeout",
+    "RebuildProgress",
+    "RebuildResult",
+    "RowSet",
+    "TableMode",
+    "TableSpec",
+    "check",
+    "check_layout",
+    "default_schema",
+    "fold_reference",
+    "is_partition_conversation",
+    "log_end_offsets",
+    "merge_rows",
+    "migrate",
+    "migrations",
+    "project_batch",
+    "read_meta",
+    "read_offsets",
+    "read_table",
+    "rebuild",
+    "schema_exists",
+]

@@ -7,7 +7,9 @@ import typer
 from settled.services._cli_client import abort, settlements_app, submit
 from settled.services._cli_demo import demo
 from settled.services._cli_dev import dev_app
+from settled.services._cli_projections import projections_app
 from settled.services._cli_quarantine import quarantine_app
+from settled.services._cli_runs import conversations_app, runs_app, submissions_app, unknown_app
 from settled.services._cli_topics import topics_app
 from settled.services._worker_service import worker_command
 
@@ -20,6 +22,11 @@ app.command("worker")(worker_command)
 app.command("submit")(submit)
 app.command("abort")(abort)
 app.add_typer(settlements_app, name="settlements")
+app.add_typer(projections_app, name="projections")
+app.add_typer(runs_app, name="runs")
+app.add_typer(unknown_app, name="unknown")
+app.add_typer(submissions_app, name="submissions")
+app.add_typer(conversations_app, name="conversations")
 
 
 def main() -> None:

@@ -1,0 +1,525 @@
+"""Rebuild a projection from offset 0 and switch atomically; check live = rebuild = reference fold (DESIGN.md §6).
+
+`rebuild`: replay the whole log into a fresh schema version (``<base>__next``: its tables and its offset rows
+together), catch up to the live position (at least the log's end offsets, and every live offset row), then switch in
+one transaction: lock the live version's tables (waiting out readers and the live projector's open transaction),
+check that the new version is at or past every live offset, and rename ``<base>`` → ``<base>__retired`` and
+``<base>__next`` → ``<base>``. A reader sees the old version or the new one, never a mix; the live projector's next
+transaction finds the new version's offsets ahead of it, folds the records in between without writing them, and goes
+on writing the new version.
+
+`check`: compares three projections of the same log prefix — the live tables, a fresh rebuild into
+``<base>__check``, and the reference computed in memory from an independent read of the log (the rows of
+`settled.projections.project_batch`, and the fold-derived columns of `settled.protocol.fold`'s state) — at identical
+offsets: it builds the scratch copy up to the live offsets, then holds the live offset rows ``FOR SHARE`` (pausing
+the live projector) while it catches the scratch copy and the reference up to them and reads live and scratch tables
+inside one ``REPEATABLE READ`` snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from psycopg import sql
+
+from settled._settings import Settings
+from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
+from settled.projections._rows import FOLD_COLUMNS, ProjectionState, RowSet, fold_reference, project_batch
+from settled.projections._schema import (
+    PROJECTION_NAME,
+    ProjectionNames,
+    migrate,
+    read_meta,
+    schema_exists,
+)
+from settled.projections._store import read_offsets, read_table
+from settled.projections._tables import TABLES
+from settled.protocol import PartitionState, fold
+from settled.schemas import Codec, LogBatch
+
+__all__ = [
+    "CheckReport",
+    "Difference",
+    "RebuildProgress",
+    "RebuildResult",
+    "check",
+    "log_end_offsets",
+    "rebuild",
+]
+
+_log = logging.getLogger("settled.projections")
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class RebuildProgress:
+    """Progress of a replay, reported after each committed chunk.
+
+    Attributes:
+        done_offsets: Offsets replayed so far, all partitions together.
+        total_offsets: Offsets to replay (the log's end offsets when the replay started, summed).
+        batches: Batches (log records) applied.
+        events: Canonical events in them.
+        elapsed_s: Seconds since the replay started.
+    """
+
+    done_offsets: int
+    total_offsets: int
+    batches: int
+    events: int
+    elapsed_s: float
+
+    @property
+    def events_per_s(self) -> float:
+        """Events applied per second so far."""
+        return self.events / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    """What a rebuild did.
+
+    Attributes:
+        schema: The live schema now holding the rebuilt version.
+        generation: The new version's generation (the old one's + 1).
+        offsets: Its next offset per partition at the switch.
+        batches: Batches applied.
+        events: Events applied.
+        elapsed_s: Seconds, replay and switch together.
+        switch_attempts: Switch transactions tried (a busy live projector or reader can make one time out).
+    """
+
+    schema: str
+    generation: int
+    offsets: dict[int, int]
+    batches: int
+    events: int
+    elapsed_s: float
+    switch_attempts: int
+
+
+def log_end_offsets(settings: Settings, timeout_s: float) -> dict[int, int]:
+    """Return the read_committed end offset (LSO) of every log partition.
+
+    Args:
+        settings: Namespace and bootstrap servers.
+        timeout_s: Bound on each query, in seconds.
+
+    Returns:
+        Partition → end offset.
+
+    Raises:
+        LookupError: The log topic does not exist.
+    """
+    topic = settings.topic("log")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": f"{settings.namespace}.projector-offsets",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise LookupError(f"topic {topic} does not exist: run `settled topics create`")
+        return {
+            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1])
+            for p in sorted(meta.partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def _connect(settings: Settings) -> Conn:
+    conn = psycopg.connect(settings.postgres_dsn, autocommit=True, application_name="settled-projections")
+    conn.prepare_threshold = None
+    return conn
+
+
+@dataclass
+class _Replay:
+    """Drives a `Projector` on a non-live schema until targets are reached, reporting progress."""
+
+    projector: Projector
+    total: int
+    progress: Callable[[RebuildProgress], None] | None
+    started: float = field(default_factory=time.monotonic)
+    batches: int = 0
+    events: int = 0
+
+    def on_chunk(self, chunk: ChunkApplied) -> None:
+        self.batches += chunk.records
+        self.events += chunk.events
+        if self.progress is not None:
+            self.report()
+
+    def report(self) -> None:
+        if self.progress is None:
+            return
+        done = sum(min(o, self.total) for o in self.projector.positions().values())
+        self.progress(RebuildProgress(min(done, self.total), self.total, self.batches, self.events, self.elapsed_s))
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def until(self, targets: Mapping[int, int], deadline: float) -> None:
+        while not self.projector.caught_up(targets):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replay did not reach {dict(targets)} in time (at {self.projector.positions()})")
+            self.projector.step()
+
+
+class _Behind(Exception):
+    pass
+
+
+def rebuild(
+    settings: Settings,
+    names: ProjectionNames,
+    *,
+    progress: Callable[[RebuildProgress], None] | None = None,
+    keep_retired: bool = True,
+    timeout_s: float = 3600.0,
+    switch_attempts: int = 20,
+    lock_timeout_s: float = 5.0,
+    max_records: int = 5000,
+) -> RebuildResult:
+    """Replay the log from offset 0 into a new schema version and switch to it atomically (module doc).
+
+    Args:
+        settings: Namespace, Kafka and Postgres.
+        names: The projection's schema names.
+        progress: Called after each committed chunk of the replay.
+        keep_retired: Keep the replaced version as ``<base>__retired`` (else drop it in the switch).
+        timeout_s: Bound on the whole rebuild, in seconds.
+        switch_attempts: Switch transactions to try before giving up.
+        lock_timeout_s: ``lock_timeout`` of one switch transaction, in seconds.
+        max_records: Records consumed per poll.
+
+    Returns:
+        What was rebuilt.
+
+    Raises:
+        TimeoutError: The replay or the switch did not finish in time.
+        LookupError: The log topic does not exist.
+        settled.protocol.ProtocolError: The fold refused a batch.
+    """
+    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    conn = _connect(settings)
+    topic = settings.topic("log")
+    try:
+        live_exists = schema_exists(conn, names.live)
+        generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
+        migrate(conn, names.building, generation=generation)
+        targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
+        projector = Projector(
+            settings,
+            ProjectorConfig(names=names, schema=names.building, notify=False, max_records=max_records),
+        )
+        replay = _Replay(projector, sum(targets.values()), progress)
+        projector.on_chunk = replay.on_chunk
+        projector.open()
+        try:
+            replay.until(targets, deadline)
+            replay.report()
+            for attempt in range(1, switch_attempts + 1):
+                live = read_offsets(conn, names.live, topic) if live_exists else {}
+                ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
+                replay.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
+                try:
+                    offsets = _switch(conn, names, topic, live_exists, keep_retired, lock_timeout_s)
+                except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+                    _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
+                    continue
+                _log.info("projection switched", extra={"schema": names.live, "generation": generation})
+                return RebuildResult(
+                    names.live, generation, offsets, replay.batches, replay.events, time.monotonic() - started, attempt
+                )
+            raise TimeoutError(f"the switch to the rebuilt projection failed {switch_attempts} times")
+        finally:
+            projector.close()
+    finally:
+        conn.close()
+
+
+def _switch(
+    conn: Conn, names: ProjectionNames, topic: str, live_exists: bool, keep_retired: bool, lock_timeout_s: float
+) -> dict[int, int]:
+    """One switch transaction: lock the live version, check the new one is not behind it, rename both."""
+    live, building, retired = (sql.Identifier(n) for n in (names.live, names.building, names.retired))
+    with conn.transaction():
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
+        stored: dict[int, int] = {}
+        if live_exists:
+            tables = sql.SQL(", ").join(sql.Identifier(names.live, t) for t in ("meta", "offsets", *TABLES))
+            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(tables))
+            stored = read_offsets(conn, names.live, topic)
+        new = read_offsets(conn, names.building, topic)
+        behind = {p: (new.get(p, 0), o) for p, o in stored.items() if new.get(p, 0) < o}
+        if behind:
+            raise _Behind(f"the rebuilt version is behind the live one at partitions {behind}")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(retired))
+        if live_exists:
+            conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(live, retired))
+        conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(building, live))
+        if live_exists and not keep_retired:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(retired))
+    return new
+
+
+# ------------------------------------------------------------------------------------------------------------ check
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One value on which the projections disagree.
+
+    Attributes:
+        table: The table (``offsets`` for the offset rows).
+        key: The row's primary key.
+        column: The column (``<row>`` when the row itself is missing somewhere).
+        live: The live value (``<missing>`` when the row is absent).
+        rebuild: The fresh rebuild's value.
+        reference: The reference fold's value (``<not compared>`` for columns the fold does not derive).
+    """
+
+    table: str
+    key: tuple[Any, ...]
+    column: str
+    live: Any
+    rebuild: Any
+    reference: Any
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The outcome of `check`.
+
+    Attributes:
+        offsets: The identical next offsets compared at, per partition.
+        rows: Row count per table (live).
+        differences: Every disagreement.
+    """
+
+    offsets: dict[int, int]
+    rows: dict[str, int]
+    differences: tuple[Difference, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when live, rebuild and reference agree on every row."""
+        return not self.differences
+
+
+MISSING = "<missing>"
+NOT_COMPARED = "<not compared>"
+
+
+class _Reference:
+    """The reference projection: an independent read of the log folded in memory."""
+
+    def __init__(self, settings: Settings, partitions: list[int]) -> None:
+        self.settings = settings
+        self.topic = settings.topic("log")
+        self.codec = Codec()
+        self.states = {p: ProjectionState.empty(p) for p in partitions}
+        self.folds = {p: PartitionState(partition=p) for p in partitions}
+        self.rows = RowSet()
+        self.next = {p: 0 for p in partitions}
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "group.id": f"{settings.namespace}.projection-check",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def extend(self, limits: Mapping[int, int], deadline: float) -> None:
+        """Fold every record below each partition's limit."""
+        for p, limit in limits.items():
+            if self.next[p] >= limit:
+                continue
+            tp = TopicPartition(self.topic, p, self.next[p])
+            self.consumer.assign([tp])
+            batches: list[LogBatch] = []
+            while self.next[p] < limit:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {self.topic}[{p}] up to {limit} took too long")
+                msg = self.consumer.poll(0.2)
+                if msg is None:
+                    position = self.consumer.position([TopicPartition(self.topic, p)])[0].offset
+                    if position >= limit:
+                        self.next[p] = limit
+                    continue
+                err = msg.error()
+                if err is not None:
+                    raise KafkaException(err)
+                offset = msg.offset()
+                if offset is None or offset >= limit:
+                    self.next[p] = limit
+                    break
+                batch = self.codec.decode_batch(msg.value(), topic=self.topic, partition=p, offset=offset).batch
+                self.states[p] = project_batch(self.states[p], batch, offset, self.rows)
+                batches.append(batch)
+                self.next[p] = offset + 1
+            self.consumer.unassign()
+            self.folds[p] = fold(self.folds[p], batches)
+
+
+def check(
+    settings: Settings,
+    names: ProjectionNames,
+    *,
+    progress: Callable[[RebuildProgress], None] | None = None,
+    keep_scratch: bool = False,
+    timeout_s: float = 3600.0,
+    max_records: int = 5000,
+) -> CheckReport:
+    """Compare live, a fresh rebuild and the reference fold of the log at identical offsets (module doc).
+
+    Args:
+        settings: Namespace, Kafka and Postgres.
+        names: The projection's schema names.
+        progress: Called after each committed chunk of the scratch rebuild.
+        keep_scratch: Keep ``<base>__check`` afterwards (else it is dropped).
+        timeout_s: Bound on the whole check, in seconds.
+        max_records: Records consumed per poll.
+
+    Returns:
+        The report (`CheckReport.ok` when nothing differs).
+
+    Raises:
+        LookupError: The live projection or the log topic does not exist.
+        TimeoutError: The check did not finish in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    topic = settings.topic("log")
+    conn = _connect(settings)
+    try:
+        if not schema_exists(conn, names.live):
+            raise LookupError(f"projection schema {names.live!r} does not exist: run `settled projections run`")
+        first = read_offsets(conn, names.live, topic)
+        partitions = sorted(log_end_offsets(settings, settings.kafka_call_timeout_s))
+        first = {p: first.get(p, 0) for p in partitions}
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.scratch)))
+        migrate(conn, names.scratch)
+        projector = Projector(
+            settings, ProjectorConfig(names=names, schema=names.scratch, notify=False, max_records=max_records)
+        )
+        replay = _Replay(projector, sum(first.values()), progress)
+        projector.on_chunk = replay.on_chunk
+        reference = _Reference(settings, partitions)
+        projector.open()
+        try:
+            projector.set_limits(first)
+            replay.until(first, deadline)
+            reference.extend(first, deadline)
+            with _connect(settings) as pause, pause.transaction():
+                # Hold the live offset rows: the live projector waits, so the live tables stay at these offsets.
+                rows = pause.execute(
+                    sql.SQL(
+                        "SELECT partition, next_offset FROM {} WHERE projection = %s AND topic = %s FOR SHARE"
+                    ).format(sql.Identifier(names.live, "offsets")),
+                    (PROJECTION_NAME, topic),
+                ).fetchall()
+                at = {p: 0 for p in partitions} | {int(p): int(o) for p, o in rows}
+                projector.set_limits(at)
+                replay.until(at, deadline)
+                reference.extend(at, deadline)
+                snapshot = _snapshot(settings, names, topic)
+        finally:
+            projector.close()
+            reference.close()
+        if not keep_scratch:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.scratch)))
+        return _compare(at, snapshot, reference)
+    finally:
+        conn.close()
+
+
+@dataclass
+class _Snapshot:
+    live_offsets: dict[int, int]
+    scratch_offsets: dict[int, int]
+    live: dict[str, Mapping[tuple[Any, ...], tuple[Any, ...]]]
+    scratch: dict[str, Mapping[tuple[Any, ...], tuple[Any, ...]]]
+
+
+def _snapshot(settings: Settings, names: ProjectionNames, topic: str) -> _Snapshot:
+    with _connect(settings) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction():
+            return _Snapshot(
+                live_offsets=read_offsets(conn, names.live, topic),
+                scratch_offsets=read_offsets(conn, names.scratch, topic),
+                live={name: read_table(conn, names.live, spec) for name, spec in TABLES.items()},
+                scratch={name: read_table(conn, names.scratch, spec) for name, spec in TABLES.items()},
+            )
+
+
+def _compare(at: dict[int, int], snap: _Snapshot, reference: _Reference) -> CheckReport:
+    diffs: list[Difference] = []
+    for p, offset in sorted(at.items()):
+        live, scratch = snap.live_offsets.get(p, 0), snap.scratch_offsets.get(p, 0)
+        if not (live == scratch == reference.next[p] == offset):
+            diffs.append(Difference("offsets", (p,), "next_offset", live, scratch, reference.next[p]))
+    for name, spec in TABLES.items():
+        live_rows, scratch_rows, ref_rows = snap.live[name], snap.scratch[name], reference.rows.tables[name]
+        for key in sorted(set(live_rows) | set(scratch_rows) | set(ref_rows), key=repr):
+            lv, sc, rf = live_rows.get(key), scratch_rows.get(key), ref_rows.get(key)
+            if lv is None or sc is None or rf is None:
+                diffs.append(
+                    Difference(
+                        name,
+                        key,
+                        "<row>",
+                        MISSING if lv is None else "present",
+                        MISSING if sc is None else "present",
+                        MISSING if rf is None else "present",
+                    )
+                )
+                continue
+            for i, column in enumerate(spec.columns):
+                if not (lv[i] == sc[i] == rf[i]):
+                    diffs.append(Difference(name, key, column, lv[i], sc[i], rf[i]))
+    for p, state in reference.folds.items():
+        folded = fold_reference(state)
+        for name, by_key in folded.items():
+            spec = TABLES[name]
+            live_rows, scratch_rows = snap.live[name], snap.scratch[name]
+            if name == "partitions" and state.claim_epoch == 0 and state.partition_count is None:
+                continue  # an empty partition has no row
+            for key, values in by_key.items():
+                lv, sc = live_rows.get(key), scratch_rows.get(key)
+                for column in FOLD_COLUMNS[name]:
+                    i = spec.columns.index(column)
+                    want = values[column]
+                    got_live = MISSING if lv is None else lv[i]
+                    got_scratch = MISSING if sc is None else sc[i]
+                    if not (got_live == got_scratch == want):
+                        diffs.append(Difference(f"{name} (fold)", key, column, got_live, got_scratch, want))
+            for key in set(live_rows) - set(by_key):
+                if name == "partitions" and key != (p,):
+                    continue
+                if name != "partitions" and live_rows[key][spec.columns.index("partition")] != p:
+                    continue
+                diffs.append(Difference(f"{name} (fold)", key, "<row>", "present", "?", MISSING))
+    counts = {name: len(rows) for name, rows in snap.live.items()}
+    return CheckReport(offsets=dict(at), rows=counts, differences=tuple(diffs))

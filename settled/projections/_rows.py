@@ -1,0 +1,873 @@
+"""The ledger projection as a pure function of the log: fold a batch, emit the rows it changes (DESIGN.md §6).
+
+`project_batch` folds one canonical batch with the protocol's own fold (`settled.protocol.apply_traced`) and emits,
+into a `RowSet`, the rows of every conversation, submission, attempt, tool call, settlement, receipt and transcript
+entry the batch touched. Rows are derived from the folded state and the batch alone (times are the batch's
+``recorded_at``), so the live projector, a rebuild from offset 0 and the in-memory reference over the whole log give
+the same rows, however the log was cut into chunks (the merge rules of `settled.projections.TABLES` are
+associative). No I/O, no clock, no randomness here.
+
+`ProjectionState` is the fold's `PartitionState` plus the rows of the tool calls still in flight (prepared or
+Unknown), which later events of the same call update; it is never mutated, so a chunk whose transaction rolls back is
+dropped by keeping the previous state.
+
+`fold_reference` maps a `PartitionState` folded by `settled.protocol.fold` straight to the fold-derived columns of
+``partitions``, ``conversations`` and ``submissions``: the independent reference `settled projections check` compares
+the live and rebuilt tables with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+from settled.projections._tables import (
+    ATTEMPTS,
+    CONVERSATIONS,
+    PARTITIONS,
+    RECEIPTS,
+    SETTLEMENTS,
+    SUBMISSIONS,
+    TABLES,
+    TOOL_CALLS,
+    TRANSCRIPT,
+    TableMode,
+    TableSpec,
+    merge_rows,
+)
+from settled.protocol import (
+    TERMINAL_STATES,
+    ConversationState,
+    PartitionState,
+    Submission,
+    SubmissionState,
+    Transition,
+    apply_traced,
+)
+from settled.schemas import (
+    AbortRecorded,
+    AttemptStarted,
+    CommandRejected,
+    Genesis,
+    LogBatch,
+    ModelResponseCompleted,
+    OwnershipClaimed,
+    Settlement,
+    SettlementOutcome,
+    StepRecorded,
+    SubmissionAdmitted,
+    SubmissionDuplicate,
+    SubmissionRejected,
+    ToolCallPrepared,
+    ToolCallRefused,
+    ToolCallSettled,
+    ToolCallUnknown,
+    UnknownResolved,
+    canonical_json,
+)
+
+__all__ = [
+    "FOLD_COLUMNS",
+    "DuplicateRowError",
+    "ProjectionState",
+    "RowSet",
+    "fold_reference",
+    "is_partition_conversation",
+    "project_batch",
+]
+
+S = SubmissionState
+Row = tuple[Any, ...]
+CallKey = tuple[str, str]
+
+_PARTITION_PREFIX = "~partition/"
+
+# Attempt status while its submission is in each state (the attempt being the submission's current one).
+_ATTEMPT_STATUS: Mapping[SubmissionState, str] = MappingProxyType(
+    {
+        S.RUNNING: "running",
+        S.RECOVERY: "recovery",
+        S.UNKNOWN: "waiting",
+        S.READY: "interrupted",
+        S.TERMINALIZING: "terminalizing",
+        S.COMPLETED: "completed",
+        S.FAILED: "failed",
+        S.ABORTED: "aborted",
+    }
+)
+
+FOLD_COLUMNS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "partitions": ("partition_count", "claim_epoch", "claimed_by"),
+        "conversations": (
+            "partition",
+            "active_submission_id",
+            "queue_depth",
+            "unknown_count",
+            "blocked_by_unknown",
+            "last_submission_seq",
+            "last_event_seq",
+            "owner_epoch",
+        ),
+        "submissions": (
+            "conversation_id",
+            "partition",
+            "submission_seq",
+            "principal",
+            "idempotency_key",
+            "payload_digest",
+            "state",
+            "outcome",
+            "attempt_count",
+            "current_attempt_id",
+            "input_applied",
+            "abort_requested",
+            "abort_reason",
+            "reserved_outcome",
+            "open_calls",
+            "unknown_calls",
+        ),
+    }
+)
+"""The columns `fold_reference` derives straight from a folded `PartitionState`, per table."""
+
+
+def is_partition_conversation(conversation_id: str) -> bool:
+    """Tell whether a conversation id is a partition's own pseudo-conversation (genesis, ownership claims).
+
+    Args:
+        conversation_id: A batch's conversation id.
+
+    Returns:
+        True for ``~partition/<p>`` (`settled.producers.genesis_conversation`); those have no conversation row.
+    """
+    return conversation_id.startswith(_PARTITION_PREFIX)
+
+
+class DuplicateRowError(ValueError):
+    """An append-only row (transcript entry, settlement) arrived twice: a batch was applied twice (DUR-015).
+
+    Attributes:
+        table: The table.
+        key: The repeated key.
+    """
+
+    def __init__(self, table: str, key: tuple[Any, ...]) -> None:
+        super().__init__(f"table {table}: a row with key {key!r} was already emitted (a batch applied twice)")
+        self.table = table
+        self.key = key
+
+
+@dataclass
+class RowSet:
+    """Rows emitted by one or more batches, merged per key exactly as the database merges them.
+
+    Attributes:
+        tables: Table name → key → row.
+        batches: Batches projected into it.
+        events: Events in those batches.
+    """
+
+    tables: dict[str, dict[tuple[Any, ...], Row]] = field(default_factory=lambda: {name: {} for name in TABLES})
+    batches: int = 0
+    events: int = 0
+
+    def add(self, spec: TableSpec, row: Row) -> None:
+        """Merge one row into the set.
+
+        Args:
+            spec: Its table.
+            row: The row, in the table's column order.
+
+        Raises:
+            DuplicateRowError: An append-only table already holds a row with this key.
+        """
+        rows = self.tables[spec.name]
+        key = spec.key_of(row)
+        old = rows.get(key)
+        if old is None:
+            rows[key] = row
+        elif spec.mode is TableMode.UPSERT:
+            rows[key] = merge_rows(spec, old, row)
+        elif spec.mode is TableMode.APPEND:
+            raise DuplicateRowError(spec.name, key)
+        # TableMode.FIRST: the first row stays (ON CONFLICT DO NOTHING).
+
+    def rows(self, table: str) -> list[Row]:
+        """Return a table's rows, ordered by key.
+
+        Args:
+            table: The table name.
+
+        Returns:
+            The rows.
+        """
+        return [row for _, row in sorted(self.tables[table].items(), key=lambda item: _sort_key(item[0]))]
+
+    def __len__(self) -> int:
+        """Return the number of rows held, all tables together."""
+        return sum(len(rows) for rows in self.tables.values())
+
+
+def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple((v is None, v) for v in key)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionState:
+    """What the projection of one log partition holds between batches (never mutated).
+
+    Attributes:
+        partition: The log partition.
+        fold: The protocol's folded state of the partition.
+        calls: ``(submission id, call id)`` → the ``tool_calls`` row of each call still prepared or Unknown.
+    """
+
+    partition: int
+    fold: PartitionState
+    calls: Mapping[CallKey, Row] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def empty(cls, partition: int) -> ProjectionState:
+        """Return the state before the partition's first record.
+
+        Args:
+            partition: The log partition.
+
+        Returns:
+            An empty state.
+        """
+        return cls(partition=partition, fold=PartitionState(partition=partition))
+
+
+def _ms(later: datetime, earlier: datetime | None) -> int | None:
+    if earlier is None:
+        return None
+    return round((later - earlier).total_seconds() * 1000)
+
+
+def _value(enum_value: Any) -> Any:
+    return None if enum_value is None else enum_value.value
+
+
+class _BatchProjector:
+    """Derives one batch's rows; holds the batch's working copies."""
+
+    def __init__(self, state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> None:
+        self.state = state
+        self.batch = batch
+        self.offset = offset
+        self.rows = rows
+        self.p = state.partition
+        self.t = batch.recorded_at
+        self.cid = batch.conversation_id
+        self.calls: dict[CallKey, Row] | None = None
+        self.after: PartitionState = state.fold
+        self.trace: tuple[Transition, ...] = ()
+
+    # -- tool calls in flight ------------------------------------------------------------------------------------
+
+    def call_rows(self) -> dict[CallKey, Row]:
+        if self.calls is None:
+            self.calls = dict(self.state.calls)
+        return self.calls
+
+    def current_calls(self) -> Mapping[CallKey, Row]:
+        return self.state.calls if self.calls is None else self.calls
+
+    def call_row(self, spec_values: dict[str, Any]) -> Row:
+        return tuple(spec_values.get(column) for column in TOOL_CALLS.columns)
+
+    def update_call(self, key: CallKey, **changes: Any) -> Row:
+        old = self.current_calls().get(key)
+        if old is None:
+            raise ValueError(f"tool call {key!r} is not in flight in partition {self.p} at offset {self.offset}")
+        values = dict(zip(TOOL_CALLS.columns, old, strict=True))
+        values.update(changes, updated_at=self.t, last_offset=self.offset)
+        return self.call_row(values)
+
+    # -- the batch -----------------------------------------------------------------------------------------------
+
+    def run(self) -> ProjectionState:
+        before = self.state.fold
+        self.after, self.trace = apply_traced(before, self.batch)
+        events = self.batch.events
+        self.rows.batches += 1
+        self.rows.events += len(events)
+        claimed = any(isinstance(e, OwnershipClaimed) for e in events)
+        if claimed or any(isinstance(e, Genesis) for e in events):
+            self.partition_row()
+        conv_before = before.conversations.get(self.cid)
+        conv_after = self.after.conversations.get(self.cid)
+        applied_before = conv_before.applied_commands if conv_before is not None else MappingProxyType({})
+        self.event_rows(conv_after, applied_before)
+        if claimed:
+            touched_convs: Iterable[str] = self.after.conversations
+        else:
+            touched_convs = (self.cid,)
+        touched_subs = self.touched_submissions()
+        for conversation_id in touched_convs:
+            if is_partition_conversation(conversation_id):
+                continue
+            conv = self.after.conversations[conversation_id]
+            old = before.conversations.get(conversation_id)
+            if old is conv:
+                continue
+            self.rows.add(CONVERSATIONS, self.conversation_row(conv))
+            for sid in touched_subs.get(conversation_id, ()):
+                sub = conv.submissions.get(sid)
+                if sub is None or (old is not None and old.submissions.get(sid) is sub):
+                    continue
+                self.rows.add(SUBMISSIONS, self.submission_row(conversation_id, sub))
+                self.abandon_calls(sub)
+        self.attempt_rows(before)
+        calls = self.state.calls if self.calls is None else MappingProxyType(self.calls)
+        return ProjectionState(partition=self.p, fold=self.after, calls=calls)
+
+    def touched_submissions(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for event in self.batch.events:
+            sid = getattr(event, "submission_id", None)
+            if isinstance(sid, str):
+                out.setdefault(self.cid, []).append(sid)
+        for tr in self.trace:
+            out.setdefault(tr.conversation_id, []).append(tr.submission_id)
+        return {cid: list(dict.fromkeys(sids)) for cid, sids in out.items()}
+
+    # -- rows ------------------------------------------------------------------------------------------------------
+
+    def partition_row(self) -> None:
+        claimed_at = None
+        for event in self.batch.events:
+            if isinstance(event, OwnershipClaimed):
+                claimed_at = event.claimed_at
+        f = self.after
+        self.rows.add(
+            PARTITIONS,
+            (self.p, f.partition_count, f.claim_epoch, f.claimed_by, claimed_at, self.t, self.offset),
+        )
+
+    def conversation_row(self, conv: ConversationState) -> Row:
+        unknown = sum(1 for sid in conv.queue if conv.submissions[sid].state is S.UNKNOWN)
+        return (
+            conv.conversation_id,
+            self.p,
+            conv.active_submission_id,
+            len(conv.queue),
+            unknown,
+            unknown > 0,
+            conv.last_submission_seq,
+            conv.last_event_seq,
+            conv.owner_epoch,
+            self.t,
+            self.t,
+            self.offset,
+        )
+
+    def submission_row(self, conversation_id: str, sub: Submission) -> Row:
+        return (
+            sub.submission_id,
+            conversation_id,
+            self.p,
+            sub.submission_seq,
+            sub.principal,
+            sub.idempotency_key,
+            sub.payload_digest,
+            list(sub.tools_offered),
+            sub.state.value,
+            _value(sub.outcome),
+            "admitted",
+            sub.attempt_count,
+            sub.attempt_id,
+            sub.input_applied,
+            sub.abort_requested,
+            sub.abort_reason,
+            _value(sub.reserved_outcome),
+            len(sub.open_calls),
+            len(sub.unknown_calls),
+            self.t,
+            self.offset,
+            self.t if sub.attempt_count > 0 else None,
+            self.t if sub.state in TERMINAL_STATES else None,
+            self.t,
+            self.offset,
+        )
+
+    def attempt_rows(self, before: PartitionState) -> None:
+        """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order)."""
+        steps: dict[str, str] = {}
+        for event in self.batch.events:
+            attempt_id = getattr(event, "attempt_id", None)
+            if not isinstance(attempt_id, str):
+                continue
+            if isinstance(event, StepRecorded):
+                steps[attempt_id] = f"step:{event.name}"
+            elif isinstance(event, ToolCallPrepared):
+                steps[attempt_id] = f"tool:{event.tool}"
+            elif isinstance(event, ModelResponseCompleted):
+                steps[attempt_id] = f"model_response:{event.response_ordinal}"
+        current: dict[str, str | None] = {}
+        emitted: set[str] = set()
+
+        def current_attempt(conversation_id: str, sid: str) -> str | None:
+            if sid not in current:
+                conv = before.conversations.get(conversation_id)
+                sub = conv.submissions.get(sid) if conv is not None else None
+                current[sid] = sub.attempt_id if sub is not None else None
+            return current[sid]
+
+        for tr in self.trace:
+            cause = tr.event
+            if isinstance(cause, AttemptStarted):
+                current[tr.submission_id] = cause.attempt_id
+                self.rows.add(
+                    ATTEMPTS,
+                    self.attempt_row(
+                        tr.conversation_id,
+                        tr.submission_id,
+                        cause.attempt_id,
+                        cause.attempt,
+                        cause.owner_epoch,
+                        "running",
+                        None,
+                        None,
+                        steps.get(cause.attempt_id),
+                    ),
+                )
+                emitted.add(cause.attempt_id)
+                continue
+            attempt_id = current_attempt(tr.conversation_id, tr.submission_id)
+            if attempt_id is None:
+                continue
+            reason = getattr(cause, "reason", None)
+            end_reason = tr.edge.label if not isinstance(reason, str) else f"{tr.edge.label}: {reason}"
+            if isinstance(cause, OwnershipClaimed):
+                end_reason = f"{tr.edge.label}: owner epoch {cause.owner_epoch} claimed by {cause.worker_id}"
+            moved = self.after.conversations[tr.conversation_id].submissions[tr.submission_id]
+            self.rows.add(
+                ATTEMPTS,
+                self.attempt_row(
+                    tr.conversation_id,
+                    tr.submission_id,
+                    attempt_id,
+                    moved.attempt_count,
+                    None,
+                    _ATTEMPT_STATUS[tr.edge.target],
+                    end_reason,
+                    moved,
+                    steps.get(attempt_id),
+                ),
+            )
+            emitted.add(attempt_id)
+        # The final row of each touched submission's current attempt (in-state changes: steps, calls).
+        conv = self.after.conversations.get(self.cid)
+        if conv is None:
+            return
+        for sids in self.touched_submissions().values():
+            for sid in sids:
+                touched = conv.submissions.get(sid)
+                if touched is None or touched.attempt_id is None or touched.attempt_id in emitted:
+                    continue
+                status = _ATTEMPT_STATUS.get(touched.state)
+                if status is None:
+                    continue
+                self.rows.add(
+                    ATTEMPTS,
+                    self.attempt_row(
+                        self.cid,
+                        sid,
+                        touched.attempt_id,
+                        touched.attempt_count,
+                        None,
+                        status,
+                        None,
+                        touched,
+                        steps.get(touched.attempt_id),
+                    ),
+                )
+
+    def attempt_row(
+        self,
+        conversation_id: str,
+        sid: str,
+        attempt_id: str,
+        attempt: int,
+        owner_epoch: int | None,
+        status: str,
+        end_reason: str | None,
+        sub: Submission | None,
+        step: str | None,
+    ) -> Row:
+        waiting_kind = waiting_name = waiting_since = None
+        if status == "waiting" and sub is not None:
+            waiting_kind = "unknown_resolution"
+            names = sorted(
+                str(row[TOOL_CALLS.columns.index("tool")])
+                for (call_sid, call_id), row in self.current_calls().items()
+                if call_sid == sid and call_id in sub.unknown_calls
+            )
+            waiting_name = ",".join(names) if names else None
+            waiting_since = self.t
+        return (
+            attempt_id,
+            sid,
+            conversation_id,
+            attempt,
+            owner_epoch,
+            status,
+            waiting_kind,
+            waiting_name,
+            waiting_since,
+            None,  # waiting_deadline: no schema v1 event sets a deadline
+            step,
+            end_reason,
+            self.t,
+            None if status == "running" else self.t,
+            self.t,
+            self.offset,
+        )
+
+    def abandon_calls(self, sub: Submission) -> None:
+        """Calls the fold no longer holds open or Unknown, with no event of their own: recovery dropped them."""
+        status_i = TOOL_CALLS.columns.index("status")
+        for key, row in list(self.current_calls().items()):
+            if key[0] != sub.submission_id:
+                continue
+            status = row[status_i]
+            if (status == "prepared" and key[1] in sub.open_calls) or (
+                status == "unknown" and key[1] in sub.unknown_calls
+            ):
+                continue
+            self.rows.add(TOOL_CALLS, self.update_call(key, status="abandoned", ended_at=self.t))
+            del self.call_rows()[key]
+
+    def event_rows(self, conv: ConversationState | None, applied_before: Mapping[str, str]) -> None:
+        """Receipts, settlements, tool calls and the transcript, event by event."""
+        cid, t, off = self.cid, self.t, self.offset
+        applied_here: set[str] = set()
+
+        def transcript(
+            i: int,
+            sid: str | None,
+            attempt_id: str | None,
+            kind: str,
+            role: str,
+            name: str | None,
+            call_id: str | None,
+            content: str | None,
+        ) -> None:
+            self.rows.add(
+                TRANSCRIPT,
+                (cid, self.batch.first_event_seq + i, sid, attempt_id, kind, role, name, call_id, content, t, off),
+            )
+
+        def first_application(command_id: str) -> bool:
+            if command_id in applied_before or command_id in applied_here:
+                return False
+            applied_here.add(command_id)
+            return True
+
+        tool_i = TOOL_CALLS.columns.index("tool")
+        prepared_i = TOOL_CALLS.columns.index("prepared_at")
+        for i, event in enumerate(self.batch.events):
+            if isinstance(event, SubmissionAdmitted):
+                self.receipt(
+                    event.submission_id, "submission", "admitted", None, event.submission_id, event.submission_seq
+                )
+                transcript(i, event.submission_id, None, "input", "user", None, None, event.input_json)
+            elif isinstance(event, SubmissionDuplicate):
+                original = conv.submissions.get(event.original_submission_id) if conv is not None else None
+                self.receipt(
+                    event.submission_id,
+                    "submission",
+                    "duplicate",
+                    None,
+                    event.original_submission_id,
+                    None if original is None else original.submission_seq,
+                )
+            elif isinstance(event, SubmissionRejected):
+                field_part = f" (field {event.field})" if event.field else ""
+                self.receipt(
+                    event.submission_id,
+                    "submission",
+                    "rejected",
+                    f"{event.reason.value}{field_part}: {event.detail}",
+                    None,
+                    None,
+                )
+            elif isinstance(event, AbortRecorded):
+                if first_application(event.command_id):
+                    transcript(i, event.submission_id, None, "abort", "user", None, None, event.reason)
+                self.receipt(event.command_id, "command", "applied", event.reason, event.submission_id, None)
+            elif isinstance(event, CommandRejected):
+                self.receipt(
+                    event.command_id,
+                    "command",
+                    "rejected",
+                    f"{event.reason.value}: {event.detail}",
+                    event.submission_id,
+                    None,
+                )
+            elif isinstance(event, ModelResponseCompleted):
+                transcript(
+                    i,
+                    event.submission_id,
+                    event.attempt_id,
+                    "model_response",
+                    "assistant",
+                    event.model,
+                    None,
+                    event.text,
+                )
+            elif isinstance(event, ToolCallPrepared):
+                row = self.call_row(
+                    {
+                        "submission_id": event.submission_id,
+                        "call_id": event.call_id,
+                        "conversation_id": cid,
+                        "attempt_id": event.attempt_id,
+                        "run_id": event.run_id,
+                        "ordinal": event.ordinal,
+                        "tool": event.tool,
+                        "args_digest": event.args_digest,
+                        "idempotency_key": event.idempotency_key,
+                        "owner_epoch": event.owner_epoch,
+                        "status": "prepared",
+                        "prepared_at": t,
+                        "updated_at": t,
+                        "last_offset": off,
+                    }
+                )
+                self.call_rows()[(event.submission_id, event.call_id)] = row
+                self.rows.add(TOOL_CALLS, row)
+                transcript(
+                    i,
+                    event.submission_id,
+                    event.attempt_id,
+                    "tool_call",
+                    "assistant",
+                    event.tool,
+                    event.call_id,
+                    event.args_json,
+                )
+            elif isinstance(event, ToolCallSettled):
+                key = (event.submission_id, event.call_id)
+                old = self.current_calls().get(key)
+                prepared_at = None if old is None else old[prepared_i]
+                error = event.error
+                row = self.update_call(
+                    key,
+                    status="error" if error is not None else "settled",
+                    result_digest=event.result_digest,
+                    error_type=None if error is None else error.type,
+                    error_message=None if error is None else error.message,
+                    ended_at=t,
+                    duration_ms=_ms(t, prepared_at),
+                )
+                del self.call_rows()[key]
+                self.rows.add(TOOL_CALLS, row)
+                content = event.result_json
+                if error is not None:
+                    content = canonical_json(
+                        {"error": {"type": error.type, "message": error.message, "non_retryable": error.non_retryable}}
+                    )
+                transcript(
+                    i,
+                    event.submission_id,
+                    event.attempt_id,
+                    "tool_result",
+                    "tool",
+                    str(row[tool_i]),
+                    event.call_id,
+                    content,
+                )
+            elif isinstance(event, ToolCallRefused):
+                self.rows.add(
+                    TOOL_CALLS,
+                    self.call_row(
+                        {
+                            "submission_id": event.submission_id,
+                            "call_id": event.call_id,
+                            "conversation_id": cid,
+                            "attempt_id": event.attempt_id,
+                            "tool": event.tool,
+                            "args_digest": event.args_digest,
+                            "status": "refused",
+                            "reason": event.reason,
+                            "ended_at": t,
+                            "updated_at": t,
+                            "last_offset": off,
+                        }
+                    ),
+                )
+                transcript(
+                    i,
+                    event.submission_id,
+                    event.attempt_id,
+                    "tool_refused",
+                    "tool",
+                    event.tool,
+                    event.call_id,
+                    event.reason,
+                )
+            elif isinstance(event, ToolCallUnknown):
+                key = (event.submission_id, event.call_id)
+                row = self.update_call(key, status="unknown", reason=event.reason, unknown_since=t)
+                self.call_rows()[key] = row
+                self.rows.add(TOOL_CALLS, row)
+                transcript(
+                    i,
+                    event.submission_id,
+                    None,
+                    "tool_unknown",
+                    "system",
+                    str(row[tool_i]),
+                    event.call_id,
+                    event.reason,
+                )
+            elif isinstance(event, UnknownResolved):
+                if first_application(event.command_id):
+                    key = (event.submission_id, event.call_id)
+                    row = self.update_call(
+                        key,
+                        status="resolved",
+                        resolution_kind=event.kind.value,
+                        resolution_outcome=_value(event.outcome),
+                        result_digest=event.result_digest,
+                        ended_at=t,
+                    )
+                    del self.call_rows()[key]
+                    self.rows.add(TOOL_CALLS, row)
+                    content = event.result_json
+                    if content is None:
+                        content = canonical_json({"kind": event.kind.value, "outcome": _value(event.outcome)})
+                    transcript(
+                        i, event.submission_id, None, "resolution", "operator", str(row[tool_i]), event.call_id, content
+                    )
+                self.receipt(event.command_id, "command", "applied", event.kind.value, event.submission_id, None)
+            elif isinstance(event, StepRecorded):
+                transcript(
+                    i,
+                    event.submission_id,
+                    event.attempt_id,
+                    "step",
+                    "system",
+                    event.name,
+                    event.step_id,
+                    event.result_json,
+                )
+            elif isinstance(event, Settlement):
+                sub = conv.submissions.get(event.submission_id) if conv is not None else None
+                seq = -1 if sub is None else sub.submission_seq
+                self.rows.add(
+                    SETTLEMENTS,
+                    (
+                        event.submission_id,
+                        cid,
+                        self.p,
+                        seq,
+                        event.outcome.value,
+                        event.reply_json,
+                        event.reply_digest,
+                        event.reply_ref,
+                        event.error_type,
+                        event.error_reason,
+                        event.attempt_count,
+                        event.settled_at,
+                        off,
+                    ),
+                )
+                if event.outcome is SettlementOutcome.COMPLETED:
+                    transcript(
+                        i,
+                        event.submission_id,
+                        None,
+                        "reply",
+                        "assistant",
+                        None,
+                        None,
+                        event.reply_json if event.reply_json is not None else event.reply_ref,
+                    )
+                else:
+                    detail = ": ".join(x for x in (event.outcome.value, event.error_type, event.error_reason) if x)
+                    transcript(i, event.submission_id, None, "settlement", "system", None, None, detail)
+
+    def receipt(
+        self, request_id: str, kind: str, outcome: str, reason: str | None, sid: str | None, seq: int | None
+    ) -> None:
+        self.rows.add(RECEIPTS, (request_id, kind, self.cid, outcome, reason, sid, seq, self.t, self.offset))
+
+
+def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> ProjectionState:
+    """Fold one canonical batch and emit the rows it changes.
+
+    Args:
+        state: The partition's projection state before the batch (unchanged).
+        batch: The batch, read at ``offset`` of the state's log partition.
+        offset: Its log offset (stored in ``last_offset`` / ``log_offset`` columns).
+        rows: Where the rows go (merged per key).
+
+    Returns:
+        The state after the batch.
+
+    Raises:
+        settled.protocol.ProtocolError: The fold refuses the batch (a stale epoch, a broken chain, an illegal
+            transition, an inconsistent log): the log is not one a correct owner writes.
+        DuplicateRowError: An append-only row was emitted twice into ``rows``.
+    """
+    return _BatchProjector(state, batch, offset, rows).run()
+
+
+def fold_reference(state: PartitionState) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
+    """Map a folded partition straight to the fold-derived columns (`FOLD_COLUMNS`) of its rows.
+
+    Args:
+        state: The partition folded by `settled.protocol.fold` from offset 0.
+
+    Returns:
+        Table → primary key → {column: value}, for ``partitions``, ``conversations`` and ``submissions``.
+    """
+    p = state.partition
+    out: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {name: {} for name in FOLD_COLUMNS}
+    out["partitions"][(p,)] = {
+        "partition_count": state.partition_count,
+        "claim_epoch": state.claim_epoch,
+        "claimed_by": state.claimed_by,
+    }
+    for cid, conv in state.conversations.items():
+        if is_partition_conversation(cid):
+            continue
+        unknown = [sid for sid in conv.queue if conv.submissions[sid].state is S.UNKNOWN]
+        out["conversations"][(cid,)] = {
+            "partition": p,
+            "active_submission_id": conv.active_submission_id,
+            "queue_depth": len(conv.queue),
+            "unknown_count": len(unknown),
+            "blocked_by_unknown": bool(unknown),
+            "last_submission_seq": conv.last_submission_seq,
+            "last_event_seq": conv.last_event_seq,
+            "owner_epoch": conv.owner_epoch,
+        }
+        for sid, sub in conv.submissions.items():
+            out["submissions"][(sid,)] = {
+                "conversation_id": cid,
+                "partition": p,
+                "submission_seq": sub.submission_seq,
+                "principal": sub.principal,
+                "idempotency_key": sub.idempotency_key,
+                "payload_digest": sub.payload_digest,
+                "state": sub.state.value,
+                "outcome": _value(sub.outcome),
+                "attempt_count": sub.attempt_count,
+                "current_attempt_id": sub.attempt_id,
+                "input_applied": sub.input_applied,
+                "abort_requested": sub.abort_requested,
+                "abort_reason": sub.abort_reason,
+                "reserved_outcome": _value(sub.reserved_outcome),
+                "open_calls": len(sub.open_calls),
+                "unknown_calls": len(sub.unknown_calls),
+            }
+    return out

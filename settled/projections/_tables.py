@@ -1,0 +1,202 @@
+"""The ledger projection's tables as data: columns, keys and how a new row merges into a stored one (DESIGN.md §6).
+
+One description serves three readers, so that they agree by construction:
+
+* the projector's SQL (`upsert_sql`, `insert_sql`): ``INSERT ... ON CONFLICT (key) DO UPDATE`` with one rule per
+  column, ``COPY`` for the append-only tables;
+* the in-memory row set (`settled.projections.RowSet`) that merges a chunk's rows before they are written, and that
+  is the reference projection of a whole log (`settled projections check`);
+* the schema check against the migrations (`settled.projections.check_layout`).
+
+Merge rules per column (each associative, so merging a chunk first and the database second gives the same row as
+merging every batch in turn into the database; the result never depends on how the log was cut into chunks):
+
+* ``OVERWRITE``: the newer value wins (``col = EXCLUDED.col``);
+* ``STICKY``: the first non-null value stays (``col = COALESCE(t.col, EXCLUDED.col)``): admission time, first start;
+* ``LATEST``: the newest non-null value wins (``col = COALESCE(EXCLUDED.col, t.col)``): the current step.
+
+Table modes: ``UPSERT`` (per-column rules), ``FIRST`` (``ON CONFLICT DO NOTHING``: a receipt is the first decision of
+its request) and ``APPEND`` (plain insert or ``COPY``; a second row with the same key is an error — the transcript and
+the settlements are where a batch applied twice shows up instead of being merged away).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["TABLES", "MergeRule", "TableMode", "TableSpec", "merge_rows"]
+
+
+class MergeRule(enum.Enum):
+    """How a column of an upserted row merges into the stored row."""
+
+    OVERWRITE = "overwrite"
+    STICKY = "sticky"
+    LATEST = "latest"
+
+
+class TableMode(enum.Enum):
+    """How a table's rows are written."""
+
+    UPSERT = "upsert"
+    FIRST = "first"
+    APPEND = "append"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One projection table.
+
+    Attributes:
+        name: Table name (unqualified; the schema is the projection version's).
+        columns: Column names, in row-tuple order.
+        key: The primary-key columns.
+        mode: How rows are written.
+        rules: Merge rule per column that is not `MergeRule.OVERWRITE` (``UPSERT`` tables only).
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    key: tuple[str, ...]
+    mode: TableMode
+    rules: Mapping[str, MergeRule] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        """Check that the key and the rules name columns of the table.
+
+        Raises:
+            ValueError: A key column or a ruled column is not a column.
+        """
+        for name in (*self.key, *self.rules):
+            if name not in self.columns:
+                raise ValueError(f"table {self.name}: {name!r} is not one of its columns {self.columns}")
+
+    def key_of(self, row: Sequence[Any]) -> tuple[Any, ...]:
+        """Return a row's primary key.
+
+        Args:
+            row: A row tuple in `columns` order.
+
+        Returns:
+            The key values.
+        """
+        return tuple(row[self.columns.index(k)] for k in self.key)
+
+    def rule(self, column: str) -> MergeRule:
+        """Return a column's merge rule.
+
+        Args:
+            column: A column name.
+
+        Returns:
+            Its rule (`MergeRule.OVERWRITE` unless listed in `rules`).
+        """
+        return self.rules.get(column, MergeRule.OVERWRITE)
+
+
+def merge_rows(spec: TableSpec, old: Sequence[Any], new: Sequence[Any]) -> tuple[Any, ...]:
+    """Merge ``new`` into ``old`` exactly as the table's SQL does (module doc).
+
+    Args:
+        spec: The table (an ``UPSERT`` table).
+        old: The stored row.
+        new: The incoming row with the same key.
+
+    Returns:
+        The merged row.
+    """
+    out = []
+    for i, column in enumerate(spec.columns):
+        rule = spec.rule(column)
+        if rule is MergeRule.STICKY:
+            out.append(old[i] if old[i] is not None else new[i])
+        elif rule is MergeRule.LATEST:
+            out.append(new[i] if new[i] is not None else old[i])
+        else:
+            out.append(new[i])
+    return tuple(out)
+
+
+def _spec(name: str, columns: str, key: str, mode: TableMode = TableMode.UPSERT, **rules: MergeRule) -> TableSpec:
+    return TableSpec(name, tuple(columns.split()), tuple(key.split()), mode, MappingProxyType(dict(rules)))
+
+
+_S, _L = MergeRule.STICKY, MergeRule.LATEST
+
+PARTITIONS = _spec(
+    "partitions",
+    "partition partition_count claim_epoch claimed_by claimed_at updated_at last_offset",
+    "partition",
+    partition_count=_L,
+    claimed_at=_L,
+)
+CONVERSATIONS = _spec(
+    "conversations",
+    "conversation_id partition active_submission_id queue_depth unknown_count blocked_by_unknown "
+    "last_submission_seq last_event_seq owner_epoch created_at updated_at last_offset",
+    "conversation_id",
+    created_at=_S,
+)
+SUBMISSIONS = _spec(
+    "submissions",
+    "submission_id conversation_id partition submission_seq principal idempotency_key payload_digest tools_offered "
+    "state outcome receipt_outcome attempt_count current_attempt_id input_applied abort_requested abort_reason "
+    "reserved_outcome open_calls unknown_calls admitted_at admitted_offset first_started_at settled_at updated_at "
+    "last_offset",
+    "submission_id",
+    tools_offered=_S,
+    admitted_at=_S,
+    admitted_offset=_S,
+    first_started_at=_S,
+    settled_at=_S,
+)
+ATTEMPTS = _spec(
+    "attempts",
+    "attempt_id submission_id conversation_id attempt owner_epoch status waiting_kind waiting_name waiting_since "
+    "waiting_deadline current_step end_reason started_at ended_at updated_at last_offset",
+    "attempt_id",
+    owner_epoch=_S,
+    waiting_since=_S,
+    current_step=_L,
+    end_reason=_L,
+    started_at=_S,
+    ended_at=_S,
+)
+TOOL_CALLS = _spec(
+    "tool_calls",
+    "submission_id call_id conversation_id attempt_id run_id ordinal tool args_digest idempotency_key owner_epoch "
+    "status result_digest error_type error_message reason resolution_kind resolution_outcome prepared_at ended_at "
+    "unknown_since duration_ms updated_at last_offset",
+    "submission_id call_id",
+)
+SETTLEMENTS = _spec(
+    "settlements",
+    "submission_id conversation_id partition submission_seq outcome reply_json reply_digest reply_ref error_type "
+    "error_reason attempt_count settled_at log_offset",
+    "submission_id",
+    TableMode.APPEND,
+)
+RECEIPTS = _spec(
+    "receipts",
+    "request_id request_kind conversation_id outcome reason submission_id submission_seq decided_at log_offset",
+    "request_id",
+    TableMode.FIRST,
+)
+TRANSCRIPT = _spec(
+    "transcript",
+    "conversation_id event_seq submission_id attempt_id kind role name call_id content recorded_at log_offset",
+    "conversation_id event_seq",
+    TableMode.APPEND,
+)
+
+TABLES: Mapping[str, TableSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (PARTITIONS, CONVERSATIONS, SUBMISSIONS, ATTEMPTS, TOOL_CALLS, SETTLEMENTS, RECEIPTS, TRANSCRIPT)
+    }
+)
+"""Every projection table, in write order."""

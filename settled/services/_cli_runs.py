@@ -1,0 +1,223 @@
+"""``settled runs|unknown|submissions|conversations``: read the Postgres projection (issue 7 item 5; DESIGN.md §6).
+
+* ``settled runs list [--incomplete] [--conversation C]`` and ``settled runs show SUBMISSION_ID`` (attempts, calls);
+* ``settled unknown list``: the calls in doubt an operator must resolve, with their age (DUR-009);
+* ``settled submissions show SUBMISSION_ID``: the ledger row;
+* ``settled conversations show CONVERSATION_ID``: run state and the transcript in event order.
+
+Every command takes ``--after RECEIPT_JSON`` (the receipt line ``settled submit`` prints) and waits, up to
+``--after-timeout-s``, until the projection holds that receipt's request: read-your-writes (DESIGN.md §4). Output is
+a table, or JSON lines with ``--json``. Exit codes: 1 not found, 2 bad input or no PostgreSQL, 3 the receipt was not
+projected in time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from settled.projections import ProjectionReader, ReadYourWritesTimeout
+from settled.schemas import Receipt
+from settled.services._cli_projections import SCHEMA_ENV_VAR, projection_names, projection_settings
+
+__all__ = ["EXIT_NOT_FOUND", "EXIT_NOT_PROJECTED", "conversations_app", "runs_app", "submissions_app", "unknown_app"]
+
+EXIT_NOT_FOUND = 1
+"""Exit code: nothing projected under that id."""
+EXIT_NOT_PROJECTED = 3
+"""Exit code: ``--after``'s receipt was not projected in time."""
+
+runs_app = typer.Typer(no_args_is_help=True, help="Runs (one per submission) as the projection shows them.")
+unknown_app = typer.Typer(no_args_is_help=True, help="Calls in doubt an operator must resolve (DUR-009).")
+submissions_app = typer.Typer(no_args_is_help=True, help="The submissions ledger.")
+conversations_app = typer.Typer(no_args_is_help=True, help="Conversations: run state and transcript.")
+
+_SCHEMA = typer.Option(None, "--schema", envvar=SCHEMA_ENV_VAR, help="Projection schema (default: the namespace).")
+_AFTER = typer.Option(
+    None,
+    "--after",
+    metavar="RECEIPT_JSON",
+    help="Wait until the projection holds this receipt (as `settled submit` prints it): read-your-writes.",
+)
+_AFTER_TIMEOUT = typer.Option(10.0, "--after-timeout-s", help="Longest wait for --after, in seconds.")
+_JSON = typer.Option(False, "--json", help="Print JSON lines instead of a table.")
+
+
+def _fail(code: int, message: str) -> NoReturn:
+    sys.stderr.write(f"settled: {message}\n")
+    raise typer.Exit(code)
+
+
+def _receipt(text: str | None) -> Receipt | None:
+    if text is None:
+        return None
+    try:
+        return Receipt.model_validate_json(text)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in err["loc"]) or "<root>" for err in exc.errors())
+        _fail(2, f"--after is not a receipt (fields {fields}): {exc.errors()[0]['msg']}")
+
+
+def _reader(schema: str | None) -> ProjectionReader:
+    settings = projection_settings()
+    return ProjectionReader(settings.postgres_dsn, projection_names(settings, schema))
+
+
+def _dump(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        sys.stdout.write(json.dumps(row, default=str, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if row.get(c) is None else _short(row[c]) for c in columns))
+    Console().print(table)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _run(fn: Any) -> Any:
+    try:
+        return fn()
+    except ReadYourWritesTimeout as exc:
+        _fail(EXIT_NOT_PROJECTED, str(exc))
+
+
+@runs_app.command("list")
+def runs_list(
+    incomplete: bool = typer.Option(False, "--incomplete", help="Only runs not settled yet."),
+    conversation: str | None = typer.Option(None, "--conversation", help="Only this conversation's runs."),
+    limit: int = typer.Option(50, "--limit", min=1, help="Most runs shown (newest admissions first)."),
+    schema: str | None = _SCHEMA,
+    after: str | None = _AFTER,
+    after_timeout_s: float = _AFTER_TIMEOUT,
+    as_json: bool = _JSON,
+) -> None:
+    """List runs: status (queued, running, waiting, recovery, terminalizing, or the outcome), attempts, step."""
+    receipt = _receipt(after)
+    with _reader(schema) as reader:
+        rows = _run(
+            lambda: reader.runs(
+                incomplete=incomplete,
+                conversation_id=conversation,
+                limit=limit,
+                after=receipt,
+                timeout_s=after_timeout_s,
+            )
+        )
+    if as_json:
+        _dump(rows)
+        return
+    _table(
+        f"runs ({'incomplete' if incomplete else 'all'})",
+        rows,
+        ("submission_id", "conversation_id", "submission_seq", "status", "state", "attempt_count", "waiting_kind",
+         "current_step", "outcome", "admitted_at"),
+    )  # fmt: skip
+
+
+@runs_app.command("show")
+def runs_show(
+    submission_id: str = typer.Argument(..., metavar="SUBMISSION_ID"),
+    schema: str | None = _SCHEMA,
+    after: str | None = _AFTER,
+    after_timeout_s: float = _AFTER_TIMEOUT,
+    as_json: bool = _JSON,
+) -> None:
+    """Show one run with its attempts and tool calls."""
+    receipt = _receipt(after)
+    with _reader(schema) as reader:
+        run = _run(lambda: reader.run(submission_id, after=receipt, timeout_s=after_timeout_s))
+    if run is None:
+        _fail(EXIT_NOT_FOUND, f"no run {submission_id!r} in the projection")
+    if as_json:
+        _dump([run])
+        return
+    attempts, calls = run.pop("attempts"), run.pop("tool_calls")
+    _table(f"run {submission_id}", [run], tuple(run))
+    _table("attempts", attempts, ("attempt", "attempt_id", "status", "waiting_kind", "waiting_name", "current_step",
+                                  "end_reason", "started_at", "ended_at"))  # fmt: skip
+    _table("tool calls", calls, ("call_id", "tool", "status", "idempotency_key", "prepared_at", "ended_at",
+                                 "duration_ms", "error_type", "reason"))  # fmt: skip
+
+
+@unknown_app.command("list")
+def unknown_list(
+    schema: str | None = _SCHEMA,
+    after: str | None = _AFTER,
+    after_timeout_s: float = _AFTER_TIMEOUT,
+    as_json: bool = _JSON,
+) -> None:
+    """List the calls in doubt (Unknown), oldest first, with their age."""
+    receipt = _receipt(after)
+    with _reader(schema) as reader:
+        rows = _run(lambda: reader.unknown_obligations(after=receipt, timeout_s=after_timeout_s))
+    if as_json:
+        _dump(rows)
+        return
+    _table(
+        f"unknown obligations: {len(rows)}",
+        rows,
+        ("conversation_id", "submission_id", "call_id", "tool", "idempotency_key", "submission_state", "reason",
+         "unknown_since", "age"),
+    )  # fmt: skip
+
+
+@submissions_app.command("show")
+def submissions_show(
+    submission_id: str = typer.Argument(..., metavar="SUBMISSION_ID"),
+    schema: str | None = _SCHEMA,
+    after: str | None = _AFTER,
+    after_timeout_s: float = _AFTER_TIMEOUT,
+    as_json: bool = _JSON,
+) -> None:
+    """Show a submission's ledger row (a duplicate's id shows its receipt, pointing at the original)."""
+    receipt = _receipt(after)
+    with _reader(schema) as reader:
+        row = _run(lambda: reader.submission(submission_id, after=receipt, timeout_s=after_timeout_s))
+        if row is None:
+            row = reader.receipt(submission_id)
+    if row is None:
+        _fail(EXIT_NOT_FOUND, f"no submission {submission_id!r} in the projection")
+    if as_json:
+        _dump([row])
+        return
+    table = Table(title=f"submission {submission_id}", show_header=False)
+    for key, value in row.items():
+        table.add_row(key, "" if value is None else _short(value, 120))
+    Console().print(table)
+
+
+@conversations_app.command("show")
+def conversations_show(
+    conversation_id: str = typer.Argument(..., metavar="CONVERSATION_ID"),
+    schema: str | None = _SCHEMA,
+    after: str | None = _AFTER,
+    after_timeout_s: float = _AFTER_TIMEOUT,
+    as_json: bool = _JSON,
+) -> None:
+    """Show a conversation's run state and its transcript (inputs, replies, tool calls and results)."""
+    receipt = _receipt(after)
+    with _reader(schema) as reader:
+        conv = _run(lambda: reader.conversation(conversation_id, after=receipt, timeout_s=after_timeout_s))
+    if conv is None:
+        _fail(EXIT_NOT_FOUND, f"no conversation {conversation_id!r} in the projection")
+    if as_json:
+        _dump([conv])
+        return
+    transcript = conv.pop("transcript")
+    _table(f"conversation {conversation_id}", [conv], tuple(conv))
+    _table("transcript", transcript, ("event_seq", "submission_id", "kind", "role", "name", "content", "recorded_at"))
