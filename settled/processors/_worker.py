@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -91,6 +91,7 @@ class WorkerConfig:
             least ``fetch_max_bytes + 512``): the largest fetch response, and the most one compressed record batch
             may decompress to. A batch decompressing past it is quarantined whole (issue 4 item 6); keep it above
             the inbox topic's ``max.message.bytes``.
+        consumer_overrides: Further librdkafka properties of the group consumer (e.g. ``max.poll.interval.ms``).
     """
 
     poll_timeout_s: float = 0.05
@@ -99,6 +100,7 @@ class WorkerConfig:
     max_record_bytes: int | None = None
     fetch_max_bytes: int = 52_428_800
     receive_message_max_bytes: int = 100_000_000
+    consumer_overrides: Mapping[str, str | int] = field(default_factory=dict)
 
     @property
     def consumer_limits(self) -> dict[str, int]:
@@ -183,7 +185,11 @@ class Worker(Generic[S]):
             until: Optional predicate checked every turn.
         """
         self._check_topics()
-        consumer = Consumer(consumer_config(self.settings, self.group_id, **self.config.consumer_limits))
+        consumer = Consumer(
+            consumer_config(
+                self.settings, self.group_id, **self.config.consumer_limits, **dict(self.config.consumer_overrides)
+            )
+        )
         self._consumer = consumer
         consumer.subscribe(
             [self.settings.topic("inbox")], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost

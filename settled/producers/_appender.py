@@ -438,13 +438,17 @@ class TransactionalAppender:
                     "send_offsets_to_transaction",
                 )
             # Step 5.
-            failpoint("appender.before_commit")
+            try:
+                failpoint("appender.before_commit")
+            except FailpointError as exc:
+                # Test hook: the coordinator answers the commit with an abortable error that blames no record.
+                raise KafkaException(KafkaError(KafkaError._APPLICATION, f"injected abortable error: {exc}")) from exc
             self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.code() == KafkaError._TIMED_OUT:
                 return "unknown", failed
-            if err.txn_requires_abort() or err.code() == KafkaError._INCONSISTENT:
+            if err.txn_requires_abort() or err.code() in (KafkaError._INCONSISTENT, KafkaError._APPLICATION):
                 _log.warning("transaction aborted", extra={"error": str(err), "partition": self.partition})
                 try:
                     self._call(lambda: producer.abort_transaction(self.timeout_s), "abort_transaction")
