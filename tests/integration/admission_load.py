@@ -210,6 +210,27 @@ def progress(s: Settings) -> tuple[int, int]:
     return len(read_topic(s, "receipts")), len(read_topic(s, "settlements"))
 
 
+def keys_admitted_once(s: Settings, load: Load) -> tuple[bool, str]:
+    """Whether every distinct key of the load was admitted exactly once (and nothing else was), and what was seen.
+
+    Args:
+        s: The test's settings.
+        load: What was produced.
+
+    Returns:
+        (holds, a description of the difference for the failure report).
+    """
+    admitted = [e for _, _, b in log_batches(s) for e in b.events if isinstance(e, SubmissionAdmitted)]
+    got = Counter((e.conversation_id, e.principal, e.idempotency_key) for e in admitted)
+    want = Counter((p.conversation_id, p.principal, p.idempotency_key) for ps in load.originals.values() for p in ps)
+    detail = (
+        f"(load seed {load.seed}) keys admitted other than once each: missing "
+        f"{sorted(k[2] for k in want - got)[:10]}, extra {sorted((k[2], n) for k, n in (got - want).items())[:10]} "
+        f"({len(admitted)} SubmissionAdmitted for {len(want)} keys)"
+    )
+    return got == want, detail
+
+
 def check_load(s: Settings, load: Load, *, allow_failed: bool = False) -> None:
     """Assert the load's promises against the committed topics (module docstring).
 
@@ -230,18 +251,8 @@ def check_load(s: Settings, load: Load, *, allow_failed: bool = False) -> None:
         verify_chain(conv_batches)
     events = [e for _, _, b in batches for e in b.events]
     admitted = [e for e in events if isinstance(e, SubmissionAdmitted)]
-    admitted_keys = Counter((e.conversation_id, e.principal, e.idempotency_key) for e in admitted)
-    expected_keys = Counter(
-        (p.conversation_id, p.principal, p.idempotency_key) for ps in load.originals.values() for p in ps
-    )
-    promise(
-        "DUR-001.key-once",
-        admitted_keys == expected_keys,
-        f"{where} keys admitted other than once each: missing "
-        f"{sorted(k[2] for k in expected_keys - admitted_keys)[:10]}, extra "
-        f"{sorted((k[2], n) for k, n in (admitted_keys - expected_keys).items())[:10]} "
-        f"({len(admitted)} SubmissionAdmitted for {len(expected_keys)} keys)",
-    )
+    ok, detail = keys_admitted_once(s, load)
+    promise("DUR-001.key-once", ok, detail)
     seqs = {e.submission_id: e.submission_seq for e in admitted}
     want_seqs = {p.submission_id: n + 1 for ps in load.originals.values() for n, p in enumerate(ps)}
     promise("DUR-001.key-once", seqs == want_seqs, f"{where} admitted sequences differ from the inbox order")

@@ -47,6 +47,7 @@ from tests._promise import promise
 from tests.integration.admission_load import (
     check_load,
     committed_input_offset,
+    keys_admitted_once,
     log_batches,
     log_tail,
     make_load,
@@ -140,6 +141,8 @@ def test_load_admits_every_key_once_and_settles_in_admitted_order(three: Setting
     print(f"done={done} progress={progress(s)} of {(len(load.items), originals)}")
     if errors:
         print(f"the worker failed (the promises below say what it broke): {errors[0]!r}")
+    ok, detail = keys_admitted_once(s, load)
+    promise("DUR-001.key-once", ok, detail)  # every distinct key admitted once: the fault switch's promise
     check_load(s, load)
     assert not errors, f"the worker failed: {errors[0]!r}"
 
