@@ -22,13 +22,14 @@ from __future__ import annotations
 import base64
 import os
 import sqlite3
+import time
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from settled._failpoints import failpoint
-from settled.runtime import App, RunContext, ToolCall, ToolCallError
+from settled.runtime import App, RunContext, RunOptions, ToolCall, ToolCallError
 from settled.schemas import canonical_json
 
 WORLD_ENV = "ENGINE_WORLD_DB"
@@ -45,6 +46,8 @@ CREATE TABLE IF NOT EXISTS invocations (tool TEXT, key TEXT, epoch INTEGER, subm
 CREATE TABLE IF NOT EXISTS effects (tool TEXT, key TEXT, amount INTEGER);
 CREATE TABLE IF NOT EXISTS observations (submission TEXT, attempt INTEGER, op INTEGER, value TEXT);
 CREATE TABLE IF NOT EXISTS step_runs (submission TEXT, name TEXT, attempt INTEGER);
+CREATE TABLE IF NOT EXISTS returns (tool TEXT, key TEXT);
+CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY);
 """
 
 
@@ -76,13 +79,57 @@ def _charge(tool: str, args: dict[str, Any], call: ToolCall, *, dedupe: bool) ->
     return {"charged": int(args["amount"]), "tool": tool}
 
 
-app = App(agent=lambda ctx: _agent(ctx, {}), resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64}, max_attempts=3)
+OPTIONS = RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05)
+app = App(
+    agent=lambda ctx: _agent(ctx, {}),
+    resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
+    max_attempts=3,
+    options=OPTIONS,
+)
 app_changed = App(
     agent=lambda ctx: _agent(ctx, {"charge_idem": "charge_other"}),
     resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
     max_attempts=3,
     tools=app.tools,
+    options=OPTIONS,
 )
+
+
+def flag(db: sqlite3.Connection, name: str, on: bool) -> None:
+    """Set or clear a world flag (e.g. ``"server_down"``)."""
+    if on:
+        db.execute("INSERT OR IGNORE INTO flags VALUES (?)", (name,))
+    else:
+        db.execute("DELETE FROM flags WHERE name = ?", (name,))
+
+
+def _flagged(name: str) -> bool:
+    with world() as db:
+        (n,) = db.execute("SELECT count(*) FROM flags WHERE name = ?", (name,)).fetchone()
+    return bool(n)
+
+
+def _slow(tool: str, args: dict[str, Any], call: ToolCall, *, dedupe: bool) -> dict[str, Any]:
+    n = _invoked(tool, call)
+    if n == 1 or not args.get("first_only"):
+        time.sleep(float(args["sleep_s"]))
+    with world() as db:
+        db.execute("INSERT INTO returns VALUES (?, ?)", (tool, call.idempotency_key))
+        seen = db.execute("SELECT count(*) FROM effects WHERE key = ?", (call.idempotency_key,)).fetchone()[0]
+        if not (dedupe and seen):
+            db.execute("INSERT INTO effects VALUES (?, ?, ?)", (tool, call.idempotency_key, 1))
+    return {"slept": float(args["sleep_s"]), "tool": tool}
+
+
+def _remote(tool: str, call: ToolCall, *, dedupe: bool) -> dict[str, Any]:
+    _invoked(tool, call)
+    if _flagged("server_down"):
+        raise ConnectionRefusedError("tool server at 127.0.0.1:9 refused the connection")
+    with world() as db:
+        seen = db.execute("SELECT count(*) FROM effects WHERE key = ?", (call.idempotency_key,)).fetchone()[0]
+        if not (dedupe and seen):
+            db.execute("INSERT INTO effects VALUES (?, ?, ?)", (tool, call.idempotency_key, 1))
+    return {"tool": tool}
 
 
 @app.tool(idempotent=True, timeout_s=10)
@@ -109,6 +156,42 @@ def flaky(args: dict[str, Any], call: ToolCall) -> str:
     if _invoked("flaky", call) == 1:
         raise ValueError("boom on the first invocation")
     return "fine"
+
+
+@app.tool(idempotent=True, timeout_s=1.0)
+def slow_idem(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Idempotent; sleeps ``sleep_s`` (only on its first invocation with ``first_only``); 1 s timeout."""
+    return _slow("slow_idem", args, call, dedupe=True)
+
+
+@app.tool(timeout_s=1.0)
+def slow_once(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Not idempotent; sleeps ``sleep_s``; 1 s timeout."""
+    return _slow("slow_once", args, call, dedupe=False)
+
+
+@app.tool(timeout_s=30.0)
+def slow_long(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Not idempotent; sleeps ``sleep_s`` within a generous timeout (an abort, not a timeout, stops the wait)."""
+    return _slow("slow_long", args, call, dedupe=False)
+
+
+@app.tool(idempotent=True, timeout_s=30.0)
+def slow_long_idem(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Idempotent; sleeps ``sleep_s`` within a generous timeout."""
+    return _slow("slow_long_idem", args, call, dedupe=True)
+
+
+@app.tool(idempotent=True, timeout_s=10)
+def remote_idem(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Idempotent; refuses connections while the world flag ``server_down`` is set."""
+    return _remote("remote_idem", call, dedupe=True)
+
+
+@app.tool(timeout_s=10)
+def remote_once(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Not idempotent; refuses connections while the world flag ``server_down`` is set."""
+    return _remote("remote_once", call, dedupe=False)
 
 
 def _step_body(submission_id: str, name: str, attempt: int, fail_first: bool) -> dict[str, Any]:

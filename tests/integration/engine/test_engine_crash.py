@@ -14,115 +14,43 @@ tool, before its effect), ``engine.tool_returned`` (effect applied, result not c
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from settled._settings import Settings
 from settled.schemas import (
     AttemptStarted,
-    LogEvent,
     RecoveryDecision,
     RecoveryDecisionKind,
-    ResolutionKind,
-    ResolveUnknown,
     SettlementOutcome,
-    SettlementRecord,
     StepRecorded,
-    SubmissionProposed,
     ToolCallPrepared,
     ToolCallSettled,
     ToolCallUnknown,
     canonical_json,
 )
 from tests._promise import promise
+from tests.integration.engine._helpers import (
+    TIMEOUT_S,
+    count,
+    effects,
+    events_of,
+    invocations,
+    killed,
+    plan,
+    send,
+    settled,
+    settlements,
+    sign_resolution,
+)
 from tests.integration.engine.conftest import SpawnWorker
-from tests.integration.engine.engine_app import RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, world
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, wait_for
+from tests.integration.engine.engine_app import world
+from tests.integration.helpers import proposal, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
-
-KILLED = -9
-TIMEOUT_S = 90.0
-
-
-def send(s: Settings, *records: SubmissionProposed | ResolveUnknown) -> None:
-    produce_inbox(s, [(r.conversation_id.encode(), CODEC.encode(r)) for r in records])
-
-
-def log_events(s: Settings) -> list[LogEvent]:
-    out: list[LogEvent] = []
-    for r in read_topic(s, "log"):
-        assert r.value is not None
-        out.extend(CODEC.decode_batch(r.value, offset=r.offset).batch.events)
-    return out
-
-
-def events_of(s: Settings, submission_id: str) -> list[LogEvent]:
-    return [e for e in log_events(s) if getattr(e, "submission_id", None) == submission_id]
-
-
-def settlements(s: Settings) -> list[SettlementRecord]:
-    out = []
-    for r in read_topic(s, "settlements"):
-        assert r.value is not None
-        rec = CODEC.decode(r.value)
-        assert isinstance(rec, SettlementRecord)
-        out.append(rec)
-    return out
-
-
-def settled(s: Settings, submission_id: str) -> SettlementRecord | None:
-    found = [r for r in settlements(s) if r.submission_id == submission_id]
-    return found[0] if found else None
-
-
-def count(db: Path, sql: str, *args: Any) -> int:
-    with world(str(db)) as conn:
-        return int(conn.execute(sql, args).fetchone()[0])
-
-
-def invocations(db: Path, tool: str) -> int:
-    return count(db, "SELECT count(*) FROM invocations WHERE tool = ?", tool)
-
-
-def effects(db: Path, tool: str) -> int:
-    return count(db, "SELECT count(*) FROM effects WHERE tool = ?", tool)
-
-
-def killed(proc: subprocess.Popen[bytes], log: Path) -> None:
-    try:
-        code = proc.wait(TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the worker was not killed at its failpoint:\n{log.read_text()[-3000:]}") from None
-    assert code == KILLED, f"worker exited {code}, not by its failpoint's SIGKILL:\n{log.read_text()[-3000:]}"
-
-
-def plan(*ops: dict[str, Any]) -> dict[str, Any]:
-    return {"plan": list(ops)}
-
-
-def sign_resolution(conversation_id: str, submission_id: str, call_id: str, result: Any) -> ResolveUnknown:
-    fields: dict[str, Any] = {
-        "command_id": f"resolve-{call_id}",
-        "principal": "ops",
-        "conversation_id": conversation_id,
-        "submission_id": submission_id,
-        "call_id": call_id,
-        "kind": ResolutionKind.CALL_OUTCOME,
-        "outcome": None,
-        "result_json": canonical_json(result),
-        "key_id": RESOLVER_KEY_ID,
-        "requested_at": datetime.now(UTC),
-    }
-    unsigned = ResolveUnknown(**fields, signature=b"")
-    return ResolveUnknown(**fields, signature=RESOLVER_PRIVATE_KEY.sign(unsigned.signing_bytes()))
-
 
 BOUNDARIES = ["engine.after_prepared_commit", "testtool.mid_invocation", "engine.tool_returned"]
 #: Invocations / effects of the tool when the worker dies at each boundary.

@@ -1,0 +1,140 @@
+"""Calls in doubt in a live worker: aborts while a tool runs, a stopped tool server, hung tools (issue 6; §5).
+
+One real ``settled worker`` child per test; the tool doubles count invocations, returns and effects in the world
+database (see ``engine_app``). The app gives a call in flight an abort grace of 1 s.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from settled._settings import Settings
+from settled.schemas import (
+    RecoveryDecisionKind,
+    SettlementOutcome,
+    ToolCallSettled,
+    ToolCallUnknown,
+    canonical_json,
+)
+from tests._promise import promise
+from tests.integration.engine._helpers import (
+    TIMEOUT_S,
+    abort_command,
+    count,
+    decisions,
+    effects,
+    events_of,
+    invocations,
+    log_events,
+    plan,
+    returns,
+    send,
+    settled,
+    settlements,
+    sign_resolution,
+)
+from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.engine.engine_app import flag, world
+from tests.integration.helpers import proposal, wait_for
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_abort_while_an_idempotent_tool_runs_settles_aborted_and_its_late_return_appends_nothing(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path
+) -> None:
+    s = topics
+    sub = proposal("conv-a", value=plan({"tool": "slow_long_idem", "args": {"sleep_s": 4}}))
+    spawn_worker("w")
+    send(s, sub)
+    wait_for(lambda: invocations(world_db, "slow_long_idem") == 1, TIMEOUT_S, "the slow tool to start")
+    send(s, abort_command("conv-a", sub.submission_id))
+    wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the aborted settlement")
+    result = settled(s, sub.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.ABORTED, result
+    assert returns(world_db, "slow_long_idem") == 0, "settled aborted before the tool returned (bounded grace)"
+    wait_for(lambda: returns(world_db, "slow_long_idem") == 1, TIMEOUT_S, "the tool's late return")
+    time.sleep(2.0)  # a late settlement of the old attempt would be in the log by now
+    late = [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]
+    promise("DUR-006.attempt-token", late == [], f"the superseded attempt appended {late}")
+    assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.TERMINALIZE]
+    assert [r.submission_id for r in settlements(s)] == [sub.submission_id]
+
+
+def test_abort_while_a_non_idempotent_call_is_in_flight_is_unknown_then_aborted_once_resolved(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path
+) -> None:
+    s = topics
+    sub = proposal("conv-b", value=plan({"tool": "slow_long", "args": {"sleep_s": 4}}))
+    spawn_worker("w")
+    send(s, sub)
+    wait_for(lambda: invocations(world_db, "slow_long") == 1, TIMEOUT_S, "the slow tool to start")
+    send(s, abort_command("conv-b", sub.submission_id))
+    wait_for(lambda: bool(decisions(s, sub.submission_id)), TIMEOUT_S, "the recovery decision")
+    assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.UNKNOWN]
+    wait_for(lambda: returns(world_db, "slow_long") == 1, TIMEOUT_S, "the tool's late return")
+    time.sleep(2.0)
+    assert settled(s, sub.submission_id) is None, "an abort does not settle a call in doubt (DESIGN.md §5)"
+    assert not [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]
+    (unknown,) = [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallUnknown)]
+    send(s, sign_resolution("conv-b", sub.submission_id, unknown.call_id, {"slept": 4}))
+    wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the aborted settlement")
+    result = settled(s, sub.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.ABORTED, result
+    assert invocations(world_db, "slow_long") == 1
+
+
+def test_a_stopped_tool_server_retries_the_idempotent_call_and_makes_the_other_unknown(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path
+) -> None:
+    s = topics
+    with world(str(world_db)) as db:
+        flag(db, "server_down", True)
+    idem = proposal("conv-r1", value=plan({"tool": "remote_idem"}))
+    once = proposal("conv-r2", value=plan({"tool": "remote_once"}))
+    spawn_worker("w")
+    send(s, idem, once)
+    wait_for(lambda: invocations(world_db, "remote_idem") >= 3, TIMEOUT_S, "retries of the idempotent call")
+    wait_for(lambda: bool(decisions(s, once.submission_id)), TIMEOUT_S, "the non-idempotent call's decision")
+    assert settled(s, idem.submission_id) is None
+    with world(str(world_db)) as db:
+        flag(db, "server_down", False)
+    wait_for(lambda: settled(s, idem.submission_id) is not None, TIMEOUT_S, "the idempotent call to settle")
+    result = settled(s, idem.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert result.reply_json == canonical_json({"results": [{"tool": "remote_idem"}]})
+    keys = count(world_db, "SELECT count(DISTINCT key) FROM invocations WHERE tool = 'remote_idem'")
+    assert keys == 1 and effects(world_db, "remote_idem") == 1
+    assert decisions(s, once.submission_id) == [RecoveryDecisionKind.UNKNOWN]
+    assert invocations(world_db, "remote_once") == 1 and settled(s, once.submission_id) is None
+    recorded = [e for e in log_events(s) if isinstance(e, ToolCallSettled)]
+    promise(
+        "DESIGN-5.no-transport-error-result",
+        all(e.error is None for e in recorded),
+        f"a connection error was recorded as a tool result: {[e.error for e in recorded if e.error]}",
+    )
+
+
+def test_a_hung_tool_past_its_timeout_is_retried_when_idempotent_and_unknown_otherwise(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path
+) -> None:
+    s = topics
+    idem = proposal("conv-h1", value=plan({"tool": "slow_idem", "args": {"sleep_s": 3, "first_only": True}}))
+    once = proposal("conv-h2", value=plan({"tool": "slow_once", "args": {"sleep_s": 3}}))
+    spawn_worker("w")
+    send(s, idem, once)
+    wait_for(lambda: settled(s, idem.submission_id) is not None, TIMEOUT_S, "the idempotent call to settle")
+    result = settled(s, idem.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert invocations(world_db, "slow_idem") == 2
+    assert count(world_db, "SELECT count(DISTINCT key) FROM invocations WHERE tool = 'slow_idem'") == 1
+    wait_for(lambda: bool(decisions(s, once.submission_id)), TIMEOUT_S, "the hung call's decision")
+    assert decisions(s, once.submission_id) == [RecoveryDecisionKind.UNKNOWN]
+    (unknown,) = [e for e in events_of(s, once.submission_id) if isinstance(e, ToolCallUnknown)]
+    assert "timeout_s=1" in unknown.reason
+    wait_for(lambda: returns(world_db, "slow_idem") == 2, TIMEOUT_S, "the first, hung execution to return")
+    assert effects(world_db, "slow_idem") == 1, "the key deduped the hung execution's late effect"
+    assert invocations(world_db, "slow_once") == 1
