@@ -28,6 +28,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from settled import _failpoints
 from settled._settings import Settings
+from settled.client import Client, SubmissionOutcomeUnknown
 from settled.processors import Worker, WorkerConfig
 from settled.producers import BATCH_ID_HEADER, partition_for_key, producer_config, provision_topics
 from settled.protocol import PartitionState
@@ -512,17 +513,27 @@ def check_one_admission(s: Settings, a: SubmissionProposed, copies: list[str]) -
     )
 
 
+def inbox_end(s: Settings) -> int:
+    """The inbox partition 0's high watermark."""
+    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": "x"})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(s.topic("inbox"), 0), timeout=10)[1])
+    finally:
+        c.close()
+
+
 def delayed_commit_case(s: Settings, tmp_path: Path, hold_s: float, answer_timeout_s: float = 20.0) -> None:
-    """Scenario 22, first run: A's admission transaction is held open at ``appender.before_commit`` past a
-    submitter's timeout; meanwhile A is retried at the same moment by the same producer, by a second producer, and as
-    raw Avro from another process. The commit is released ``hold_s`` after the copies are on the broker."""
+    """Scenario 22, first run: A's admission transaction is held open at ``appender.before_commit`` past
+    ``Client.submit()``'s timeout (it raises `SubmissionOutcomeUnknown` naming the key); meanwhile A is retried at
+    the same moment by the same client, by a second producer, and as raw Avro from another process. The commit is
+    released ``hold_s`` after the copies are on the broker."""
     log = tmp_path / "worker.log"
     control = _failpoints.FailpointControl(tmp_path / "fp")
     worker = spawn_worker(s, log, failpoint_env=control.env())
-    a = make_proposal("conv-22", "k-22", {"q": "A"})
+    client = Client(s, principal="tester-22")
     # Everything that takes time to start is started first, so the transaction stays open for a short while only.
     raw_proc = subprocess.Popen(
-        plain_argv(s, "conv-22", "k-22", {"q": "A"}, principal=a.principal, wait_stdin=True),
+        plain_argv(s, "conv-22", "k-22", {"q": "A"}, principal="tester-22", wait_stdin=True),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -531,42 +542,68 @@ def delayed_commit_case(s: Settings, tmp_path: Path, hold_s: float, answer_timeo
     try:
         assert raw_proc.stdout is not None and raw_proc.stdin is not None
         assert raw_proc.stdout.readline().strip() == b"ready", raw_proc.stderr.read() if raw_proc.stderr else ""
-        client, other = Producer(producer_config(s)), Producer(producer_config(s))
-        for p in (client, other):
-            p.list_topics(s.topic("inbox"), timeout=30)
-        assert wait_until(lambda: claims(s) > 0, 30), log_tail(log)  # claimed and idle: the next commit is A's
+        other = Producer(producer_config(s))
+        other.list_topics(s.topic("inbox"), timeout=30)
+        warm = client.submit("conv-22-warm-up", {"warm": True}, timeout_s=30)  # the client's reader is running
+        client.wait(warm, 30)
+        time.sleep(0.3)  # idle: the next commit is A's
         control.arm("appender.before_commit", "1*pause(30s)")
-        client.produce(s.topic("inbox"), key=b"conv-22", value=CODEC.encode(a))
-        assert client.flush(30) == 0
+        with pytest.raises(SubmissionOutcomeUnknown) as timed_out:
+            client.submit("conv-22", {"q": "A"}, idempotency_key="k-22", timeout_s=0.8)
+        assert "'k-22'" in str(timed_out.value) and timed_out.value.idempotency_key == "k-22"
+        a_id = timed_out.value.submission_id
         control.wait_reached("appender.before_commit", 30)
         held_at = time.monotonic()
         assert "conv-22:1" in uncommitted_log_batch_ids(s), "A's admission is not in the open transaction"
-        # A submitter waiting for its receipt times out: nothing is committed yet.
-        assert not wait_answered(s, [a.submission_id], 0.3)
-        same_client = a.model_copy(update={"submission_id": str(uuid.uuid4())})
+        assert not answers(s, [a_id])[a_id], "A answered while its transaction is open"
+        a = make_proposal("conv-22", "k-22", {"q": "A"}, principal="tester-22")
         second = a.model_copy(update={"submission_id": str(uuid.uuid4())})
-        # The three copies at the same moment.
+        before = inbox_end(s)
+        retried: list[Receipt | Exception] = []
+
+        def retry_from_the_same_client() -> None:
+            try:
+                retried.append(
+                    client.submit("conv-22", {"q": "A"}, idempotency_key="k-22", timeout_s=hold_s + answer_timeout_s)
+                )
+            except Exception as exc:  # noqa: BLE001 - reported by the test thread below
+                retried.append(exc)
+
+        # The three copies at the same moment: the same client (blocks until its receipt), a second producer, and
+        # raw Avro from another process.
+        same_client = threading.Thread(target=retry_from_the_same_client)
+        same_client.start()
         raw_proc.stdin.write(b"go\n")
         raw_proc.stdin.flush()
         other.produce(s.topic("inbox"), key=b"conv-22", value=CODEC.encode(second))
-        client.produce(s.topic("inbox"), key=b"conv-22", value=CODEC.encode(same_client))
-        assert client.flush(30) == 0 and other.flush(30) == 0
+        assert other.flush(30) == 0
         out, err = raw_proc.communicate(timeout=30)
         assert raw_proc.returncode == 0, err.decode()[-2000:]
         raw = json.loads(out.decode().strip().splitlines()[-1])
-        copies = [same_client.submission_id, second.submission_id, raw["submission_id"]]
-        assert not answers(s, [a.submission_id, *copies])[a.submission_id], "answered while the transaction is open"
+        assert wait_until(lambda: inbox_end(s) >= before + 3, 10), "the copies are not all on the broker"
+        assert not answers(s, [a_id])[a_id], "answered while the transaction is open"
         time.sleep(hold_s)
         held_s = time.monotonic() - held_at
         assert control.release("appender.before_commit") == 1
         print(f"A's admission transaction held open for {held_s:.2f} s at appender.before_commit")
-        assert wait_answered(s, [a.submission_id, *copies], answer_timeout_s), log_tail(log)
+        same_client.join(answer_timeout_s + 5)
+        (receipt,) = retried
+        assert isinstance(receipt, Receipt), f"the same client's retry: {receipt!r} (held {held_s:.2f} s)"
+        copies = [receipt.request_id, second.submission_id, raw["submission_id"]]
+        assert wait_answered(s, [a_id, *copies], answer_timeout_s), f"held {held_s:.2f} s\n{log_tail(log)}"
     finally:
         if raw_proc.poll() is None:
             raw_proc.kill()
             raw_proc.wait(10)
+        client.close()
         stop_worker(worker)
-    check_one_admission(s, a, copies)
+    promise(
+        "DUR-001.scenario-22",
+        (receipt.outcome, receipt.original_submission_id, receipt.submission_seq)
+        == (ReceiptOutcome.DUPLICATE, a_id, 1),
+        f"the same client's retry returned {receipt}",
+    )
+    check_one_admission(s, a.model_copy(update={"submission_id": a_id}), copies)
 
 
 def test_scenario_22_copies_sent_while_the_admission_commit_is_delayed(one: Settings, tmp_path: Path) -> None:
