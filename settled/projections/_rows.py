@@ -442,10 +442,12 @@ class _BatchProjector:
             attempt_id = current_attempt(tr.conversation_id, tr.submission_id)
             if attempt_id is None:
                 continue
-            reason = getattr(cause, "reason", None)
-            end_reason = tr.edge.label if not isinstance(reason, str) else f"{tr.edge.label}: {reason}"
-            if isinstance(cause, OwnershipClaimed):
-                end_reason = f"{tr.edge.label}: owner epoch {cause.owner_epoch} claimed by {cause.worker_id}"
+            end_reason = None
+            if tr.edge.source is S.RUNNING:  # the attempt stops running: why
+                reason = getattr(cause, "reason", None)
+                end_reason = tr.edge.label if not isinstance(reason, str) else f"{tr.edge.label}: {reason}"
+                if isinstance(cause, OwnershipClaimed):
+                    end_reason = f"{tr.edge.label}: owner epoch {cause.owner_epoch} claimed by {cause.worker_id}"
             moved = self.after.conversations[tr.conversation_id].submissions[tr.submission_id]
             self.rows.add(
                 ATTEMPTS,

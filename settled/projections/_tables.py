@@ -162,7 +162,7 @@ ATTEMPTS = _spec(
     owner_epoch=_S,
     waiting_since=_S,
     current_step=_L,
-    end_reason=_L,
+    end_reason=_S,
     started_at=_S,
     ended_at=_S,
 )

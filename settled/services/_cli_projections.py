@@ -134,10 +134,13 @@ def run_command(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    logging.getLogger("settled.projections").info(
-        "projector starting", extra={"schema": names.live, "topic": settings.topic("log")}
-    )
-    projector.run()
+    log = logging.getLogger("settled.projections")
+    log.info("projector starting", extra={"schema": names.live, "topic": settings.topic("log")})
+    try:
+        projector.run()
+    except Exception as exc:  # the process ends here: log it as one JSON line, then exit non-zero
+        log.exception("projector halted", extra={"error": repr(exc)})
+        raise typer.Exit(1) from exc
 
 
 @projections_app.command("rebuild")

@@ -1,0 +1,163 @@
+"""The projection's rows as a pure function of the log (issue 7 item 2): no Kafka, no Postgres."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from settled.projections import (
+    TABLES,
+    DuplicateRowError,
+    MergeRule,
+    ProjectionState,
+    RowSet,
+    TableMode,
+    fold_reference,
+    merge_rows,
+    migrations,
+    project_batch,
+)
+from settled.protocol import PartitionState, fold
+from settled.schemas import LogBatch
+from tests.integration.projection_script import CHECKPOINT, T0, script_log
+
+
+def _project(batches: list[LogBatch], rows: RowSet | None = None) -> tuple[ProjectionState, RowSet]:
+    rows = RowSet() if rows is None else rows
+    state = ProjectionState.empty(0)
+    for offset, batch in enumerate(batches):
+        state = project_batch(state, batch, offset, rows)
+    return state, rows
+
+
+def _table(rows: RowSet, name: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    spec = TABLES[name]
+    return {key: dict(zip(spec.columns, row, strict=True)) for key, row in rows.tables[name].items()}
+
+
+def test_the_unknown_obligation_is_visible_at_the_checkpoint() -> None:
+    _, rows = _project(script_log()[:CHECKPOINT])
+    calls = _table(rows, "tool_calls")
+    assert calls[("s1", "D")]["status"] == "unknown"
+    assert calls[("s1", "D")]["unknown_since"] == T0 + timedelta(seconds=11)
+    assert calls[("s1", "A")]["status"] == "settled"
+    assert calls[("s1", "A")]["duration_ms"] == 1000
+    assert calls[("s1", "B")]["status"] == "error"
+    assert calls[("s1", "B")]["error_type"] == "Declined"
+    assert calls[("s1", "C")]["status"] == "refused"
+    subs = _table(rows, "submissions")
+    assert subs[("s1",)]["state"] == "unknown"
+    assert subs[("s1",)]["unknown_calls"] == 1
+    assert subs[("s2",)]["state"] == "ready"
+    conv = _table(rows, "conversations")[("conv-tools",)]
+    assert (conv["blocked_by_unknown"], conv["queue_depth"], conv["active_submission_id"]) == (True, 2, "s1")
+    attempt = _table(rows, "attempts")[("a1",)]
+    assert (attempt["status"], attempt["waiting_kind"], attempt["waiting_name"]) == ("waiting", "unknown_resolution",
+                                                                                      "pay")  # fmt: skip
+    assert attempt["ended_at"] == T0 + timedelta(seconds=11)  # left running when D went into doubt
+    receipts = _table(rows, "receipts")
+    assert receipts[("dup-s1",)]["outcome"] == "duplicate"
+    assert receipts[("dup-s1",)]["submission_id"] == "s1"
+    assert receipts[("dup-s1",)]["submission_seq"] == 1
+    assert receipts[("rej-s1",)]["outcome"] == "rejected"
+    assert "idempotency_conflict" in receipts[("rej-s1",)]["reason"]
+
+
+def test_the_whole_script_settles_everything_and_keeps_the_history() -> None:
+    _, rows = _project(script_log())
+    subs = _table(rows, "submissions")
+    assert {k[0]: v["state"] for k, v in subs.items()} == {"s1": "completed", "s2": "aborted", "s3": "completed"}
+    assert subs[("s1",)]["attempt_count"] == 2
+    assert subs[("s1",)]["tools_offered"] == ["search", "pay", "fly"]  # kept though the fold drops it when settled
+    assert subs[("s1",)]["admitted_at"] == T0 + timedelta(seconds=2)
+    assert subs[("s1",)]["first_started_at"] == T0 + timedelta(seconds=4)
+    attempts = {k[0]: v["status"] for k, v in _table(rows, "attempts").items()}
+    assert attempts == {"a1": "interrupted", "a2": "completed", "a3": "interrupted", "a4": "completed"}
+    a3 = _table(rows, "attempts")[("a3",)]
+    assert "owner epoch 2 claimed by worker-b" in a3["end_reason"]
+    calls = _table(rows, "tool_calls")
+    assert calls[("s1", "D")]["status"] == "settled"
+    assert calls[("s1", "D")]["attempt_id"] == "a2"
+    assert not [c for c in calls.values() if c["status"] == "unknown"]
+    kinds = [r[4] for r in sorted(rows.tables["transcript"].values()) if r[0] == "conv-tools"]
+    assert kinds == ["input", "input", "model_response", "tool_call", "tool_result", "tool_call", "tool_result",
+                     "tool_refused", "tool_call", "tool_unknown", "abort", "settlement", "resolution", "tool_call",
+                     "tool_result", "step", "reply"]  # fmt: skip
+    assert {k[0]: v["outcome"] for k, v in _table(rows, "settlements").items()} == {
+        "s1": "completed", "s2": "aborted", "s3": "completed"}  # fmt: skip
+    partitions = _table(rows, "partitions")[(0,)]
+    assert (partitions["claim_epoch"], partitions["claimed_by"], partitions["partition_count"]) == (2, "worker-b", 1)
+    conv = _table(rows, "conversations")
+    assert all(c["queue_depth"] == 0 and not c["blocked_by_unknown"] for c in conv.values())
+    assert all(c["owner_epoch"] == 2 for c in conv.values())
+
+
+def test_rows_do_not_depend_on_how_the_log_is_cut_into_chunks() -> None:
+    """Merging chunk by chunk (as the database does, one upsert per chunk) gives the rows of one pass."""
+    batches = script_log()
+    _, whole = _project(batches)
+    for seed in range(20):
+        rng = random.Random(seed)
+        db: dict[str, dict[tuple[Any, ...], tuple[Any, ...]]] = {name: {} for name in TABLES}
+        state = ProjectionState.empty(0)
+        offset = 0
+        while offset < len(batches):
+            size = rng.randint(1, 6)
+            chunk = RowSet()
+            for i in range(offset, min(offset + size, len(batches))):
+                state = project_batch(state, batches[i], i, chunk)
+            offset += size
+            for name, spec in TABLES.items():
+                for key, row in chunk.tables[name].items():
+                    old = db[name].get(key)
+                    if old is None:
+                        db[name][key] = row
+                    elif spec.mode is TableMode.UPSERT:
+                        db[name][key] = merge_rows(spec, old, row)
+                    else:
+                        assert spec.mode is TableMode.FIRST, f"{name} {key} written twice"
+        assert db == whole.tables, f"seed {seed}"
+
+
+def test_fold_columns_equal_the_protocol_fold() -> None:
+    batches = script_log()
+    _, rows = _project(batches)
+    reference = fold_reference(fold(PartitionState(partition=0), batches))
+    for name, by_key in reference.items():
+        table = _table(rows, name)
+        assert set(by_key) == set(table), name
+        for key, values in by_key.items():
+            assert {c: table[key][c] for c in values} == values, (name, key)
+
+
+def test_a_batch_applied_twice_is_refused() -> None:
+    batches = script_log()
+    state, rows = _project(batches[:4])
+    with pytest.raises(DuplicateRowError, match="transcript"):
+        project_batch(ProjectionState(0, fold(PartitionState(partition=0), batches[:2])), batches[2], 2, rows)
+    assert state.fold.claim_epoch == 1
+
+
+def test_merge_rules() -> None:
+    spec = TABLES["submissions"]
+    assert spec.rule("admitted_at") is MergeRule.STICKY
+    assert spec.rule("state") is MergeRule.OVERWRITE
+    attempts = TABLES["attempts"]
+    assert attempts.rule("current_step") is MergeRule.LATEST
+    old = tuple("old" if c in ("status", "started_at", "current_step") else None for c in attempts.columns)
+    new = tuple("new" if c in ("status", "started_at") else None for c in attempts.columns)
+    merged = dict(zip(attempts.columns, merge_rows(attempts, old, new), strict=True))
+    assert (merged["status"], merged["started_at"], merged["current_step"]) == ("new", "old", "old")
+
+
+def test_the_migrations_create_exactly_the_tables_columns() -> None:
+    text = "\n".join(m.text for m in migrations())
+    for spec in TABLES.values():
+        assert f"CREATE TABLE {spec.name} (" in text
+        block = text.split(f"CREATE TABLE {spec.name} (")[1].split(");")[0]
+        columns = [line.split()[0] for line in block.splitlines() if line.strip() and not line.strip().startswith(
+            ("PRIMARY", "UNIQUE", "--"))]  # fmt: skip
+        assert columns == list(spec.columns), spec.name
