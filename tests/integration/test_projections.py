@@ -395,9 +395,7 @@ def test_a_standby_projector_takes_over_when_the_writer_dies(
     _check_clean(s, names, "DUR-015.exactly-once")
 
 
-def test_read_your_writes_with_100_threads(
-    topics: Settings, names: ProjectionNames, live_projector: Projector
-) -> None:
+def test_read_your_writes_with_100_threads(topics: Settings, names: ProjectionNames, live_projector: Projector) -> None:
     s = topics
     worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     with running(worker), Client(s) as client, ProjectionReader(s.postgres_dsn, names) as reader:
@@ -479,8 +477,14 @@ def test_tool_calls_unknown_obligations_and_transcript(settings: Settings, names
         )  # fmt: skip
         appender.open()
         try:
-            out = [AppendBatch(b.batch_id, b.conversation_id,
-                               OutRecord(s.topic("log"), b.conversation_id.encode(), CODEC.encode(b))) for b in part]
+            out = [
+                AppendBatch(
+                    b.batch_id,
+                    b.conversation_id,
+                    OutRecord(s.topic("log"), b.conversation_id.encode(), CODEC.encode(b)),
+                )
+                for b in part
+            ]
             appender.checkpoint(out, [], None)  # fmt: skip
         finally:
             appender.close()
