@@ -10,7 +10,10 @@ call per phase of a turn:
   submissions in Recovery with the pure classifier (`settled.protocol.classify`) and stage its decision *before*
   acting on it (DUR-013) — asking tools' reconcilers first when the classifier needs their answers; stage what the
   scheduler says next (``AttemptStarted``, canonical before the attempt runs, or an immediate aborted settlement of
-  a queued submission).
+  a queued submission). While submissions that recovery resumed after a death wait for their next attempt, they
+  start one at a time and alone, and nothing else starts on the partition meanwhile (DESIGN.md §5: a poison
+  submission then dies alone and spends its own ``max_attempts``, not its neighbours'). The budget counts every
+  attempt started, so the shared first death counts for each attempt it interrupted.
 * `after_checkpoint` — resolve the effect futures whose batches committed (a run continues only once its record is
   canonical: e.g. ``ToolCallPrepared`` before the tool runs, DESIGN.md §5); start the runs whose ``AttemptStarted``
   committed, handing each the journal of its submission's recorded effects to replay; cancel runs whose abort is
@@ -237,6 +240,13 @@ class _Probe:
     events: tuple[LogEvent, ...]
 
 
+#: `Conductor._schedule`'s "no restriction" marker.
+_ANY = "\x00any"
+
+#: Recovery decisions that send a submission back to Ready for another attempt.
+_RESUMING = frozenset({RecoveryDecisionKind.RESUME, RecoveryDecisionKind.SAFE_RETRY, RecoveryDecisionKind.RECONCILE})
+
+
 def _journal_submission(event: LogEvent) -> str | None:
     if not isinstance(event, JOURNAL_EVENT_TYPES):
         return None
@@ -272,6 +282,7 @@ class Conductor:
     _awaiting: list[tuple[str, int, _Effect]] = field(default_factory=list, init=False)  # (conv, last seq, effect)
     _reconciling: dict[str, tuple[str, Future[dict[str, Reconciliation]]]] = field(default_factory=dict, init=False)
     _evidence: dict[str, tuple[str, dict[str, Reconciliation]]] = field(default_factory=dict, init=False)
+    _resumed: dict[str, str] = field(default_factory=dict, init=False)  # submission -> attempt recovery resumed
     _closed: bool = field(default=False, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
 
@@ -285,7 +296,10 @@ class Conductor:
             if isinstance(event, Settlement):
                 self._journals.pop(event.submission_id, None)
                 self._last_error.pop(event.submission_id, None)
+                self._resumed.pop(event.submission_id, None)
                 continue
+            if isinstance(event, RecoveryDecision) and event.decision in _RESUMING:
+                self._resumed[event.submission_id] = event.attempt_id or ""
             sid = _journal_submission(event)
             if sid is not None:
                 self._journals.setdefault(sid, []).append(event)
@@ -311,9 +325,17 @@ class Conductor:
             if running.future.done():
                 del self._running[attempt_id]
                 self._finish(running, now)
-        for conversation_id in list(self.owner.overlay.conversations):
+        conversations = list(self.owner.overlay.conversations)
+        for conversation_id in conversations:
             self._recover(conversation_id, now)
-            self._schedule(conversation_id, now)
+        only: str | None = _ANY
+        suspects = self._suspects(conversations)
+        if suspects:
+            # After an unexplained death, the interrupted attempts resume one at a time and alone (DESIGN.md §5):
+            # a poison submission then kills its worker while it runs alone, never its neighbours' attempts.
+            only = None if self._running or self._staged else suspects[0]
+        for conversation_id in conversations:
+            self._schedule(conversation_id, now, only)
 
     def _conv(self, conversation_id: str) -> protocol.ConversationState:
         return self.owner.overlay.conversation(conversation_id)
@@ -464,6 +486,8 @@ class Conductor:
             )
             self.owner.stage(Decision(conversation_id, recovery.events, submission_id=sid))
             self._evidence.pop(sid, None)
+            if recovery.kind in _RESUMING:
+                self._resumed[sid] = active.attempt_id or ""
             if recovery.kind is not RecoveryDecisionKind.TERMINALIZE:
                 return
         elif recovery.action is not RecoveryAction.SETTLE_RESERVED:
@@ -517,7 +541,22 @@ class Conductor:
 
     # -- scheduling --------------------------------------------------------------------------------------------
 
-    def _schedule(self, conversation_id: str, now: datetime) -> None:
+    def _suspects(self, conversations: Sequence[str]) -> list[str]:
+        """Ready submissions whose last attempt recovery resumed and that have not run since, in a stable order."""
+        found: list[tuple[str, int, str]] = []
+        for conversation_id in conversations:
+            active = self._conv(conversation_id).active()
+            if (
+                active is not None
+                and active.state is SubmissionState.READY
+                and active.attempt_id is not None
+                and self._resumed.get(active.submission_id) == active.attempt_id
+            ):
+                found.append((conversation_id, active.submission_seq, active.submission_id))
+        return [sid for _, _, sid in sorted(found)]
+
+    def _schedule(self, conversation_id: str, now: datetime, only: str | None = _ANY) -> None:
+        """Stage the conversation's next step; with ``only`` other than `_ANY`, start no attempt but that one's."""
         while True:
             conv = self._conv(conversation_id)
             nxt = protocol.schedule(conv)
@@ -526,6 +565,8 @@ class Conductor:
                 self.owner.stage(to_loop_decision(conversation_id, d))
                 continue  # an aborted queued submission never blocks the rest (spec §13)
             if isinstance(nxt, StartAttempt) and nxt.submission_id not in self._staged:
+                if only is not _ANY and nxt.submission_id != only:
+                    return  # resuming interrupted attempts one at a time: this one waits
                 attempt_id = uuid.uuid4().hex
                 d = protocol.start_attempt(conv, nxt.submission_id, attempt_id, self.owner.epoch)
                 self.owner.stage(to_loop_decision(conversation_id, d))

@@ -12,13 +12,15 @@ The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to t
 
 * ``{"tool": name, "args": {...}}`` → the result, or ``{"error": [type, message]}`` for a `ToolCallError`;
 * ``{"now": true}`` / ``{"uuid": true}`` → the recorded value;
-* ``{"step": name, "fail_first": true}`` → a durable step whose body counts its runs and fails on the first.
+* ``{"step": name, "fail_first": true}`` → a durable step whose body counts its runs and fails on the first;
+* ``{"sleep_s": s}`` → sleeps; ``{"exit": code}`` → ``os._exit(code)`` (a poison submission).
 
 ``app_changed`` is the same agent with changed code: it calls ``charge_other`` where the plan says ``charge_idem``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import sqlite3
@@ -194,6 +196,13 @@ def remote_once(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
     return _remote("remote_once", call, dedupe=False)
 
 
+@app.tool(timeout_s=10)
+def exit_inside(args: dict[str, Any], call: ToolCall) -> None:
+    """Not idempotent; ends the worker process on its first invocation (a death inside a tool call)."""
+    if _invoked("exit_inside", call) == 1:
+        os._exit(1)
+
+
 def _step_body(submission_id: str, name: str, attempt: int, fail_first: bool) -> dict[str, Any]:
     with world() as db:
         db.execute("INSERT INTO step_runs VALUES (?, ?, ?)", (submission_id, name, attempt))
@@ -223,6 +232,11 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
             value = await ctx.step(
                 op["step"], _step_body, ctx.submission_id, op["step"], ctx.attempt, bool(op.get("fail_first"))
             )
+        elif "sleep_s" in op:
+            await asyncio.sleep(float(op["sleep_s"]))
+            value = op["sleep_s"]
+        elif "exit" in op:
+            os._exit(int(op["exit"]))  # a poison submission: its agent code ends the whole worker process
         else:
             raise ValueError(f"unknown plan op {op!r}")
         with world() as db:
