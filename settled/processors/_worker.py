@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -149,6 +150,7 @@ class Worker(Generic[S]):
     conductors: dict[int, PartitionConductor] = field(default_factory=dict, init=False)
     owners: dict[int, PartitionOwner[S]] = field(default_factory=dict, init=False)
     _to_claim: set[int] = field(default_factory=set, init=False)
+    _claim_not_before: dict[int, float] = field(default_factory=dict, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _consumer: Consumer | None = field(default=None, init=False)
     _skip_below: dict[int, int] = field(default_factory=dict, init=False)
@@ -221,9 +223,11 @@ class Worker(Generic[S]):
         """One turn: claim new partitions, poll, decide, checkpoint."""
         consumer = self._consumer
         assert consumer is not None  # run() sets it
-        for p in sorted(self._to_claim):
-            self._claim(p)
         msgs = consumer.consume(self.config.max_poll_records, self.config.poll_timeout_s)
+        # Claims happen after the poll that may have revoked a partition (rebalance callbacks run inside it).
+        for p in sorted(self._to_claim):
+            if time.monotonic() >= self._claim_not_before.get(p, 0.0):
+                self._claim(p)
         for msg in msgs:
             part = msg.partition()
             err = msg.error()
@@ -305,8 +309,12 @@ class Worker(Generic[S]):
         try:
             owner.checkpoint()
         except ProducerFencedError:
+            # Either a newer owner took the partition (then the group revokes it from us at a coming poll) or the
+            # coordinator aborted our own transaction for running past transaction.timeout.ms (then the partition
+            # is still ours). Drop it now; claim it again once a session timeout has passed with it still assigned.
             _log.warning("fenced: dropping the partition", extra={"partition": owner.partition})
             self._drop(owner.partition)
+            self._pause_and_claim([owner.partition], not_before_s=self.settings.session_timeout_ms / 1000)
         except AppenderFatalError:
             _log.exception("fatal producer error: claiming the partition again", extra={"partition": owner.partition})
             self._drop(owner.partition)
@@ -321,11 +329,13 @@ class Worker(Generic[S]):
         if owner is not None:
             owner.appender.close()
 
-    def _pause_and_claim(self, partitions: list[int]) -> None:
+    def _pause_and_claim(self, partitions: list[int], not_before_s: float = 0.0) -> None:
         consumer = self._consumer
         assert consumer is not None
         consumer.pause([TopicPartition(self.settings.topic("inbox"), p) for p in partitions])  # claim step 1
         self._to_claim.update(partitions)
+        for p in partitions:
+            self._claim_not_before[p] = time.monotonic() + not_before_s
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.incremental_assign(partitions)

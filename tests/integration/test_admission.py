@@ -611,12 +611,6 @@ def test_scenario_22_copies_sent_while_the_admission_commit_is_delayed(one: Sett
     delayed_commit_case(one, tmp_path, hold_s=0.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: a transaction held past transaction.timeout.ms is aborted by the coordinator, the commit "
-    "fails with _FENCED, Worker._checkpoint drops the partition as if a newer owner existed and never claims it "
-    "again while the group still assigns it to this worker: nothing on it is decided until a rebalance",
-)
 def test_scenario_22_admission_commit_held_past_the_transaction_timeout(one: Settings, tmp_path: Path) -> None:
     """Held past ``transaction.timeout.ms`` (2.5 s in tests): the coordinator aborts A's transaction; the worker
     must decide A and its copies again (one admission, duplicates) instead of dropping the partition for good."""
