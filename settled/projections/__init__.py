@@ -14,6 +14,7 @@
 Never imports `settled.processors`: the worker and the projections are independent (import-linter contract).
 """
 
+from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
 from settled.projections._queries import ProjectionReader, ReadYourWritesTimeout
 from settled.projections._rebuild import (
@@ -59,6 +60,7 @@ __all__ = [
     "ChunkApplied",
     "Difference",
     "DuplicateRowError",
+    "FastBatchDecoder",
     "MergeRule",
     "Migration",
     "OffsetConflict",

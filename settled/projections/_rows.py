@@ -7,9 +7,9 @@ entry the batch touched. Rows are derived from the folded state and the batch al
 the same rows, however the log was cut into chunks (the merge rules of `settled.projections.TABLES` are
 associative). No I/O, no clock, no randomness here.
 
-`ProjectionState` is the fold's `PartitionState` plus the rows of the tool calls still in flight (prepared or
-Unknown), which later events of the same call update; it is never mutated, so a chunk whose transaction rolls back is
-dropped by keeping the previous state.
+`ProjectionState` is the fold's `PartitionState` (kept in parts, so a batch costs O(its conversation)) plus the rows
+of the tool calls still in flight (prepared or Unknown), which later events of the same call update. A chunk is
+projected into a `ProjectionState.working` copy, committed (`ProjectionState.commit`) only when its transaction is.
 
 `fold_reference` maps a `PartitionState` folded by `settled.protocol.fold` straight to the fold-derived columns of
 ``partitions``, ``conversations`` and ``submissions``: the independent reference `settled projections check` compares
@@ -18,6 +18,7 @@ the live and rebuilt tables with.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -216,18 +217,32 @@ def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((v is None, v) for v in key)
 
 
+_NO_CONVERSATIONS: Mapping[str, ConversationState] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class ProjectionState:
-    """What the projection of one log partition holds between batches (never mutated).
+    """What the projection of one log partition holds between batches.
+
+    The fold's `PartitionState` is kept in parts so that one batch costs O(its conversation), not O(the partition's
+    conversations): ``head`` holds the partition-level fields, ``base`` the committed conversations (one dict shared
+    by every state of the partition, changed only by `commit`), ``overlay`` the conversations changed since.
+    `project_batch` writes into ``overlay``; a chunk whose transaction rolls back is dropped by dropping its
+    `working` copy, the committed state stays as it was.
 
     Attributes:
         partition: The log partition.
-        fold: The protocol's folded state of the partition.
+        head: The folded partition-level fields (claim epoch, claimed by, partition count, quarantined inputs);
+            its ``conversations`` is empty.
+        base: The committed conversations, by id.
+        overlay: Conversations changed by this working copy, by id.
         calls: ``(submission id, call id)`` → the ``tool_calls`` row of each call still prepared or Unknown.
     """
 
     partition: int
-    fold: PartitionState
+    head: PartitionState
+    base: dict[str, ConversationState]
+    overlay: dict[str, ConversationState] = field(default_factory=dict)
     calls: Mapping[CallKey, Row] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
@@ -238,9 +253,64 @@ class ProjectionState:
             partition: The log partition.
 
         Returns:
-            An empty state.
+            An empty, committed state.
         """
-        return cls(partition=partition, fold=PartitionState(partition=partition))
+        return cls(partition=partition, head=PartitionState(partition=partition), base={})
+
+    @classmethod
+    def from_fold(cls, state: PartitionState) -> ProjectionState:
+        """Return the projection state of a folded partition (no tool call in flight known).
+
+        Args:
+            state: A partition folded by `settled.protocol.fold`.
+
+        Returns:
+            A committed state.
+        """
+        head = dataclasses.replace(state, conversations=_NO_CONVERSATIONS)
+        return cls(partition=state.partition, head=head, base=dict(state.conversations))
+
+    def conversation(self, conversation_id: str) -> ConversationState | None:
+        """Return a conversation's folded state.
+
+        Args:
+            conversation_id: The conversation.
+
+        Returns:
+            Its state, or None when the partition has none.
+        """
+        found = self.overlay.get(conversation_id)
+        return found if found is not None else self.base.get(conversation_id)
+
+    @property
+    def fold(self) -> PartitionState:
+        """The whole folded `PartitionState` (costs a copy of the conversation map)."""
+        return dataclasses.replace(self.head, conversations=MappingProxyType({**self.base, **self.overlay}))
+
+    def working(self) -> ProjectionState:
+        """Return a working copy: `project_batch` on it leaves this state untouched until `commit`."""
+        return ProjectionState(self.partition, self.head, self.base, dict(self.overlay), self.calls)
+
+    def commit(self) -> ProjectionState:
+        """Make this working copy the partition's committed state (its overlay joins the shared base).
+
+        Returns:
+            The committed state (an empty overlay). Earlier states of the partition must not be used after this.
+        """
+        self.base.update(self.overlay)
+        return ProjectionState(self.partition, self.head, self.base, {}, self.calls)
+
+
+def _with_conversations(state: PartitionState, conversations: Mapping[str, ConversationState]) -> PartitionState:
+    # dataclasses.replace, without its per-call field introspection (twice per batch on the hot path)
+    return PartitionState(
+        partition=state.partition,
+        conversations=conversations,
+        claim_epoch=state.claim_epoch,
+        claimed_by=state.claimed_by,
+        partition_count=state.partition_count,
+        quarantined_inputs=state.quarantined_inputs,
+    )
 
 
 def _ms(later: datetime, earlier: datetime | None) -> int | None:
@@ -265,7 +335,7 @@ class _BatchProjector:
         self.t = batch.recorded_at
         self.cid = batch.conversation_id
         self.calls: dict[CallKey, Row] | None = None
-        self.after: PartitionState = state.fold
+        self.after: PartitionState = state.head
         self.trace: tuple[Transition, ...] = ()
 
     # -- tool calls in flight ------------------------------------------------------------------------------------
@@ -292,12 +362,18 @@ class _BatchProjector:
     # -- the batch -----------------------------------------------------------------------------------------------
 
     def run(self) -> ProjectionState:
-        before = self.state.fold
-        self.after, self.trace = apply_traced(before, self.batch)
         events = self.batch.events
+        claimed = any(isinstance(e, OwnershipClaimed) for e in events)
+        state = self.state
+        if claimed:  # a claim changes every conversation of the partition (owner epoch, running → recovery)
+            before = state.fold
+        else:  # anything else changes only its own conversation: fold it alone
+            conv = state.conversation(self.cid)
+            convs = _NO_CONVERSATIONS if conv is None else MappingProxyType({self.cid: conv})
+            before = _with_conversations(state.head, convs)
+        self.after, self.trace = apply_traced(before, self.batch)
         self.rows.batches += 1
         self.rows.events += len(events)
-        claimed = any(isinstance(e, OwnershipClaimed) for e in events)
         if claimed or any(isinstance(e, Genesis) for e in events):
             self.partition_row()
         conv_before = before.conversations.get(self.cid)
@@ -324,8 +400,10 @@ class _BatchProjector:
                 self.rows.add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
         self.attempt_rows(before)
-        calls = self.state.calls if self.calls is None else MappingProxyType(self.calls)
-        return ProjectionState(partition=self.p, fold=self.after, calls=calls)
+        calls = state.calls if self.calls is None else MappingProxyType(self.calls)
+        state.overlay.update(self.after.conversations)
+        head = _with_conversations(self.after, _NO_CONVERSATIONS)
+        return ProjectionState(self.p, head, state.base, state.overlay, calls)
 
     def touched_submissions(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -807,7 +885,8 @@ def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: Ro
     """Fold one canonical batch and emit the rows it changes.
 
     Args:
-        state: The partition's projection state before the batch (unchanged).
+        state: The partition's projection state before the batch; its ``overlay`` receives the batch's conversation
+            (pass a `ProjectionState.working` copy when the batch may have to be dropped).
         batch: The batch, read at ``offset`` of the state's log partition.
         offset: Its log offset (stored in ``last_offset`` / ``log_offset`` columns).
         rows: Where the rows go (merged per key).

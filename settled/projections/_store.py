@@ -23,6 +23,10 @@ __all__ = ["OffsetConflict", "ProjectionWriter", "read_offsets", "read_table"]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
+STAGE_MIN_ROWS = 64
+"""From this many rows of one table in a chunk, upserts go through a staging table (``COPY``) instead of
+``executemany``."""
+
 
 class OffsetConflict(Exception):
     """The stored next offset is not the one this writer expected: another writer moved it (DUR-015).
@@ -43,15 +47,11 @@ class OffsetConflict(Exception):
         self.stored = stored
 
 
-def _upsert_sql(schema: str, spec: TableSpec) -> sql.Composed:
-    table = sql.Identifier(schema, spec.name)
-    cols = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
-    values = sql.SQL(", ").join(sql.Placeholder() for _ in spec.columns)
+def _conflict_clause(spec: TableSpec) -> sql.Composed:
+    """``ON CONFLICT (key) DO NOTHING``, or ``DO UPDATE SET`` with one merge rule per column (`TABLES`)."""
     key = sql.SQL(", ").join(sql.Identifier(c) for c in spec.key)
     if spec.mode is TableMode.FIRST:
-        return sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ON CONFLICT ({}) DO NOTHING").format(
-            table, cols, values, key
-        )
+        return sql.SQL(" ON CONFLICT ({}) DO NOTHING").format(key)
     sets = []
     for column in spec.columns:
         if column in spec.key:
@@ -64,9 +64,27 @@ def _upsert_sql(schema: str, spec: TableSpec) -> sql.Composed:
             sets.append(sql.SQL("{} = COALESCE(EXCLUDED.{}, t.{})").format(ident, ident, ident))
         else:
             sets.append(sql.SQL("{} = EXCLUDED.{}").format(ident, ident))
-    return sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}").format(
-        table, cols, values, key, sql.SQL(", ").join(sets)
+    return sql.SQL(" ON CONFLICT ({}) DO UPDATE SET {}").format(key, sql.SQL(", ").join(sets))
+
+
+def _upsert_sql(schema: str, spec: TableSpec) -> sql.Composed:
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
+    values = sql.SQL(", ").join(sql.Placeholder() for _ in spec.columns)
+    return sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}){}").format(
+        sql.Identifier(schema, spec.name), cols, values, _conflict_clause(spec)
     )
+
+
+def _staged_upsert_sql(schema: str, spec: TableSpec) -> sql.Composed:
+    """The upsert of `_upsert_sql`, reading its rows from the table's staging table instead of parameters."""
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
+    return sql.SQL("INSERT INTO {} AS t ({}) SELECT {} FROM {}{}").format(
+        sql.Identifier(schema, spec.name), cols, cols, sql.Identifier(_stage_name(spec)), _conflict_clause(spec)
+    )
+
+
+def _stage_name(spec: TableSpec) -> str:
+    return f"settled_stage_{spec.name}"
 
 
 def _copy_sql(schema: str, spec: TableSpec) -> sql.Composed:
@@ -94,6 +112,14 @@ class ProjectionWriter:
         ident = sql.Identifier(schema, "offsets")
         self._upserts = {name: _upsert_sql(schema, spec) for name, spec in TABLES.items()}
         self._copies = {name: _copy_sql(schema, spec) for name, spec in TABLES.items()}
+        self._staged = {name: _staged_upsert_sql(schema, spec) for name, spec in TABLES.items()}
+        self._stage_copies = {
+            name: sql.SQL("COPY {} ({}) FROM STDIN").format(
+                sql.Identifier(_stage_name(spec)), sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
+            )
+            for name, spec in TABLES.items()
+        }
+        self._stages_ready: set[tuple[int, str]] = set()
         self._ensure = sql.SQL(
             "INSERT INTO {} (projection, topic, partition, next_offset) VALUES (%s, %s, %s, 0) ON CONFLICT DO NOTHING"
         ).format(ident)
@@ -142,8 +168,23 @@ class ProjectionWriter:
         """
         conn.execute(self._set, (next_offset, PROJECTION_NAME, self.topic, partition))
 
+    def _stage(self, conn: Conn, spec: TableSpec) -> None:
+        """Create the connection's staging table of a table once (temporary, emptied at every commit)."""
+        key = (id(conn), spec.name)
+        if key in self._stages_ready:
+            return
+        conn.execute(
+            sql.SQL(
+                "CREATE TEMPORARY TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            ).format(sql.Identifier(_stage_name(spec)), sql.Identifier(self.schema, spec.name))
+        )
+        self._stages_ready.add(key)
+
     def write_rows(self, conn: Conn, rows: RowSet) -> int:
-        """Write a chunk's rows: upserts through ``executemany``, append-only tables through ``COPY``.
+        """Write a chunk's rows in a few round trips.
+
+        Append-only tables go through ``COPY``; upserts through ``executemany``, or for many rows through ``COPY``
+        into a temporary staging table and one ``INSERT ... SELECT ... ON CONFLICT``.
 
         Args:
             conn: The connection, in a transaction.
@@ -166,6 +207,12 @@ class ProjectionWriter:
                     with cur.copy(self._copies[name]) as copy:
                         for row in table_rows.values():
                             copy.write_row(row)
+                elif len(table_rows) >= STAGE_MIN_ROWS:
+                    self._stage(conn, spec)
+                    with cur.copy(self._stage_copies[name]) as copy:
+                        for row in table_rows.values():
+                            copy.write_row(row)
+                    cur.execute(self._staged[name])
                 else:
                     cur.executemany(self._upserts[name], list(table_rows.values()))
         return sent

@@ -23,6 +23,7 @@ the settlements are where a batch applied twice shows up instead of being merged
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -75,6 +76,18 @@ class TableSpec:
             if name not in self.columns:
                 raise ValueError(f"table {self.name}: {name!r} is not one of its columns {self.columns}")
 
+    @functools.cached_property
+    def rule_indexes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The positions of the `MergeRule.STICKY` columns and of the `MergeRule.LATEST` columns."""
+        sticky = tuple(i for i, c in enumerate(self.columns) if self.rule(c) is MergeRule.STICKY)
+        latest = tuple(i for i, c in enumerate(self.columns) if self.rule(c) is MergeRule.LATEST)
+        return sticky, latest
+
+    @functools.cached_property
+    def key_indexes(self) -> tuple[int, ...]:
+        """The positions of the key columns."""
+        return tuple(self.columns.index(k) for k in self.key)
+
     def key_of(self, row: Sequence[Any]) -> tuple[Any, ...]:
         """Return a row's primary key.
 
@@ -84,7 +97,7 @@ class TableSpec:
         Returns:
             The key values.
         """
-        return tuple(row[self.columns.index(k)] for k in self.key)
+        return tuple(row[i] for i in self.key_indexes)
 
     def rule(self, column: str) -> MergeRule:
         """Return a column's merge rule.
@@ -109,15 +122,16 @@ def merge_rows(spec: TableSpec, old: Sequence[Any], new: Sequence[Any]) -> tuple
     Returns:
         The merged row.
     """
-    out = []
-    for i, column in enumerate(spec.columns):
-        rule = spec.rule(column)
-        if rule is MergeRule.STICKY:
-            out.append(old[i] if old[i] is not None else new[i])
-        elif rule is MergeRule.LATEST:
-            out.append(new[i] if new[i] is not None else old[i])
-        else:
-            out.append(new[i])
+    sticky, latest = spec.rule_indexes
+    if not sticky and not latest:
+        return tuple(new)
+    out = list(new)
+    for i in sticky:
+        if old[i] is not None:
+            out[i] = old[i]
+    for i in latest:
+        if out[i] is None:
+            out[i] = old[i]
     return tuple(out)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from settled import _failpoints
@@ -47,6 +48,7 @@ from tests._promise import promise
 from tests.integration.admission_load import make_load, produce_load, receipts, settlements
 from tests.integration.helpers import CODEC, read_topic, running, wait_for
 from tests.integration.projection_script import CHECKPOINT, script_log
+from tests.integration.workerproc import spawn_worker
 
 pytestmark = pytest.mark.integration
 
@@ -536,3 +538,47 @@ def test_tool_calls_unknown_obligations_and_transcript(settings: Settings, names
         projector.stop()
         thread.join(30)
     _check_clean(s, names, "DUR-015.exactly-once")
+
+
+def _uncommitted_log_records(s: Settings) -> int:
+    """How many log records a read_uncommitted reader sees (aborted ones included)."""
+    consumer = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": f"{s.namespace}.uncommitted",
+                         "isolation.level": "read_uncommitted", "enable.auto.commit": False})  # fmt: skip
+    try:
+        total = 0
+        for p in range(s.partitions):
+            tp = TopicPartition(s.topic("log"), p)
+            end = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            consumer.assign([TopicPartition(s.topic("log"), p, 0)])
+            position = 0
+            while position < end:
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    position = consumer.position([tp])[0].offset
+                    continue
+                total += 1
+                position = (msg.offset() or 0) + 1
+        return total
+    finally:
+        consumer.close()
+
+
+def test_a_worker_transaction_aborted_by_a_crash_never_reaches_the_projection(
+    topics: Settings, names: ProjectionNames, live_projector: Projector, tmp_path: Path
+) -> None:
+    """Scenario 12: records sent, the worker killed before the commit, the partition moved to another worker."""
+    s = topics
+    load = make_load(41, conversations=6, total=60, duplicates=6, resends=3, conflicts=4, adjacent=2)
+    produce_load(s, load)
+    first = spawn_worker(s, tmp_path, "w1", failpoints="appender.after_produce=5*kill")
+    assert first.proc.wait(60) == -9, first.tail()
+    second = spawn_worker(s, tmp_path, "w2")
+    try:
+        wait_for(lambda: len(settlements(s)) >= load.count["original"], 60, "every original settled")
+    finally:
+        second.stop()
+    committed = len(read_topic(s, "log"))
+    assert _uncommitted_log_records(s) > committed, "no aborted records in the log: the crash came too late"
+    assert wait_projected(s, names, 30)
+    _check_clean(s, names, "DUR-015.read-committed")
+    _assert_matches_topics(s, names)

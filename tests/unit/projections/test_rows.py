@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import random
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from settled.projections import (
     TABLES,
     DuplicateRowError,
+    FastBatchDecoder,
     MergeRule,
     ProjectionState,
     RowSet,
@@ -21,7 +23,23 @@ from settled.projections import (
     project_batch,
 )
 from settled.protocol import PartitionState, fold
-from settled.schemas import LogBatch
+from settled.schemas import (
+    LOG_EVENT_TYPES,
+    AttemptInterrupted,
+    Codec,
+    CommandKind,
+    CommandRejected,
+    CommandRejectReason,
+    DeltaKind,
+    EffectKind,
+    EffectRecorded,
+    InputQuarantined,
+    InputRef,
+    LogBatch,
+    ModelResponseDelta,
+    QuarantineReason,
+    SettlementOutcome,
+)
 from tests.integration.projection_script import CHECKPOINT, T0, script_log
 
 
@@ -137,7 +155,7 @@ def test_a_batch_applied_twice_is_refused() -> None:
     batches = script_log()
     state, rows = _project(batches[:4])
     with pytest.raises(DuplicateRowError, match="transcript"):
-        project_batch(ProjectionState(0, fold(PartitionState(partition=0), batches[:2])), batches[2], 2, rows)
+        project_batch(ProjectionState.from_fold(fold(PartitionState(partition=0), batches[:2])), batches[2], 2, rows)
     assert state.fold.claim_epoch == 1
 
 
@@ -161,3 +179,60 @@ def test_the_migrations_create_exactly_the_tables_columns() -> None:
         columns = [line.split()[0] for line in block.splitlines() if line.strip() and not line.strip().startswith(
             ("PRIMARY", "UNIQUE", "--"))]  # fmt: skip
         assert columns == list(spec.columns), spec.name
+
+
+def test_a_dropped_working_copy_leaves_the_committed_state_as_it_was() -> None:
+    """A chunk whose transaction rolls back is dropped; replaying it from the committed state gives the same rows."""
+    batches = script_log()
+    committed = ProjectionState.empty(0)
+    for offset, batch in enumerate(batches[:10]):
+        committed = project_batch(committed.working(), batch, offset, RowSet()).commit()
+    dropped = committed.working()
+    for offset in range(10, 16):
+        dropped = project_batch(dropped, batches[offset], offset, RowSet())
+    assert committed.fold == fold(PartitionState(partition=0), batches[:10])
+    again = committed.working()
+    for offset in range(10, len(batches)):
+        again = project_batch(again, batches[offset], offset, RowSet())
+    assert again.commit().fold == fold(PartitionState(partition=0), batches)
+
+
+def test_the_fast_decoder_builds_the_validated_models_of_every_log_event_type() -> None:
+    codec = Codec()
+    fast = FastBatchDecoder(codec)
+    batches = [*script_log(), _other_event_types()]
+    seen = {type(e) for b in batches for e in b.events}
+    assert seen == set(LOG_EVENT_TYPES), f"not covered: {set(LOG_EVENT_TYPES) - seen}"
+    for offset, batch in enumerate(batches):
+        value = codec.encode(batch)
+        validated = codec.decode_batch(value, offset=offset).batch
+        built = fast.decode(value, topic="t", partition=0, offset=offset)
+        assert built == validated
+        assert [type(e) for e in built.events] == [type(e) for e in validated.events]
+        assert [
+            getattr(e, f) is getattr(v, f)
+            for e, v in zip(built.events, validated.events, strict=True)
+            for f in type(e).model_fields
+            if isinstance(getattr(v, f), enum.Enum)
+        ] == [True] * sum(
+            isinstance(getattr(v, f), enum.Enum) for v in validated.events for f in type(v).model_fields
+        )
+
+
+def _other_event_types() -> LogBatch:
+    """The log event types the script does not use, in one (unfolded) batch."""
+    ref = InputRef(topic="t.inbox", partition=0, offset=7)
+    return LogBatch.seal(
+        conversation_id="conv-other", batch_id="conv-other:1", first_event_seq=1, owner_epoch=1,
+        prev_batch_digest=None, recorded_at=T0,
+        events=[
+            ModelResponseDelta(submission_id="s", attempt_id="a", response_ordinal=0, delta_index=0,
+                               kind=DeltaKind.TEXT, text="he"),
+            EffectRecorded(submission_id="s", attempt_id="a", kind=EffectKind.NOW, ordinal=0, value="2026"),
+            InputQuarantined(reason=QuarantineReason.TRUNCATED, detail="short", raw_size_bytes=3, input_ref=ref),
+            CommandRejected(command_id="c", command_kind=CommandKind.ABORT, submission_id="s",
+                            reason=CommandRejectReason.ALREADY_TERMINAL, detail="settled",
+                            winning_outcome=SettlementOutcome.COMPLETED, input_ref=ref),
+            AttemptInterrupted(submission_id="s", attempt_id="a", reason="revoked"),
+        ],
+    )  # fmt: skip
