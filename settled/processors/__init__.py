@@ -7,6 +7,7 @@ from settled.processors._conductor import (
     AttemptSuperseded,
     CancelSignal,
     Conductor,
+    HistoryTurn,
     RunFailed,
     ToolPolicy,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "Conductor",
     "Decider",
     "Decision",
+    "HistoryTurn",
     "InboxInput",
     "LedgerDecider",
     "PartitionConductor",

@@ -66,6 +66,7 @@ from settled.schemas import (
     Settlement,
     SettlementOutcome,
     StepRecorded,
+    SubmissionAdmitted,
     ToolCallPrepared,
     ToolCallRefused,
     ToolCallSettled,
@@ -80,6 +81,7 @@ __all__ = [
     "AttemptSuperseded",
     "CancelSignal",
     "Conductor",
+    "HistoryTurn",
     "RunFailed",
     "ToolPolicy",
 ]
@@ -162,6 +164,24 @@ def _no_recorder(events: Sequence[LogEvent]) -> Future[None]:
 
 
 @dataclass(frozen=True)
+class HistoryTurn:
+    """One settled submission of the conversation, as later runs may show it to a model (spec §10).
+
+    Attributes:
+        submission_id: The submission.
+        input_json: Its input, canonical JSON.
+        outcome: How it settled.
+        events: Its committed effects in log order (`JOURNAL_EVENT_TYPES`); a model-driven agent keeps only the
+            complete parts (never an orphan tool declaration or partial tool results of a failed or aborted run).
+    """
+
+    submission_id: str
+    input_json: str
+    outcome: SettlementOutcome
+    events: tuple[LogEvent, ...]
+
+
+@dataclass(frozen=True)
 class AgentRun:
     """What an agent's run body gets.
 
@@ -178,6 +198,8 @@ class AgentRun:
         journal: The submission's recorded effects, committed, in log order (`JOURNAL_EVENT_TYPES`), to replay.
         record: Stages events of this attempt for the next checkpoint; the future resolves once they are committed,
             or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError`) when they cannot be.
+        history: The conversation's earlier settled submissions, oldest first (only when the conductor keeps
+            history, for model-driven agents).
     """
 
     conversation_id: str
@@ -191,6 +213,7 @@ class AgentRun:
     tools_offered: tuple[str, ...] = ()
     journal: tuple[LogEvent, ...] = ()
     record: Callable[[Sequence[LogEvent]], Future[None]] = _no_recorder
+    history: tuple[HistoryTurn, ...] = ()
 
 
 #: An agent's run body: returns the final reply as canonical JSON, or raises.
@@ -266,6 +289,9 @@ class Conductor:
         max_attempts: Attempts per submission before it settles failed (DESIGN.md §5; default 3).
         tools: The tools' declared safety and reconcilers (None: every tool counts as neither idempotent nor
             reconcilable, so any prepared call without a settlement is Unknown).
+        keep_history: Keep every settled submission's input and effects per conversation and hand them to runs
+            (`AgentRun.history`), for agents that show the conversation to a model. Off by default: then settled
+            submissions keep nothing beyond what admission needs (DESIGN.md §3 "Memory").
     """
 
     owner: PartitionOwner[PartitionState]
@@ -274,6 +300,7 @@ class Conductor:
     clock: Callable[[], datetime]
     max_attempts: int = 3
     tools: ToolPolicy | None = None
+    keep_history: bool = False
     _staged: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # submission -> (conv, attempt)
     _running: dict[str, _Running] = field(default_factory=dict, init=False)  # attempt id -> run
     _last_error: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)
@@ -283,6 +310,8 @@ class Conductor:
     _reconciling: dict[str, tuple[str, Future[dict[str, Reconciliation]]]] = field(default_factory=dict, init=False)
     _evidence: dict[str, tuple[str, dict[str, Reconciliation]]] = field(default_factory=dict, init=False)
     _resumed: dict[str, str] = field(default_factory=dict, init=False)  # submission -> attempt recovery resumed
+    _inputs: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # submission -> (conv, input)
+    _history: dict[str, list[HistoryTurn]] = field(default_factory=dict, init=False)  # conversation -> turns
     _closed: bool = field(default=False, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
 
@@ -293,7 +322,11 @@ class Conductor:
 
     def _on_committed(self, batch: LogBatch) -> None:
         for event in batch.events:
+            if self.keep_history and isinstance(event, SubmissionAdmitted):
+                self._inputs[event.submission_id] = (event.conversation_id, event.input_json)
             if isinstance(event, Settlement):
+                if self.keep_history:
+                    self._remember(event)
                 self._journals.pop(event.submission_id, None)
                 self._last_error.pop(event.submission_id, None)
                 self._resumed.pop(event.submission_id, None)
@@ -303,6 +336,30 @@ class Conductor:
             sid = _journal_submission(event)
             if sid is not None:
                 self._journals.setdefault(sid, []).append(event)
+
+    def _remember(self, settlement: Settlement) -> None:
+        found = self._inputs.pop(settlement.submission_id, None)
+        if found is None:
+            return
+        conversation_id, input_json = found
+        turn = HistoryTurn(
+            submission_id=settlement.submission_id,
+            input_json=input_json,
+            outcome=settlement.outcome,
+            events=tuple(self._journals.get(settlement.submission_id, ())),
+        )
+        self._history.setdefault(conversation_id, []).append(turn)
+
+    def history(self, conversation_id: str) -> tuple[HistoryTurn, ...]:
+        """Return the conversation's settled submissions, oldest first (empty unless ``keep_history``).
+
+        Args:
+            conversation_id: The conversation.
+
+        Returns:
+            Its history.
+        """
+        return tuple(self._history.get(conversation_id, ()))
 
     def journal(self, submission_id: str) -> tuple[LogEvent, ...]:
         """Return a nonterminal submission's recorded effects, committed, in log order.
@@ -610,6 +667,7 @@ class Conductor:
                 tools_offered=sub.tools_offered,
                 journal=self.journal(submission_id),
                 record=self._record(conversation_id, submission_id, attempt_id),
+                history=self.history(conversation_id),
             )
             self._running[attempt_id] = _Running(run, self.pool.submit(self.agent, run))
         for running in self._running.values():

@@ -2,8 +2,10 @@
 
 * `App` (``settled worker --app package.module:app``): the agent (``async def agent(ctx) -> reply``), its tools
   (``@app.tool(idempotent=..., reconcile=..., timeout_s=..., parallel_safe=...)``), limits and resolver keys.
-* `RunContext`: ``await ctx.tool(name, args)``, ``ctx.now()``, ``ctx.uuid()``, ``await ctx.step(name, fn, ...)`` —
-  recorded in ``settled.log`` and replayed on re-entry (DESIGN.md §3, §5; DUR-003, 008-010).
+* `RunContext`: ``await ctx.tool(name, args)``, ``ctx.now()``, ``ctx.uuid()``, ``await ctx.step(name, fn, ...)``,
+  ``await ctx.model(provider, messages)`` — recorded in ``settled.log`` and replayed on re-entry (DESIGN.md §3, §5;
+  DUR-003, 008-010).
+* `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
 * Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefused`,
   `ReplayDivergence`, `ToolUnavailable`; tools raise `ToolTransportError` for "no answer".
 
@@ -11,6 +13,7 @@ Execution is at least once: settled records exactly one outcome per accepted sub
 external effects exactly once (DUR-003). Idempotency keys and reconcilers are how a tool makes repeats harmless.
 """
 
+from settled.runtime._agent import ModelAgent, history_messages
 from settled.runtime._app import App, AppLoadError, load_app
 from settled.runtime._context import AgentFunction, RunContext, RunOptions, execute
 from settled.runtime._errors import (
@@ -24,6 +27,20 @@ from settled.runtime._errors import (
     UnknownToolError,
     UnsafeReplay,
     UnsafeToolsError,
+)
+from settled.runtime._model import (
+    Message,
+    ModelEvent,
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    ProviderError,
+    ReasoningDelta,
+    ScriptedProvider,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolDeclaration,
+    declared_call,
 )
 from settled.runtime._tools import (
     ToolCall,
@@ -39,13 +56,25 @@ __all__ = [
     "AgentFunction",
     "App",
     "AppLoadError",
+    "Message",
+    "ModelAgent",
+    "ModelEvent",
+    "ModelProvider",
+    "ModelRequest",
+    "ModelResponse",
+    "ProviderError",
+    "ReasoningDelta",
     "ReplayDivergence",
     "RunCancelled",
     "RunContext",
     "RunOptions",
     "RunSuspended",
+    "ScriptedProvider",
+    "TextDelta",
+    "ToolArgumentsDelta",
     "ToolCall",
     "ToolCallError",
+    "ToolDeclaration",
     "ToolFunction",
     "ToolRefused",
     "ToolRegistry",
@@ -55,7 +84,9 @@ __all__ = [
     "UnknownToolError",
     "UnsafeReplay",
     "UnsafeToolsError",
+    "declared_call",
     "execute",
+    "history_messages",
     "load_app",
     "never_started",
     "recovered",

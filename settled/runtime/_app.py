@@ -46,7 +46,9 @@ class App:
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
         concurrency: Runs at once in one worker process (its concurrency permits).
         tools: The registered tools (`tool` adds to it).
-        options: How runs execute effects (clock, abort grace, result size limit).
+        options: How runs execute effects (clock, abort grace, result size limit, model retries).
+        keep_history: Hand runs the conversation's earlier settled submissions (`RunContext.history`); on by
+            default for an agent with ``needs_history`` (the model-driven `ModelAgent`).
 
     Raises:
         ValueError: ``max_attempts`` or ``concurrency`` is below 1.
@@ -58,6 +60,7 @@ class App:
     concurrency: int = 16
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     options: RunOptions = field(default_factory=RunOptions)
+    keep_history: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -161,6 +164,13 @@ class App:
                 "of theirs in doubt would stay Unknown with nobody authorized to resolve it (DUR-017). Declare them "
                 "idempotent=True or give them a reconcile=..., or configure App.resolver_keys."
             )
+
+    @property
+    def history_enabled(self) -> bool:
+        """Whether the worker keeps conversation history for this app's runs."""
+        if self.keep_history is not None:
+            return self.keep_history
+        return bool(getattr(self.agent, "needs_history", False))
 
     def runner(self) -> Agent:
         """The run body the conductor calls on a pool thread: one attempt of `agent` on its own event loop."""

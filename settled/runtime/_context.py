@@ -36,7 +36,7 @@ import json
 import logging
 import time
 import uuid as uuid_module
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -55,13 +55,26 @@ from settled.runtime._errors import (
     ToolUnavailable,
     UnsafeReplay,
 )
+from settled.runtime._model import (
+    Message,
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    ProviderError,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolDeclaration,
+)
 from settled.runtime._tools import ToolCall, ToolRegistry, ToolSpec, invoke, still_unknown
 from settled.schemas import (
     RESULT_TOO_LARGE,
     CanonicalJsonError,
+    DeltaKind,
     EffectKind,
     EffectRecorded,
     LogEvent,
+    ModelResponseCompleted,
+    ModelResponseDelta,
     RecoveryDecision,
     RecoveryDecisionKind,
     ResolutionKind,
@@ -99,12 +112,19 @@ class RunOptions:
         max_result_bytes: Largest canonical tool or step result recorded inline; a larger tool result is recorded
             as the error ``result_too_large`` with its digest (a larger step result fails the step).
         retry_backoff_s: First delay between retries of an in-doubt idempotent call (doubling, at most 2 s).
+        delta_flush_every: A model response's text and reasoning deltas are recorded (canonical audit content)
+            every this many deltas, and the rest with the completed response; 0 records no deltas (spec §9).
+        model_retries: Retries of one model call after a retryable provider error (the per-operation budget).
+        model_backoff_s: First delay between model retries when the provider gave none (doubling).
     """
 
     clock: Callable[[], datetime] = _utcnow
     abort_grace_s: float = 5.0
     max_result_bytes: int = 262_144
     retry_backoff_s: float = 0.05
+    delta_flush_every: int = 16
+    model_retries: int = 3
+    model_backoff_s: float = 0.5
 
 
 def _ordinal_of(call_id: str) -> int | None:
@@ -121,6 +141,8 @@ def _describe(event: LogEvent) -> str:
         return f"step {event.name!r} version {event.version}"
     if isinstance(event, EffectRecorded):
         return f"ctx.{event.kind.value}()"
+    if isinstance(event, ModelResponseCompleted):
+        return f"a model response ({event.provider}/{event.model})"
     return type(event).__name__
 
 
@@ -135,6 +157,8 @@ class _Journal:
         for e in events:
             if isinstance(e, (ToolCallPrepared, StepRecorded, EffectRecorded)):
                 self.by_ordinal.setdefault(e.ordinal, e)
+            elif isinstance(e, ModelResponseCompleted):
+                self.by_ordinal.setdefault(e.response_ordinal, e)
             elif isinstance(e, ToolCallRefused):
                 ordinal = _ordinal_of(e.call_id)
                 if ordinal is not None:
@@ -173,6 +197,7 @@ class RunContext:
         owner_epoch: The owner epoch (a fencing token).
         input_json: The submission's input, canonical JSON.
         tools_offered: Tool names offered for the turn (empty: every registered tool).
+        history: The conversation's earlier settled submissions (when the app keeps history).
     """
 
     def __init__(self, run: AgentRun, tools: ToolRegistry, options: RunOptions | None = None) -> None:
@@ -191,6 +216,7 @@ class RunContext:
         self.owner_epoch = run.owner_epoch
         self.input_json = run.input_json
         self.tools_offered = run.tools_offered
+        self.history = run.history
 
     @property
     def input(self) -> Any:
@@ -271,7 +297,7 @@ class RunContext:
 
     # -- durable steps (DUR-010) ---------------------------------------------------------------------------------
 
-    def step(self, name: str, fn: Callable[..., Any], *args: Any, version: int = 1) -> Awaitable[Any]:
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, version: int = 1) -> Coroutine[Any, Any, Any]:
         """Run a durable step: at-least-once body, exactly one recorded success (DUR-010, spec §11).
 
         The ordinal is taken when this is called. A recorded success is returned without running ``fn``; a
@@ -326,7 +352,14 @@ class RunContext:
 
     # -- tools (DESIGN.md §5, spec §10) --------------------------------------------------------------------------
 
-    def tool(self, name: str, args: Mapping[str, Any] | None = None) -> Awaitable[Any]:
+    @property
+    def tools(self) -> ToolRegistry:
+        """The app's registered tools."""
+        return self._tools
+
+    def tool(
+        self, name: str, args: Mapping[str, Any] | None = None, *, offered: Sequence[str] | None = None
+    ) -> Coroutine[Any, Any, Any]:
         """Call a tool durably: prepared committed → executed with its key and the owner epoch → settled committed.
 
         The ordinal is taken when this is called (parallel calls replay in call order).
@@ -334,6 +367,8 @@ class RunContext:
         Args:
             name: The tool's name.
             args: Its arguments, a JSON object.
+            offered: The tools offered for this call (default: the submission's ``tools_offered``; empty: all); a
+                call outside them is refused (recorded as ``ToolCallRefused``; nothing runs).
 
         Returns:
             An awaitable of the tool's result (decoded canonical JSON, live and on replay alike).
@@ -346,9 +381,10 @@ class RunContext:
             ToolUnavailable: An idempotent call stayed in doubt past its retry budget (the attempt ends).
             CanonicalJsonError: ``args`` is not representable as canonical JSON.
         """
-        return self._tool(self._next_ordinal(), name, dict(args or {}))
+        allowed = self.tools_offered if offered is None else tuple(offered)
+        return self._tool(self._next_ordinal(), name, dict(args or {}), allowed)
 
-    async def _tool(self, ordinal: int, name: str, args: dict[str, Any]) -> Any:
+    async def _tool(self, ordinal: int, name: str, args: dict[str, Any], allowed: Sequence[str]) -> Any:
         args_json = canonical_json(args)
         digest = json_digest(args_json)
         call_id = f"{self.run_id}#{ordinal}"
@@ -370,8 +406,8 @@ class RunContext:
             if call_id not in self._journal.retry_ok:
                 raise UnsafeReplay(call_id, name)
             # A recovery decision or a resolution declared it safe: prepared again under the same key.
-        if self.tools_offered and name not in self.tools_offered:
-            reason = f"not_offered: tool {name!r} is not offered for this turn (offered: {list(self.tools_offered)})"
+        if allowed and name not in allowed:
+            reason = f"not_offered: tool {name!r} is not offered for this turn (offered: {sorted(allowed)})"
             await self._record(
                 [
                     ToolCallRefused(
@@ -408,6 +444,118 @@ class RunContext:
                 if not work.done():
                     work.cancel()  # still in flight: the call stays prepared; recovery classifies it
             raise
+
+    # -- model calls (spec §9; DUR-008) -------------------------------------------------------------------------
+
+    def model(
+        self,
+        provider: ModelProvider,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[ToolDeclaration] = (),
+        model: str = "default",
+    ) -> Coroutine[Any, Any, ModelResponse]:
+        """Call a model durably: the completed response is committed before it is returned (DUR-008, spec §9).
+
+        The ordinal is taken when this is called. A committed response at this ordinal is returned without calling
+        the provider (a response whose tool batch has no prepared records resumes from its declaration). A stream
+        cut mid-way left only deltas: they stay in the log as audit content, and the call is made again as a new
+        response. Text and reasoning deltas are recorded as they arrive (`RunOptions.delta_flush_every`);
+        tool-argument deltas never are. Retryable provider errors are retried within `RunOptions.model_retries`.
+
+        Args:
+            provider: The provider.
+            messages: The prompt.
+            tools: The tools offered to the model.
+            model: The model name.
+
+        Returns:
+            An awaitable of the response.
+
+        Raises:
+            ReplayDivergence: Another effect is recorded at this ordinal (when awaited).
+            ProviderError: A non-retryable provider error, or the retry budget is spent.
+        """
+        return self._model(self._next_ordinal(), provider, tuple(messages), tuple(tools), model)
+
+    async def _model(
+        self,
+        ordinal: int,
+        provider: ModelProvider,
+        messages: tuple[Message, ...],
+        tools: tuple[ToolDeclaration, ...],
+        model: str,
+    ) -> ModelResponse:
+        rec = self._recorded(ordinal)
+        if rec is not None:
+            if not isinstance(rec, ModelResponseCompleted):
+                raise ReplayDivergence(ordinal, _describe(rec), f"a model response ({provider.name}/{model})")
+            return ModelResponse.from_record(rec)
+        operation_id = json_digest(canonical_json([self.run_id, self.attempt_id, ordinal, "model"]))
+        request = ModelRequest(operation_id=operation_id, model=model, messages=messages, tools=tools)
+        delay_s = self._options.model_backoff_s
+        retries = 0
+        while True:
+            try:
+                response, deltas = await self._stream(provider, request, ordinal)
+            except (ProviderError, ConnectionError, TimeoutError) as exc:
+                retryable = exc.retryable if isinstance(exc, ProviderError) else True
+                if not retryable or retries >= self._options.model_retries:
+                    if isinstance(exc, ProviderError):
+                        raise
+                    raise ProviderError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
+                retries += 1
+                wait_s = exc.retry_after_s if isinstance(exc, ProviderError) and exc.retry_after_s else delay_s
+                _log.info("retrying a model call", extra={"operation_id": operation_id, "error": str(exc)})
+                await asyncio.sleep(wait_s)
+                delay_s *= 2
+                continue
+            break
+        completed = ModelResponseCompleted(
+            submission_id=self.submission_id,
+            attempt_id=self.attempt_id,
+            response_ordinal=ordinal,
+            provider=provider.name,
+            model=response.model or model,
+            request_id=response.request_id,
+            usage=response.usage,
+            text=response.text,
+            tool_calls=response.tool_calls,
+        )
+        await self._record([*deltas, completed])  # canonical before any tool it declares runs (DUR-008)
+        failpoint("engine.after_response_commit")
+        return ModelResponse.from_record(completed)
+
+    async def _stream(
+        self, provider: ModelProvider, request: ModelRequest, ordinal: int
+    ) -> tuple[ModelResponse, list[ModelResponseDelta]]:
+        pending: list[ModelResponseDelta] = []
+        index = 0
+        every = self._options.delta_flush_every
+        async for event in provider.stream(request):
+            if isinstance(event, ModelResponse):
+                return event, pending
+            if isinstance(event, ToolArgumentsDelta):
+                continue  # provisional: tool-argument deltas are never canonical (DUR-008)
+            if every <= 0:
+                continue
+            kind = DeltaKind.TEXT if isinstance(event, TextDelta) else DeltaKind.REASONING
+            pending.append(
+                ModelResponseDelta(
+                    submission_id=self.submission_id,
+                    attempt_id=self.attempt_id,
+                    response_ordinal=ordinal,
+                    delta_index=index,
+                    kind=kind,
+                    text=event.text,
+                )
+            )
+            index += 1
+            if len(pending) >= every:
+                batch, pending = pending, []
+                await self._record(batch)
+                failpoint("engine.after_delta_commit")
+        raise ProviderError(f"provider {provider.name!r} ended its stream without a response", retryable=True)
 
     def _replay(self, name: str, settled: ToolCallSettled) -> Any:
         if settled.error is not None:
@@ -529,6 +677,7 @@ async def _main(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, option
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
+
     def cancel() -> None:  # called from the conductor's thread
         if not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the run is over anyway

@@ -72,6 +72,7 @@ def build_worker(
             clock=holder[0].clock,
             max_attempts=app.max_attempts,
             tools=app.tools,
+            keep_history=app.history_enabled,
         )
 
     extra: dict[str, Any] = {} if worker_id is None else {"worker_id": worker_id}

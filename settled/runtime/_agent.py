@@ -1,0 +1,177 @@
+"""The default, model-driven agent (issue 6 item 2; spec §9, §10; DUR-008).
+
+Each run: the prompt is the conversation's history (earlier settled submissions, see `history_messages`) plus the
+submission's input as a user message; the model is called (`RunContext.model`: its completed response is canonical
+before any tool it declares is prepared); the declared tool calls run in declaration order — in parallel only when
+every one of them is parallel-safe — a call to a tool not offered for the turn is refused (``ToolCallRefused``) and
+answered to the model as an error; the results go back to the model; the loop ends when the model answers without
+tool calls, and that answer is the reply.
+
+Re-entry replays everything recorded (responses, tool results), so a committed response whose tool batch has no
+prepared records resumes from its declaration without calling the model again; a stream cut mid-way left only
+deltas, which never count as an assistant turn: the call is made again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from settled.processors import HistoryTurn, RunFailed
+from settled.runtime._context import RunContext
+from settled.runtime._errors import ToolCallError
+from settled.runtime._model import Message, ModelProvider, ToolDeclaration
+from settled.schemas import (
+    DeclaredToolCall,
+    LogEvent,
+    ModelResponseCompleted,
+    ResolutionKind,
+    ToolCallRefused,
+    ToolCallSettled,
+    UnknownResolved,
+    canonical_json,
+)
+
+__all__ = ["ModelAgent", "history_messages", "user_text"]
+
+
+def user_text(input_json: str) -> str:
+    """The user message of a submission's input: the string itself, else its canonical JSON."""
+    value = json.loads(input_json)
+    return value if isinstance(value, str) else input_json
+
+
+def _tool_message(call: DeclaredToolCall, outcome: LogEvent) -> Message:
+    if isinstance(outcome, ToolCallSettled):
+        if outcome.error is not None:
+            return Message(
+                "tool", f"error: {outcome.error.type}: {outcome.error.message}", call_id=call.call_id, is_error=True
+            )
+        return Message("tool", outcome.result_json or "null", call_id=call.call_id)
+    if isinstance(outcome, ToolCallRefused):
+        return Message("tool", f"error: refused: {outcome.reason}", call_id=call.call_id, is_error=True)
+    assert isinstance(outcome, UnknownResolved)
+    return Message("tool", outcome.result_json or "null", call_id=call.call_id)
+
+
+def _turn_messages(run_id: str, events: Sequence[LogEvent]) -> list[Message]:
+    """The complete assistant turns and tool results of one run's record, in order."""
+    outcomes: dict[str, LogEvent] = {}
+    for e in events:
+        if isinstance(e, (ToolCallSettled, ToolCallRefused)):
+            outcomes[e.call_id] = e
+        elif isinstance(e, UnknownResolved) and e.kind is ResolutionKind.CALL_OUTCOME:
+            outcomes[e.call_id] = e
+    out: list[Message] = []
+    for e in events:
+        if not isinstance(e, ModelResponseCompleted):
+            continue  # deltas of a cut stream never form an assistant turn (spec §9)
+        ids = [f"{run_id}#{e.response_ordinal + 1 + i}" for i in range(len(e.tool_calls))]
+        if not all(i in outcomes for i in ids):
+            break  # an incomplete batch: its declaration and partial results are never shown again (spec §10)
+        out.append(Message("assistant", e.text, e.tool_calls))
+        out.extend(_tool_message(call, outcomes[i]) for call, i in zip(e.tool_calls, ids, strict=True))
+    return out
+
+
+def history_messages(history: Iterable[HistoryTurn]) -> list[Message]:
+    """The prompt's history: each earlier submission's input and its complete turns (spec §10).
+
+    Every run shows its input and its complete turns, in order, up to its first incomplete tool batch (a failed or
+    aborted run's last one): never that batch's orphan declaration or partial results (spec §10).
+
+    Args:
+        history: The conversation's settled submissions, oldest first.
+
+    Returns:
+        The messages.
+    """
+    out: list[Message] = []
+    for turn in history:
+        out.append(Message("user", user_text(turn.input_json)))
+        out.extend(_turn_messages(turn.submission_id, turn.events))
+    return out
+
+
+class ModelAgent:
+    """The default agent: model → tools → model … until the model answers without tools (module docstring).
+
+    Args:
+        provider: The model provider.
+        model: The model name.
+        system: An optional system instruction, first in every prompt.
+        max_turns: Model calls per run before the run fails (a loop guard).
+
+    Attributes:
+        needs_history: True: the app keeps the conversation's history for this agent.
+    """
+
+    needs_history = True
+
+    def __init__(
+        self, provider: ModelProvider, *, model: str = "default", system: str | None = None, max_turns: int = 16
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"ModelAgent.max_turns must be >= 1, got {max_turns}")
+        self.provider = provider
+        self.model = model
+        self.system = system
+        self.max_turns = max_turns
+
+    def _declarations(self, ctx: RunContext, offered: Sequence[str]) -> tuple[ToolDeclaration, ...]:
+        out = []
+        for name in offered:
+            spec = ctx.tools.get(name)
+            out.append(ToolDeclaration(name=name, description=(spec.fn.__doc__ or "").strip()))
+        return tuple(out)
+
+    async def __call__(self, ctx: RunContext) -> Any:
+        """One run: see the module docstring. Returns the model's final text."""
+        offered = tuple(ctx.tools_offered) or tuple(sorted(spec.name for spec in ctx.tools))
+        declarations = self._declarations(ctx, [n for n in offered if n in {s.name for s in ctx.tools}])
+        messages: list[Message] = [Message("system", self.system)] if self.system else []
+        messages += history_messages(ctx.history)
+        messages.append(Message("user", user_text(ctx.input_json)))
+        for _ in range(self.max_turns):
+            response = await ctx.model(self.provider, messages, tools=declarations, model=self.model)
+            messages.append(Message("assistant", response.text, response.tool_calls))
+            if not response.tool_calls:
+                return response.text
+            messages.extend(await self._run_calls(ctx, response.tool_calls, offered))
+        raise RunFailed("max_turns", f"the model still called tools after {self.max_turns} turns", non_retryable=True)
+
+    async def _run_calls(
+        self, ctx: RunContext, calls: Sequence[DeclaredToolCall], offered: Sequence[str]
+    ) -> list[Message]:
+        # Ordinals are reserved in declaration order (the history maps call i to response ordinal + 1 + i).
+        pending = [ctx.tool(c.tool, json.loads(c.args_json), offered=offered) for c in calls]
+        known = {s.name: s for s in ctx.tools}
+        parallel = all(c.tool in known and known[c.tool].parallel_safe for c in calls)
+        results: list[Any] = []
+        if parallel:
+            results = list(await asyncio.gather(*pending, return_exceptions=True))
+        else:
+            try:
+                for awaitable in pending:
+                    try:
+                        results.append(await awaitable)
+                    except ToolCallError as exc:
+                        results.append(exc)
+            finally:
+                for unstarted in pending[len(results) + 1 :]:
+                    unstarted.close()  # coroutines the run stopped before
+        out = []
+        for call, result in zip(calls, results, strict=True):
+            if isinstance(result, ToolCallError):
+                out.append(
+                    Message(
+                        "tool", f"error: {result.error_type}: {result.message}", call_id=call.call_id, is_error=True
+                    )
+                )
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.append(Message("tool", canonical_json(result), call_id=call.call_id))
+        return out
