@@ -438,8 +438,9 @@ class TransactionalAppender:
                     "send_offsets_to_transaction",
                 )
             # Step 5.
+            failpoint("appender.before_commit")
             try:
-                failpoint("appender.before_commit")
+                failpoint("appender.abortable_commit_error")
             except FailpointError as exc:
                 # Test hook: the coordinator answers the commit with an abortable error that blames no record.
                 raise KafkaException(KafkaError(KafkaError._APPLICATION, f"injected abortable error: {exc}")) from exc

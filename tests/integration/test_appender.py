@@ -162,7 +162,7 @@ def test_an_abort_blaming_no_record_re_appends_the_held_batches(topics: Settings
     # The 1st commit is the claim; the 2nd (the admissions) is answered with an abortable error; the owner then
     # waits at owner.after_deferred so the test can compare its state with the log.
     _failpoints.configure(
-        "appender.before_commit=2*raise;owner.after_deferred=1*pause(20s)", control_dir=tmp_path / "fp"
+        "appender.abortable_commit_error=2*raise;owner.after_deferred=1*pause(20s)", control_dir=tmp_path / "fp"
     )
     worker: Worker[TxState] = Worker(settings=s, decider_factory=lambda _p: TxDecider())
     try:
