@@ -8,14 +8,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from settled._settings import Settings
 from settled.schemas import (
     AbortRequested,
     LogEvent,
+    Receipt,
     RecoveryDecision,
     RecoveryDecisionKind,
     ResolutionKind,
     ResolveUnknown,
+    SettlementOutcome,
     SettlementRecord,
     SubmissionProposed,
     canonical_json,
@@ -83,21 +87,43 @@ def plan(*ops: dict[str, Any]) -> dict[str, Any]:
     return {"plan": list(ops)}
 
 
-def sign_resolution(conversation_id: str, submission_id: str, call_id: str, result: Any) -> ResolveUnknown:
+def sign_resolution(
+    conversation_id: str,
+    submission_id: str,
+    call_id: str,
+    result: Any = None,
+    *,
+    kind: ResolutionKind = ResolutionKind.CALL_OUTCOME,
+    outcome: SettlementOutcome | None = None,
+    key: Ed25519PrivateKey | None = RESOLVER_PRIVATE_KEY,
+    key_id: str = RESOLVER_KEY_ID,
+) -> ResolveUnknown:
+    """A ``ResolveUnknown`` signed with ``key`` (the resolver's by default; None: unsigned)."""
     fields: dict[str, Any] = {
-        "command_id": f"resolve-{call_id}",
+        "command_id": f"resolve-{uuid.uuid4().hex[:8]}",
         "principal": "ops",
         "conversation_id": conversation_id,
         "submission_id": submission_id,
         "call_id": call_id,
-        "kind": ResolutionKind.CALL_OUTCOME,
-        "outcome": None,
-        "result_json": canonical_json(result),
-        "key_id": RESOLVER_KEY_ID,
+        "kind": kind,
+        "outcome": outcome,
+        "result_json": None if result is None else canonical_json(result),
+        "key_id": key_id,
         "requested_at": datetime.now(UTC),
     }
     unsigned = ResolveUnknown(**fields, signature=b"")
-    return ResolveUnknown(**fields, signature=RESOLVER_PRIVATE_KEY.sign(unsigned.signing_bytes()))
+    if key is None:
+        return unsigned
+    return ResolveUnknown(**fields, signature=key.sign(unsigned.signing_bytes()))
+
+
+def receipt(s: Settings, request_id: str) -> Receipt | None:
+    for r in read_topic(s, "receipts"):
+        assert r.value is not None
+        rec = CODEC.decode(r.value)
+        if isinstance(rec, Receipt) and rec.request_id == request_id:
+            return rec
+    return None
 
 
 def abort_command(conversation_id: str, submission_id: str) -> AbortRequested:

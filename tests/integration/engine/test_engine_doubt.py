@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from settled._settings import Settings
 from settled.schemas import (
+    ReceiptOutcome,
     RecoveryDecisionKind,
+    ResolutionKind,
     SettlementOutcome,
     ToolCallSettled,
     ToolCallUnknown,
@@ -30,6 +33,7 @@ from tests.integration.engine._helpers import (
     invocations,
     log_events,
     plan,
+    receipt,
     returns,
     send,
     settled,
@@ -138,3 +142,66 @@ def test_a_hung_tool_past_its_timeout_is_retried_when_idempotent_and_unknown_oth
     wait_for(lambda: returns(world_db, "slow_idem") == 2, TIMEOUT_S, "the first, hung execution to return")
     assert effects(world_db, "slow_idem") == 1, "the key deduped the hung execution's late effect"
     assert invocations(world_db, "slow_once") == 1
+
+
+def test_only_the_resolver_s_signature_moves_an_unknown_run_on(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path
+) -> None:
+    s = topics
+    with world(str(world_db)) as db:
+        flag(db, "server_down", True)
+    failed = proposal("conv-x1", value=plan({"tool": "remote_once"}))
+    retried = proposal("conv-x2", value=plan({"tool": "remote_once"}))
+    queued = proposal("conv-x1", value=plan())
+    spawn_worker("w")
+    send(s, failed, retried, queued)
+    wait_for(
+        lambda: bool(decisions(s, failed.submission_id)) and bool(decisions(s, retried.submission_id)),
+        TIMEOUT_S,
+        "the Unknown decisions",
+    )
+    (call,) = [e for e in events_of(s, failed.submission_id) if isinstance(e, ToolCallUnknown)]
+    forged = sign_resolution(
+        "conv-x1",
+        failed.submission_id,
+        call.call_id,
+        kind=ResolutionKind.OUTCOME_FOR_SUBMISSION,
+        outcome=SettlementOutcome.COMPLETED,
+        key=Ed25519PrivateKey.generate(),
+    )
+    unsigned = sign_resolution("conv-x1", failed.submission_id, call.call_id, "x", key=None)
+    send(s, forged, unsigned)
+    wait_for(
+        lambda: receipt(s, forged.command_id) is not None and receipt(s, unsigned.command_id) is not None,
+        TIMEOUT_S,
+        "the commands' receipts",
+    )
+    for cmd in (forged, unsigned):
+        reply = receipt(s, cmd.command_id)
+        assert reply is not None and reply.outcome is ReceiptOutcome.REJECTED and "unauthorized" in (reply.reason or "")
+    time.sleep(1.0)
+    assert settled(s, failed.submission_id) is None and settled(s, queued.submission_id) is None
+    assert decisions(s, failed.submission_id) == [RecoveryDecisionKind.UNKNOWN]
+
+    # The resolver decides the submission's outcome: Unknown -> Terminalizing -> failed; the lane moves on.
+    decided = sign_resolution(
+        "conv-x1",
+        failed.submission_id,
+        call.call_id,
+        kind=ResolutionKind.OUTCOME_FOR_SUBMISSION,
+        outcome=SettlementOutcome.FAILED,
+    )
+    # The resolver says the other call never took effect: it is prepared again under its key and runs.
+    with world(str(world_db)) as db:
+        flag(db, "server_down", False)
+    (other,) = [e for e in events_of(s, retried.submission_id) if isinstance(e, ToolCallUnknown)]
+    safe = sign_resolution("conv-x2", retried.submission_id, other.call_id, kind=ResolutionKind.SAFE_TO_RETRY)
+    send(s, decided, safe)
+    wait_for(lambda: settled(s, queued.submission_id) is not None, TIMEOUT_S, "the queued submission")
+    wait_for(lambda: settled(s, retried.submission_id) is not None, TIMEOUT_S, "the retried call to settle")
+    r1 = settled(s, failed.submission_id)
+    assert r1 is not None and r1.outcome is SettlementOutcome.FAILED and "resolved by ops" in (r1.error_reason or "")
+    r2 = settled(s, retried.submission_id)
+    assert r2 is not None and r2.outcome is SettlementOutcome.COMPLETED, r2
+    keys = count(world_db, "SELECT count(DISTINCT key) FROM invocations WHERE tool = 'remote_once'")
+    assert invocations(world_db, "remote_once") == 3 and keys == 2 and effects(world_db, "remote_once") == 1
