@@ -212,7 +212,7 @@ class Projector:
 
     def positions(self) -> dict[int, int]:
         """Return, per held partition, the next offset after the last record applied (as stored by this process)."""
-        return {p: max(part.pos, part.silent_until) for p, part in self._parts.items()}
+        return {p: max(part.pos, part.silent_until) for p, part in list(self._parts.items())}
 
     def set_limits(self, limits: Mapping[int, int] | None) -> None:
         """Hold back every record at or past a per-partition offset (None: no limit); the check uses it.
@@ -446,23 +446,33 @@ class Projector:
         return out
 
     def _recover_connection(self) -> None:
-        """Reconnect, take the partitions' locks again (dropping those another writer took), resync each."""
+        """Reconnect, take the partitions' locks again (dropping those another writer took), resync each.
+
+        Raises:
+            TimeoutError: Postgres stayed unreachable for ``reconnect_timeout_s``.
+        """
         deadline = time.monotonic() + self.config.reconnect_timeout_s
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
         delay_s = 0.1
         while True:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
             try:
                 self._conn = self._connect()
+                stored = self._relock()
                 break
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"postgres unreachable for {self.config.reconnect_timeout_s} s: {exc}") from exc
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 1.0)
-        _log.info("postgres reconnected", extra={"partitions": sorted(self._parts)})
-        conn = self._conn
+        _log.info("postgres reconnected", extra={"partitions": sorted(self._parts), "stored": stored})
+        for p, part in self._parts.items():
+            self._resync(part, stored[p])
+
+    def _relock(self) -> dict[int, int]:
+        """On a new session: the held partitions' advisory locks again, and their stored offsets."""
+        conn = self._require_conn()
         key = self.config.names.lock_key(self.config.target, self.topic)
         consumer = self._require_consumer()
         for p in list(self._parts):
@@ -472,10 +482,7 @@ class Projector:
                     _log.warning("partition lost to another writer", extra={"partition": p})
                     consumer.incremental_unassign([TopicPartition(self.topic, p)])
                     del self._parts[p]
-                    continue
-        stored = self._stored(list(self._parts))
-        for p, part in self._parts.items():
-            self._resync(part, stored[p])
+        return self._stored(list(self._parts))
 
     def _require_conn(self) -> Conn:
         if self._conn is None:

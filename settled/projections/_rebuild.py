@@ -162,10 +162,11 @@ class _Replay:
         if self.progress is not None:
             self.report()
 
-    def report(self) -> None:
+    def report(self, *, caught_up: bool = False) -> None:
         if self.progress is None:
             return
-        done = sum(min(o, self.total) for o in self.projector.positions().values())
+        # Caught up means done, though the last offsets may be transaction markers no record sits at.
+        done = self.total if caught_up else sum(self.projector.positions().values())
         self.progress(RebuildProgress(min(done, self.total), self.total, self.batches, self.events, self.elapsed_s))
 
     @property
@@ -233,7 +234,7 @@ def rebuild(
         projector.open()
         try:
             replay.until(targets, deadline)
-            replay.report()
+            replay.report(caught_up=True)
             for attempt in range(1, switch_attempts + 1):
                 live = read_offsets(conn, names.live, topic) if live_exists else {}
                 ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
@@ -441,7 +442,9 @@ def check(
                 ).fetchall()
                 at = {p: 0 for p in partitions} | {int(p): int(o) for p, o in rows}
                 projector.set_limits(at)
+                replay.total = sum(at.values())
                 replay.until(at, deadline)
+                replay.report(caught_up=True)
                 reference.extend(at, deadline)
                 snapshot = _snapshot(settings, names, topic)
         finally:

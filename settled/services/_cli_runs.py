@@ -84,6 +84,13 @@ def _table(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> 
     Console().print(table)
 
 
+def _record(title: str, row: dict[str, Any]) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in row.items():
+        table.add_row(key, "" if value is None else _short(value, 120))
+    Console().print(table)
+
+
 def _short(value: Any, limit: int = 80) -> str:
     text = str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -147,7 +154,7 @@ def runs_show(
         _dump([run])
         return
     attempts, calls = run.pop("attempts"), run.pop("tool_calls")
-    _table(f"run {submission_id}", [run], tuple(run))
+    _record(f"run {submission_id}", run)
     _table("attempts", attempts, ("attempt", "attempt_id", "status", "waiting_kind", "waiting_name", "current_step",
                                   "end_reason", "started_at", "ended_at"))  # fmt: skip
     _table("tool calls", calls, ("call_id", "tool", "status", "idempotency_key", "prepared_at", "ended_at",
@@ -195,10 +202,7 @@ def submissions_show(
     if as_json:
         _dump([row])
         return
-    table = Table(title=f"submission {submission_id}", show_header=False)
-    for key, value in row.items():
-        table.add_row(key, "" if value is None else _short(value, 120))
-    Console().print(table)
+    _record(f"submission {submission_id}", row)
 
 
 @conversations_app.command("show")
@@ -219,5 +223,5 @@ def conversations_show(
         _dump([conv])
         return
     transcript = conv.pop("transcript")
-    _table(f"conversation {conversation_id}", [conv], tuple(conv))
+    _record(f"conversation {conversation_id}", conv)
     _table("transcript", transcript, ("event_seq", "submission_id", "kind", "role", "name", "content", "recorded_at"))

@@ -513,6 +513,9 @@ def test_tool_calls_unknown_obligations_and_transcript(settings: Settings, names
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
             assert cli.returncode == 0, cli.stderr
             assert [json.loads(line)["call_id"] for line in cli.stdout.splitlines()] == ["D"]
+            incomplete = _cli(env, "runs", "list", "--incomplete", "--json")
+            assert sorted((r["submission_id"], r["status"]) for r in incomplete) == [
+                ("s1", "waiting"), ("s2", "queued"), ("s3", "running")]  # fmt: skip
 
             append(batches[CHECKPOINT:])
             assert wait_projected(s, names, 20)
@@ -534,10 +537,29 @@ def test_tool_calls_unknown_obligations_and_transcript(settings: Settings, names
             )  # fmt: skip
             assert shown.returncode == 0, shown.stderr
             assert json.loads(shown.stdout)["transcript"][0]["content"] == '{"q":"trip"}'
+            shown_run = _cli(env, "runs", "show", "s1", "--json")[0]
+            assert [a["status"] for a in shown_run["attempts"]] == ["interrupted", "completed"]
+            # The operator commands: a rebuild (progress bar on stderr) and a check, with the projector running.
+            rebuilt = subprocess.run([sys.executable, "-m", "settled.services", "projections", "rebuild"],
+                                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert rebuilt.returncode == 0, rebuilt.stderr
+            assert "switched" in rebuilt.stdout and "generation 2" in rebuilt.stdout, rebuilt.stdout
+            checked = subprocess.run([sys.executable, "-m", "settled.services", "projections", "check"],
+                                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            assert "agree" in checked.stdout
+            assert [a["status"] for a in (reader.run("s1") or {})["attempts"]] == ["interrupted", "completed"]
     finally:
         projector.stop()
         thread.join(30)
     _check_clean(s, names, "DUR-015.exactly-once")
+
+
+def _cli(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "settled.services", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def _uncommitted_log_records(s: Settings) -> int:
