@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailable
+from settled.producers import consume_promptly
 from settled.schemas import Codec, DecodeError, Receipt
 
 __all__ = ["ReceiptWaiter", "ReceiptsReader"]
@@ -229,7 +230,7 @@ class ReceiptsReader:
         consumer = self._consumer
         assert consumer is not None  # start() sets it before the thread starts
         while not self._stop.is_set():
-            for msg in consumer.consume(num_messages=500, timeout=self._poll_timeout_s):
+            for msg in consume_promptly(consumer, 500, self._poll_timeout_s):
                 self._dispatch(msg)
 
     def _dispatch(self, msg: Message) -> None:

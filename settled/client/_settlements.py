@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailable, SettlementTimeout
-from settled.producers._partitioner import partition_for_key
+from settled.producers import consume_promptly, partition_for_key
 from settled.schemas import Codec, SettlementRecord
 
 __all__ = ["SettlementStream", "read_settlement", "settlement_partitions"]
@@ -131,7 +131,7 @@ def read_settlement(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise SettlementTimeout(submission_id, conversation_id, topic, partition, timeout_s)
-            for msg in consumer.consume(num_messages=500, timeout=min(remaining, 0.2)):
+            for msg in consume_promptly(consumer, 500, min(remaining, 0.2)):
                 err = msg.error()
                 if err is not None:
                     if err.code() in _TRANSIENT:
@@ -222,7 +222,7 @@ class SettlementStream(Iterator[SettlementRecord]):
             if consumer is None:
                 raise StopIteration
             if not self._buffer:
-                self._buffer = consumer.consume(num_messages=500, timeout=0.2)
+                self._buffer = consume_promptly(consumer, 500, 0.2)
                 if not self._buffer:
                     idle = self._idle_timeout_s
                     if idle is not None and time.monotonic() - self._last_record >= idle:

@@ -372,6 +372,11 @@ class Conductor:
         """
         return tuple(self._journals.get(submission_id, ()))
 
+    @property
+    def busy(self) -> bool:
+        """Whether runs are in flight (the worker then polls briefly, so a finished run is picked up at once)."""
+        return bool(self._running)
+
     # -- phase 1 -------------------------------------------------------------------------------------------------
 
     def before_checkpoint(self) -> None:

@@ -31,6 +31,7 @@ from settled.producers import (
     PartitionCountMismatchError,
     ProducerFencedError,
     TransactionalAppender,
+    consume_promptly,
     consumer_config,
     describe_topics,
 )
@@ -223,7 +224,10 @@ class Worker(Generic[S]):
         """One turn: claim new partitions, poll, decide, checkpoint."""
         consumer = self._consumer
         assert consumer is not None  # run() sets it
-        msgs = consumer.consume(self.config.max_poll_records, self.config.poll_timeout_s)
+        # While runs are in flight a finished one should not wait out a whole poll: wait briefly instead.
+        busy = any(getattr(c, "busy", False) for c in self.conductors.values())
+        timeout_s = min(self.config.poll_timeout_s, 0.005) if busy else self.config.poll_timeout_s
+        msgs = consume_promptly(consumer, self.config.max_poll_records, timeout_s)
         # Claims happen after the poll that may have revoked a partition (rebalance callbacks run inside it).
         for p in sorted(self._to_claim):
             if time.monotonic() >= self._claim_not_before.get(p, 0.0):

@@ -14,6 +14,7 @@ from settled.producers._appender import (
 )
 from settled.producers._kafka import (
     EndOffsets,
+    consume_promptly,
     consumer_config,
     end_offsets,
     producer_config,
@@ -46,6 +47,7 @@ __all__ = [
     "Run",
     "TopicInfo",
     "TransactionalAppender",
+    "consume_promptly",
     "consumer_config",
     "describe_topics",
     "end_offsets",
