@@ -24,8 +24,11 @@ checkpoint holding it commits. A superseded attempt's late work fails with `Atte
 
 Failpoints at the crash-matrix boundaries (spec §15): ``engine.after_prepared_commit`` (prepared, not invoked),
 ``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit``,
-``engine.step_returned``, ``engine.after_step_commit`` and ``engine.run_returned`` (the reply is decided, the
-settlement not staged). "During invocation" is inside the tool: a test tool hits its own failpoint there.
+``engine.step_returned``, ``engine.after_step_commit``, ``engine.after_delta_commit`` (mid-provider stream),
+``engine.after_response_commit`` (model item committed, no tool prepared) and ``engine.run_returned`` (the reply
+is decided, the settlement not staged). "During invocation" is inside the tool: a test tool hits its own failpoint
+there. "After claim, before canonical input" and "before Attempt start" share one transaction with the claim's
+scheduling (``AttemptStarted`` and ``InputApplied`` are one batch): ``worker.before_checkpoint`` covers them.
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ class RunOptions:
         abort_grace_s: After an abort (or any cancellation), how long a call in flight may still return and
             settle before the run stops with it in doubt (DESIGN.md §5).
         max_result_bytes: Largest canonical tool or step result recorded inline; a larger tool result is recorded
-            as the error ``result_too_large`` with its digest (a larger step result fails the step).
+            as the error ``result_too_large`` with its digest (a larger step result fails the step, larger tool
+            arguments fail the call before anything is recorded).
         retry_backoff_s: First delay between retries of an in-doubt idempotent call (doubling, at most 2 s).
         delta_flush_every: A model response's text and reasoning deltas are recorded (canonical audit content)
             every this many deltas, and the rest with the completed response; 0 records no deltas (spec §9).
@@ -380,12 +384,18 @@ class RunContext:
             ReplayDivergence: Another effect, tool or argument digest is recorded at this ordinal.
             ToolUnavailable: An idempotent call stayed in doubt past its retry budget (the attempt ends).
             CanonicalJsonError: ``args`` is not representable as canonical JSON.
+            ValueError: ``args`` is larger than `RunOptions.max_result_bytes` (when awaited).
         """
         allowed = self.tools_offered if offered is None else tuple(offered)
         return self._tool(self._next_ordinal(), name, dict(args or {}), allowed)
 
     async def _tool(self, ordinal: int, name: str, args: dict[str, Any], allowed: Sequence[str]) -> Any:
         args_json = canonical_json(args)
+        size = len(args_json.encode())
+        if size > self._options.max_result_bytes:
+            raise ValueError(
+                f"tool {name!r}: arguments of {size} bytes are over max_result_bytes {self._options.max_result_bytes}"
+            )
         digest = json_digest(args_json)
         call_id = f"{self.run_id}#{ordinal}"
         actual = f"tool {name!r} with arguments {digest[:12]}"
