@@ -14,6 +14,7 @@ tool, before its effect), ``engine.tool_returned`` (effect applied, result not c
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -257,3 +258,26 @@ def test_changed_agent_code_raises_replay_divergence_on_resume(
         e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallPrepared) and e.tool == "charge_other"
     ]
     assert len([e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]) == 1
+
+
+@pytest.mark.parametrize("boundary", ["engine.run_returned", "conductor.before_settle"])
+def test_killed_after_deciding_to_finish_the_reply_is_recomputed_from_the_record(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path, boundary: str
+) -> None:
+    """Row "after decision to finish, before terminalizing": nothing of the reply is canonical; the next attempt
+    recomputes it by replaying the record — the non-idempotent call settled before the kill is not run again."""
+    s = topics
+    sub = proposal("conv-f", value=plan({"tool": "charge_once", "args": {"amount": 4}}, {"uuid": True}))
+    a = spawn_worker("a", failpoints=f"{boundary}=1*kill")
+    send(s, sub)
+    killed(a, tmp_path / "a.log")
+    assert settled(s, sub.submission_id) is None
+    with world(str(world_db)) as db:
+        (seen,) = db.execute("SELECT value FROM observations WHERE attempt = 1 AND op = 1").fetchone()
+    spawn_worker("b")
+    wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the settlement")
+    result = settled(s, sub.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED and result.attempt_count == 2
+    assert result.reply_json == canonical_json({"results": [{"charged": 4, "tool": "charge_once"}, json.loads(seen)]})
+    promise("DUR-009.not-replayed", invocations(world_db, "charge_once") == 1, "the settled call ran again")
+    assert [r.submission_id for r in settlements(s)] == [sub.submission_id]
