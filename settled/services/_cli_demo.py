@@ -1,14 +1,18 @@
-"""``settled demo``: the main job's entry point.
+"""``settled demo``: the main job (issue 8) and the stack's round trip.
 
-Until the BFCL workload lands (issue 8), the demo proves the stack end to end: it starts the dev stack when no
-Kafka/Postgres is configured, creates a namespaced topic, commits one transaction and reads it back with a
-read_committed consumer, and stores the round trip's latency in PostgreSQL.
+* ``settled demo`` / ``settled demo bfcl [--conversations N] [--category base|miss_func] [--chaos] [--seed S]
+  [--workers 2] [--no-dedup] [--no-idempotency TradingBot,TravelAPI] [--adversarial]``: BFCL multi-turn
+  conversations run durably through the real stack and judged in a fresh process (`settled.services.bfcl._demo`);
+  exit code 0 only when every conversation passes.
+* ``settled demo roundtrip``: starts the dev stack when no Kafka/Postgres is configured, commits one transaction to
+  a namespaced topic, reads it back with a read_committed consumer, and stores the latency in PostgreSQL.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import psycopg
 import typer
@@ -19,7 +23,17 @@ from rich.console import Console
 from settled._settings import Settings
 from settled.services._cli_dev import stack_from_settings
 
+if TYPE_CHECKING:
+    from settled.services.bfcl._demo import DemoOptions
+
 _console = Console()
+
+__all__ = ["bfcl", "demo_app", "roundtrip"]
+
+demo_app = typer.Typer(
+    invoke_without_command=True,
+    help="The main job: BFCL conversations through the real stack (default: `settled demo bfcl`).",
+)
 
 
 def _services(settings: Settings) -> tuple[str, str]:
@@ -29,7 +43,8 @@ def _services(settings: Settings) -> tuple[str, str]:
     return settings.kafka_bootstrap or bootstrap, settings.postgres_dsn or dsn
 
 
-def demo(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka call, in seconds.")) -> None:
+@demo_app.command("roundtrip")
+def roundtrip(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka call, in seconds.")) -> None:
     """Start the stack if needed and run one transactional round trip through Kafka into PostgreSQL."""
     settings = Settings()
     bootstrap, dsn = _services(settings)
@@ -82,3 +97,70 @@ def demo(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka call, i
         runs = conn.execute("SELECT count(*) FROM settled_demo").fetchone()
     stored = runs[0] if runs else 0
     _console.print(f"[green]OK[/green]: transactional round trip in {took_ms:.1f} ms; {stored} runs stored")
+
+
+def _classes(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def _run_bfcl(options: DemoOptions) -> None:
+    from settled.services.bfcl._demo import render_demo, run_demo
+
+    result = run_demo(options, console=_console)
+    render_demo(result, _console)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@demo_app.command("bfcl")
+def bfcl(
+    conversations: int | None = typer.Option(None, "--conversations", min=1, help="How many (default: all)."),
+    category: str = typer.Option("base", "--category", help="base or miss_func."),
+    chaos: bool = typer.Option(False, "--chaos", help="SIGKILL workers at seeded failpoints; restart broker, tools."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the chaos schedule and chunking (default: drawn)."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes sharing the partitions."),
+    no_dedup: bool = typer.Option(False, "--no-dedup", help="Negative control: the tool server runs repeated keys."),
+    no_idempotency: str = typer.Option(
+        "", "--no-idempotency", help="Backend classes that are not idempotent, e.g. TradingBot,TravelAPI."
+    ),
+    adversarial: bool = typer.Option(False, "--adversarial", help="The model calls a not-offered tool (miss_func)."),
+    mode: str = typer.Option("random_chunks", "--mode", help="Replay mode: one_call, batch or random_chunks."),
+    kills: int | None = typer.Option(None, "--kills", min=0, help="Worker kills under --chaos (default: N/8, >= 3)."),
+    timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Bound on the whole run, in seconds."),
+) -> None:
+    """Run BFCL multi-turn conversations through workers, a projector and the tool server; print the verdict."""
+    from settled.services.bfcl._demo import DemoError, DemoOptions
+    from settled.services.bfcl._replay import ReplayMode
+
+    try:
+        replay_mode = ReplayMode(mode)
+    except ValueError as exc:
+        _console.print(f"[red]--mode {mode!r}: expected one of {', '.join(m.value for m in ReplayMode)}[/red]")
+        raise typer.Exit(2) from exc
+    try:
+        options = DemoOptions(
+            category=category,
+            conversations=conversations,
+            chaos=chaos,
+            seed=seed,
+            workers=workers,
+            dedup=not no_dedup,
+            no_idempotency=frozenset(part.strip() for part in no_idempotency.split(",") if part.strip()),
+            adversarial=adversarial,
+            mode=replay_mode,
+            kills=kills,
+            timeout_s=timeout_s,
+        )
+    except DemoError as exc:
+        _console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    _run_bfcl(options)
+
+
+@demo_app.callback()
+def demo(ctx: typer.Context) -> None:
+    """The main job; without a subcommand, ``settled demo bfcl`` on the whole base set."""
+    if ctx.invoked_subcommand is None:
+        from settled.services.bfcl._demo import DemoOptions
+
+        _run_bfcl(DemoOptions())

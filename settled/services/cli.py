@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from settled.services._cli_client import abort, settlements_app, submit
-from settled.services._cli_demo import demo
+from settled.services._cli_demo import demo_app
 from settled.services._cli_dev import dev_app
 from settled.services._cli_projections import projections_app
 from settled.services._cli_quarantine import quarantine_app
@@ -17,7 +17,7 @@ app = typer.Typer(no_args_is_help=True, help="settled: durable AI-agent conversa
 app.add_typer(dev_app, name="dev")
 app.add_typer(topics_app, name="topics")
 app.add_typer(quarantine_app, name="quarantine")
-app.command("demo")(demo)
+app.add_typer(demo_app, name="demo")
 app.command("worker")(worker_command)
 app.command("submit")(submit)
 app.command("abort")(abort)

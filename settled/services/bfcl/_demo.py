@@ -1,0 +1,1144 @@
+"""``settled demo bfcl``: BFCL multi-turn conversations run durably under crashes, judged in a fresh process.
+
+Issue 8, Build item 4; DESIGN.md §9. `run_demo` does the whole job:
+
+1. Kafka and PostgreSQL: the configured ones (``SETTLED_KAFKA_BOOTSTRAP`` / ``SETTLED_POSTGRES_DSN``), else the local
+   dev stack, started if needed (DESIGN.md §8). Topics are created in a fresh namespace.
+2. The tool server (a separate process, its worlds and ledger in SQLite), one world per conversation; a projector
+   (``settled projections run``); ``--workers`` worker processes running the BFCL app
+   (``settled.services.bfcl._app``: the replay model as provider, BFCL's backends as tools).
+3. Each conversation's turns are submitted in order through `settled.client.Client` (turn k+1 once turn k settled),
+   many conversations at once; each submission offers its turn's tools.
+4. ``--chaos``: worker processes are SIGKILLed at failpoints drawn from the logged seed (`chaos_schedule`; at least
+   one at ``engine.tool_returned``, "tool applied, settlement not committed"), armed one at a time through each
+   worker's failpoint control folder and only while every unsettled submission has at most one attempt, so no
+   submission's attempts are killed ``max_attempts`` times; plus one broker restart (when the demo manages the
+   broker: the dev stack's) and one tool-server restart (SIGKILL, then start on the same file).
+5. The operator step: every Unknown call (``ToolCallUnknown`` in the log) is looked up in the tool server's ledger
+   under its idempotency key; executed → a signed ``ResolveUnknown`` carrying the recorded output
+   (``call_outcome``), never executed → ``safe_to_retry`` (DESIGN.md §4, §5).
+6. The canonical log is read into `ConversationLog` values, judged in a fresh process against an independent oracle
+   run (`judge_in_fresh_process`), and the projection's view of each conversation is compared with the log.
+
+The run passes when every conversation passes, no submission is lost or dead-lettered (settled ``failed``), and
+the projection matches the log.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from settled._failpoints import FailpointControl, ScheduledKill, choose_schedule
+from settled._settings import Settings
+from settled.client import BrokerUnavailable, Client, ClientError, SettlementTimeout, SubmissionOutcomeUnknown
+from settled.producers import producer_config, provision_topics, read_partition
+from settled.projections import ProjectionNames, ProjectionReader, default_schema
+from settled.schemas import (
+    AttemptStarted,
+    Codec,
+    CommandRejected,
+    LogEvent,
+    ModelResponseCompleted,
+    Receipt,
+    ResolutionKind,
+    ResolveUnknown,
+    Settlement,
+    SettlementOutcome,
+    SubmissionAdmitted,
+    ToolCallPrepared,
+    ToolCallRefused,
+    ToolCallSettled,
+    ToolCallUnknown,
+    UnknownResolved,
+    canonical_json,
+)
+from settled.services._devstack import DevStack, KafkaBroker, StackError
+from settled.services.bfcl._app import APP_REFERENCE, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
+from settled.services.bfcl._backends import BACKEND_CLASSES
+from settled.services.bfcl._client import ToolServerClient, ToolServerProcess
+from settled.services.bfcl._corpus import Entry, load_corpus
+from settled.services.bfcl._replay import ReplayMode, replayable_entries
+from settled.services.bfcl._verdict import (
+    ConversationLog,
+    VerdictSummary,
+    judge_in_fresh_process,
+    render_failures,
+    render_summary,
+)
+
+__all__ = [
+    "KILL_POINTS",
+    "TOOL_APPLIED_POINT",
+    "DemoError",
+    "DemoOptions",
+    "DemoResult",
+    "UnknownCase",
+    "chaos_schedule",
+    "conversation_logs",
+    "render_demo",
+    "run_demo",
+]
+
+#: Where chaos kills workers: the engine's crash-matrix boundaries and the appender's transaction steps.
+KILL_POINTS: tuple[str, ...] = (
+    "engine.after_prepared_commit",
+    "engine.tool_returned",
+    "engine.after_settled_commit",
+    "engine.after_response_commit",
+    "engine.run_returned",
+    "conductor.before_settle",
+    "appender.after_produce",
+    "appender.before_commit",
+    "appender.after_commit",
+)
+#: "Tool applied, settlement not committed": every chaos schedule holds at least one kill here (issue 8).
+TOOL_APPLIED_POINT = "engine.tool_returned"
+
+_COMPLETED = SettlementOutcome.COMPLETED.value
+_KILLED = -signal.SIGKILL
+
+
+class DemoError(RuntimeError):
+    """The demo could not run (a service did not start, a bad option); never a failed verdict."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``settled demo bfcl`` runs.
+
+    Attributes:
+        category: ``base`` or ``miss_func``.
+        conversations: How many conversations (the first replayable ones); None: all.
+        chaos: Kill workers at failpoints, restart the broker and the tool server.
+        seed: Seed of the chaos schedule and the replay model's chunking; None: drawn and printed.
+        workers: Worker processes sharing the partitions.
+        dedup: False for the negative control (the tool server runs every call, a repeated key included).
+        no_idempotency: Backend classes whose methods are not idempotent (their interrupted calls go Unknown).
+        adversarial: The replay model calls a not-offered tool before each miss_func holdout turn.
+        mode: How the replay model groups a turn's calls into responses.
+        kills: Worker kills under chaos; None: about one per 8 conversations, at least 3 (24 for 200).
+        broker_restart: Restart the broker once under chaos (needs a broker the demo manages).
+        toolserver_restart: Restart the tool server once under chaos.
+        in_flight: Conversations driven at once.
+        timeout_s: Bound on the whole run, in seconds.
+        work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
+    """
+
+    category: str = "base"
+    conversations: int | None = None
+    chaos: bool = False
+    seed: int | None = None
+    workers: int = 2
+    dedup: bool = True
+    no_idempotency: frozenset[str] = field(default_factory=frozenset)
+    adversarial: bool = False
+    mode: ReplayMode = ReplayMode.RANDOM_CHUNKS
+    kills: int | None = None
+    broker_restart: bool = True
+    toolserver_restart: bool = True
+    in_flight: int = 32
+    timeout_s: float = 1800.0
+    work_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        """Check the options.
+
+        Raises:
+            DemoError: A value is out of range (the option is named).
+        """
+        if self.category not in ("base", "miss_func"):
+            raise DemoError(f"--category {self.category!r}: expected base or miss_func")
+        if self.conversations is not None and self.conversations < 1:
+            raise DemoError(f"--conversations must be >= 1, got {self.conversations}")
+        if self.workers < 1:
+            raise DemoError(f"--workers must be >= 1, got {self.workers}")
+        unknown = sorted(self.no_idempotency - set(BACKEND_CLASSES))
+        if unknown:
+            raise DemoError(f"--no-idempotency: unknown backend classes {unknown}; known: {', '.join(BACKEND_CLASSES)}")
+        if self.kills is not None and self.kills < 0:
+            raise DemoError(f"--kills must be >= 0, got {self.kills}")
+        if self.in_flight < 1:
+            raise DemoError(f"in_flight must be >= 1, got {self.in_flight}")
+
+
+@dataclass(frozen=True)
+class UnknownCase:
+    """One Unknown call and how the operator step resolved it.
+
+    Attributes:
+        conversation_id: The conversation.
+        submission_id: The submission.
+        call_id: settled's call id.
+        tool: The tool.
+        reason: Why it was Unknown.
+        kind: The resolution sent (``call_outcome`` or ``safe_to_retry``), None if none was sent.
+        resolved: Whether the log records the resolution.
+    """
+
+    conversation_id: str
+    submission_id: str
+    call_id: str
+    tool: str
+    reason: str
+    kind: str | None
+    resolved: bool
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What a demo run found.
+
+    Attributes:
+        summary: The verdicts and the run's counters (`render_summary` prints it).
+        namespace: The run's namespace.
+        work_dir: Where the tool server's file and the logs are.
+        submissions: Turns to run.
+        settled: Settlements in the log.
+        lost_submissions: Turns never settled (submitted or not).
+        dead_letters: Submissions settled ``failed``.
+        kills: Worker processes killed by the chaos schedule.
+        schedule: The chaos schedule (``name=N*kill`` each).
+        broker_restarts: Broker restarts done.
+        toolserver_restarts: Tool-server restarts done.
+        unexpected_exits: Worker exits nobody caused.
+        unknowns: The Unknown calls and their resolutions.
+        projection_mismatches: Conversations whose projection differs from the log (with why).
+    """
+
+    summary: VerdictSummary
+    namespace: str
+    work_dir: Path
+    submissions: int
+    settled: int
+    lost_submissions: int
+    dead_letters: int
+    kills: int
+    schedule: tuple[str, ...]
+    broker_restarts: int
+    toolserver_restarts: int
+    unexpected_exits: int
+    unknowns: tuple[UnknownCase, ...]
+    projection_mismatches: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when every conversation passed, nothing was lost or dead-lettered, and the projection matches."""
+        return (
+            self.summary.all_passed
+            and self.lost_submissions == 0
+            and self.dead_letters == 0
+            and not self.projection_mismatches
+        )
+
+
+def chaos_schedule(seed: int, kills: int) -> tuple[ScheduledKill, ...]:
+    """Return the chaos run's kills, drawn from the seed (`choose_schedule`), one at ``engine.tool_returned`` at least.
+
+    Args:
+        seed: The run's seed.
+        kills: How many kills.
+
+    Returns:
+        The kills, in the order they are armed.
+    """
+    schedule = list(choose_schedule(seed, KILL_POINTS, kills, max_hit=3))
+    if schedule and all(kill.name != TOOL_APPLIED_POINT for kill in schedule):
+        schedule[0] = ScheduledKill(TOOL_APPLIED_POINT, schedule[0].hit)
+    return tuple(schedule)
+
+
+# --- the log -------------------------------------------------------------------------------------------------------
+
+
+class _LogTail:
+    """Reads ``<namespace>.log`` (read_committed) from the start during the run: Unknowns, attempts, settlements."""
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self._settings = settings
+        self._codec = codec
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bfcl-log-tail", daemon=True)
+        self.error: BaseException | None = None
+        self.unsettled_attempts: dict[str, int] = {}
+        self.settled: set[str] = set()
+        self.unknowns: dict[tuple[str, str], tuple[str, str]] = {}  # (submission, call) -> (conversation, reason)
+        self.resolved: set[tuple[str, str]] = set()
+        self.prepared: dict[tuple[str, str], ToolCallPrepared] = {}
+        self.rejected_commands: dict[str, str] = {}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        topic = self._settings.topic("log")
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self._settings.kafka_bootstrap,
+                "group.id": f"{self._settings.namespace}.bfcl-demo-tail",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
+        try:
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(self._settings.partitions)])
+            while not self._stop.is_set():
+                for msg in consumer.consume(500, 0.2):
+                    err = msg.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise RuntimeError(f"log tail: fatal consumer error {err}")
+                        continue  # transient (a broker restart): librdkafka reconnects by itself
+                    value = msg.value()
+                    if value is None:
+                        continue
+                    batch = self._codec.decode_batch(value, offset=msg.offset() or 0).batch
+                    self._apply(batch.conversation_id, batch.events)
+        except BaseException as exc:  # noqa: BLE001 - reported by the run (DemoError), never swallowed
+            self.error = exc
+        finally:
+            consumer.close()
+
+    def _apply(self, conversation_id: str, events: Sequence[LogEvent]) -> None:
+        with self._lock:
+            for e in events:
+                if isinstance(e, SubmissionAdmitted):
+                    self.unsettled_attempts.setdefault(e.submission_id, 0)
+                elif isinstance(e, AttemptStarted):
+                    if e.submission_id not in self.settled:
+                        self.unsettled_attempts[e.submission_id] = max(
+                            e.attempt, self.unsettled_attempts.get(e.submission_id, 0)
+                        )
+                elif isinstance(e, Settlement):
+                    self.settled.add(e.submission_id)
+                    self.unsettled_attempts.pop(e.submission_id, None)
+                elif isinstance(e, ToolCallPrepared):
+                    self.prepared.setdefault((e.submission_id, e.call_id), e)
+                elif isinstance(e, ToolCallUnknown):
+                    self.unknowns.setdefault((e.submission_id, e.call_id), (conversation_id, e.reason))
+                elif isinstance(e, UnknownResolved):
+                    self.resolved.add((e.submission_id, e.call_id))
+                elif isinstance(e, CommandRejected):
+                    self.rejected_commands[e.command_id] = f"{e.reason.value}: {e.detail}"
+
+    def max_unsettled_attempts(self) -> int:
+        """The most attempts any admitted, unsettled submission has started."""
+        with self._lock:
+            return max(self.unsettled_attempts.values(), default=0)
+
+    def pending_unknowns(self) -> list[tuple[str, str, str, ToolCallPrepared | None]]:
+        """Unknown calls not resolved yet: (conversation, submission, call, prepared record)."""
+        with self._lock:
+            return [
+                (cid, sub, call, self.prepared.get((sub, call)))
+                for (sub, call), (cid, _) in self.unknowns.items()
+                if (sub, call) not in self.resolved
+            ]
+
+    def rejection(self, command_id: str) -> str | None:
+        with self._lock:
+            return self.rejected_commands.get(command_id)
+
+    def unknown_cases(self, sent: Mapping[tuple[str, str], str]) -> tuple[UnknownCase, ...]:
+        with self._lock:
+            out = []
+            for (sub, call), (cid, reason) in sorted(self.unknowns.items()):
+                prepared = self.prepared.get((sub, call))
+                out.append(
+                    UnknownCase(
+                        cid,
+                        sub,
+                        call,
+                        prepared.tool if prepared is not None else "?",
+                        reason,
+                        sent.get((sub, call)),
+                        (sub, call) in self.resolved,
+                    )
+                )
+            return tuple(out)
+
+
+def _read_log(
+    settings: Settings, codec: Codec, timeout_s: float = 120.0
+) -> tuple[dict[str, list[LogEvent]], dict[str, int]]:
+    """Every committed event of the log per conversation, in log order, and each conversation's last event seq."""
+    topic = settings.topic("log")
+    events: dict[str, list[LogEvent]] = defaultdict(list)
+    last_seqs: dict[str, int] = {}
+    for partition in range(settings.partitions):
+        for msg in read_partition(settings, topic, partition, 0, timeout_s):
+            value = msg.value()
+            if value is None:
+                continue
+            batch = codec.decode_batch(value, offset=msg.offset() or 0).batch
+            events[batch.conversation_id].extend(batch.events)
+            last_seqs[batch.conversation_id] = max(last_seqs.get(batch.conversation_id, 0), batch.last_event_seq)
+    return events, last_seqs
+
+
+def _model_call_id(args_json: str) -> str | None:
+    """The model's call id a BFCL tool call's canonical arguments carry (`BfclAgent`), or None."""
+    try:
+        value = json.loads(args_json)
+    except ValueError:
+        return None
+    found = value.get("call_id") if isinstance(value, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def conversation_logs(
+    events_by_conversation: Mapping[str, Sequence[LogEvent]], entry_ids: Mapping[str, str]
+) -> list[ConversationLog]:
+    """Turn the canonical log into one `ConversationLog` per conversation (for `judge_in_fresh_process`).
+
+    Tool results are ``ToolCallSettled`` results (or a recorded error as ``error: <type>: <message>``) and the
+    results of ``call_outcome`` resolutions, named by the model's call id (the BFCL agent puts it in the tool's
+    arguments; a refused call is named through its model response: call ``i`` of the response at ordinal ``r`` is
+    settled's call ``<submission>#<r + 1 + i>``). Replies and settlements come from ``Settlement`` events, each
+    named by the turn of its submission's input.
+
+    Args:
+        events_by_conversation: Each conversation's events in log order.
+        entry_ids: The entry each conversation replays.
+
+    Returns:
+        The logs, in the order of ``entry_ids``.
+    """
+    out = []
+    for cid, entry_id in entry_ids.items():
+        turns: dict[str, int] = {}
+        model_ids: dict[str, str] = {}
+        results: list[tuple[str, str]] = []
+        replies: list[tuple[int, str]] = []
+        settlements: list[tuple[int, str]] = []
+        refused: list[str] = []
+        for e in events_by_conversation.get(cid, ()):
+            if isinstance(e, SubmissionAdmitted):
+                turns[e.submission_id] = TurnInput.parse(e.input_json).turn
+            elif isinstance(e, ModelResponseCompleted):
+                for i, call in enumerate(e.tool_calls):
+                    model_ids.setdefault(f"{e.submission_id}#{e.response_ordinal + 1 + i}", call.call_id)
+            elif isinstance(e, ToolCallPrepared):
+                model_id = _model_call_id(e.args_json)
+                if model_id is not None:
+                    model_ids[e.call_id] = model_id
+            elif isinstance(e, ToolCallSettled):
+                name = model_ids.get(e.call_id, e.call_id)
+                if e.error is not None:
+                    results.append((name, f"error: {e.error.type}: {e.error.message}"))
+                else:
+                    results.append((name, e.result_json or "null"))
+            elif isinstance(e, UnknownResolved) and e.kind is ResolutionKind.CALL_OUTCOME:
+                results.append((model_ids.get(e.call_id, e.call_id), e.result_json or "null"))
+            elif isinstance(e, ToolCallRefused):
+                refused.append(model_ids.get(e.call_id, e.call_id))
+            elif isinstance(e, Settlement):
+                turn = turns.get(e.submission_id, -1)
+                settlements.append((turn, e.outcome.value))
+                if e.outcome is SettlementOutcome.COMPLETED and e.reply_json is not None:
+                    replies.append((turn, e.reply_json))
+        out.append(ConversationLog(cid, entry_id, results, replies, settlements, refused))
+    return out
+
+
+# --- processes -----------------------------------------------------------------------------------------------------
+
+
+def _child_env(settings: Settings, config: BfclAppConfig) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SETTLED_FAILPOINT") and k != "SETTLED_PROJECTION_SCHEMA"
+    }
+    env.update(
+        {
+            "SETTLED_NAMESPACE": settings.namespace,
+            "SETTLED_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "SETTLED_POSTGRES_DSN": settings.postgres_dsn,
+            "SETTLED_PARTITIONS": str(settings.partitions),
+        }
+    )
+    env.update(config.env())
+    return env
+
+
+def _stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(30)
+
+
+class _WorkerSlot:
+    """One worker process position: respawned after each death, its kills armed through its own control folder."""
+
+    def __init__(self, index: int, env: Mapping[str, str], work_dir: Path) -> None:
+        self.index = index
+        self.control = FailpointControl(work_dir / f"failpoints-w{index}")
+        self.log_path = work_dir / f"worker-{index}.log"
+        self._env = dict(env)
+        self.incarnation = 0
+        self.started_at = 0.0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.armed: ScheduledKill | None = None
+        self.armed_at = 0.0
+
+    def spawn(self) -> None:
+        self.incarnation += 1
+        env = dict(self._env)
+        env.update(self.control.env(""))
+        argv = [
+            sys.executable,
+            "-m",
+            "settled.services",
+            "worker",
+            "--app",
+            APP_REFERENCE,
+            "--worker-id",
+            f"w{self.index}.{self.incarnation}",
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        self.started_at = time.monotonic()
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def arm(self, kill: ScheduledKill) -> None:
+        self.control.arm(kill.name, f"{kill.hit}*kill")
+        self.armed = kill
+        self.armed_at = time.monotonic()
+
+    def disarm(self) -> None:
+        if self.armed is not None:
+            self.control.disarm(self.armed.name)
+            self.armed = None
+
+    def stop(self) -> None:
+        self.disarm()
+        _stop_process(self.proc)
+
+
+class _Projector:
+    """``settled projections run`` as a child process (respawned if it exits)."""
+
+    def __init__(self, env: Mapping[str, str], work_dir: Path) -> None:
+        self._env = dict(env)
+        self.log_path = work_dir / "projector.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def spawn(self) -> None:
+        argv = [sys.executable, "-m", "settled.services", "projections", "run"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, env=self._env, stdout=subprocess.DEVNULL, stderr=log)
+
+    def supervise(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            self.restarts += 1
+            self.spawn()
+
+    def stop(self) -> None:
+        _stop_process(self.proc)
+
+
+# --- the operator --------------------------------------------------------------------------------------------------
+
+
+class _Operator:
+    """Resolves Unknown calls after consulting the tool server's ledger, with signed ``ResolveUnknown`` commands."""
+
+    def __init__(
+        self, settings: Settings, codec: Codec, tail: _LogTail, toolserver_url: str, key: Ed25519PrivateKey
+    ) -> None:
+        self._settings = settings
+        self._codec = codec
+        self._tail = tail
+        self._key = key
+        self._toolserver_url = toolserver_url
+        self._producer = Producer(producer_config(settings))
+        self._sent: dict[tuple[str, str], tuple[str, float]] = {}
+        self.kinds: dict[tuple[str, str], str] = {}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bfcl-operator", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self._producer.flush(10)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.25):
+                self.step()
+        except BaseException as exc:  # noqa: BLE001 - reported by the run (DemoError), never swallowed
+            self.error = exc
+
+    def _executed_output(self, conversation_id: str, key: str) -> str | bool | None:
+        """The output recorded under ``key`` (str), None when it never ran, False when the ledger cannot be read."""
+        client = ToolServerClient(self._toolserver_url, timeout_s=5.0)
+        try:
+            records = client.ledger(conversation_id, key)
+        except httpx.TransportError:
+            return False  # the tool server is restarting: ask again later
+        finally:
+            client.close()
+        ran = [r for r in records if r.execution_count > 0]
+        return ran[0].output if ran else None
+
+    def step(self) -> None:
+        """Resolve every pending Unknown once (again when its command was rejected or got no answer in 30 s)."""
+        for cid, sub, call, prepared in self._tail.pending_unknowns():
+            sent = self._sent.get((sub, call))
+            if sent is not None:
+                command_id, at = sent
+                if self._tail.rejection(command_id) is None and time.monotonic() - at < 30.0:
+                    continue
+                if self._tail.rejection(command_id) is not None and time.monotonic() - at < 1.0:
+                    continue
+            if prepared is None:
+                continue  # its prepared record is read right after; next round
+            output = self._executed_output(cid, prepared.idempotency_key)
+            if output is False:
+                continue
+            if isinstance(output, str):
+                kind, result_json = ResolutionKind.CALL_OUTCOME, canonical_json(output)
+            else:
+                kind, result_json = ResolutionKind.SAFE_TO_RETRY, None
+            fields: dict[str, Any] = {
+                "command_id": f"resolve-{uuid.uuid4().hex[:12]}",
+                "principal": "bfcl-operator",
+                "conversation_id": cid,
+                "submission_id": sub,
+                "call_id": call,
+                "kind": kind,
+                "outcome": None,
+                "result_json": result_json,
+                "key_id": RESOLVER_KEY_ID,
+                "requested_at": datetime.now(UTC),
+            }
+            unsigned = ResolveUnknown(**fields, signature=b"")
+            command = ResolveUnknown(**fields, signature=self._key.sign(unsigned.signing_bytes()))
+            self._producer.produce(self._settings.topic("inbox"), key=cid.encode(), value=self._codec.encode(command))
+            self._producer.flush(10)
+            self._sent[(sub, call)] = (command.command_id, time.monotonic())
+            self.kinds[(sub, call)] = kind.value
+
+
+# --- chaos ---------------------------------------------------------------------------------------------------------
+
+
+class _Chaos:
+    """Arms the schedule's kills one at a time, and restarts the broker and the tool server once, as the run goes."""
+
+    _ARMED_FOR_S = 30.0  # an armed kill that has not fired by then is disarmed and skipped
+    _SETTLE_AFTER_START_S = 5.0  # a fresh incarnation first claims its partitions
+
+    def __init__(
+        self,
+        schedule: Sequence[ScheduledKill],
+        slots: Sequence[_WorkerSlot],
+        tail: _LogTail,
+        total: int,
+        broker: KafkaBroker | None,
+        toolserver: ToolServerProcess | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self._pending = list(schedule)
+        self._slots = slots
+        self._tail = tail
+        self._say = say
+        self._broker = broker
+        self._toolserver = toolserver
+        steps = len(schedule) + 2
+        self._kill_at = [total * (j + 1) / (steps + 1) for j in range(len(schedule))]
+        self._broker_at = total * 0.4 if broker is not None else None
+        self._toolserver_at = total * 0.65 if toolserver is not None else None
+        self._next_slot = 0
+        self.skipped: list[str] = []
+        self.broker_restarts = 0
+        self.toolserver_restarts = 0
+        self.last_action = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return any(slot.armed is not None for slot in self._slots)
+
+    def disarm_all(self) -> None:
+        for slot in self._slots:
+            slot.disarm()
+
+    def step(self, settled: int) -> None:
+        for slot in self._slots:
+            if slot.armed is not None and time.monotonic() - slot.armed_at > self._ARMED_FOR_S:
+                self.skipped.append(slot.armed.spec)
+                self._say(f"chaos: {slot.armed.spec} on worker {slot.index} did not fire; skipped")
+                slot.disarm()
+        if self.busy or self._tail.max_unsettled_attempts() > 1:
+            return  # one fault at a time, and only once every earlier kill's recovery has settled
+        if time.monotonic() - self.last_action < 2.0:
+            return
+        if self._broker_at is not None and settled >= self._broker_at:
+            self._broker_at = None
+            self._restart_broker()
+            return
+        if self._toolserver_at is not None and settled >= self._toolserver_at:
+            self._toolserver_at = None
+            self._restart_toolserver()
+            return
+        if self._pending and settled >= self._kill_at[0]:
+            for _ in range(len(self._slots)):
+                slot = self._slots[self._next_slot % len(self._slots)]
+                self._next_slot += 1
+                up_for = time.monotonic() - slot.started_at
+                if slot.exit_code() is None and up_for >= self._SETTLE_AFTER_START_S:
+                    kill = self._pending.pop(0)
+                    self._kill_at.pop(0)
+                    slot.arm(kill)
+                    self.last_action = time.monotonic()
+                    return
+
+    def _restart_broker(self) -> None:
+        assert self._broker is not None
+        self._say("chaos: restarting the broker")
+        self._broker.stop()
+        try:
+            self._broker.start()
+        except StackError:
+            self._broker.start()  # a restarted JVM occasionally exits at start-up; once more
+        self.broker_restarts += 1
+        self.last_action = time.monotonic()
+        self._say("chaos: the broker is back")
+
+    def _restart_toolserver(self) -> None:
+        assert self._toolserver is not None
+        self._say("chaos: killing the tool server (SIGKILL) and starting it again on its file")
+        self._toolserver.kill()
+        time.sleep(0.5)
+        self._toolserver.start()
+        self.toolserver_restarts += 1
+        self.last_action = time.monotonic()
+
+
+# --- the driver ----------------------------------------------------------------------------------------------------
+
+
+class _Driver:
+    """Submits each conversation's turns in order (turn k+1 once turn k settled) through one shared client."""
+
+    def __init__(self, client: Client, deadline: float, stop: threading.Event) -> None:
+        self._client = client
+        self._deadline = deadline
+        self._stop = stop
+        self._lock = threading.Lock()
+        self.settled = 0
+        self.outcomes: Counter[str] = Counter()
+        self.errors: list[str] = []
+
+    def _left_s(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def _submit(self, entry: Entry, turn_index: int) -> Receipt | None:
+        turn = entry.turns[turn_index]
+        while not self._stop.is_set() and self._left_s() > 0:
+            try:
+                return self._client.submit(
+                    entry.id,
+                    turn_input(entry, turn_index),
+                    idempotency_key=f"{entry.id}/t{turn_index}",
+                    tools_offered=turn.tools,
+                    timeout_s=min(30.0, max(self._left_s(), 1.0)),
+                )
+            except (SubmissionOutcomeUnknown, BrokerUnavailable):
+                time.sleep(0.5)  # the same key and payload find the original receipt (DESIGN.md §4)
+            except ClientError as exc:
+                with self._lock:
+                    self.errors.append(f"{entry.id} turn {turn_index}: submit: {exc}")
+                return None
+        return None
+
+    def _wait(self, receipt: Receipt) -> str | None:
+        while not self._stop.is_set() and self._left_s() > 0:
+            try:
+                record = self._client.wait(receipt, timeout_s=min(60.0, max(self._left_s(), 1.0)))
+            except (SettlementTimeout, BrokerUnavailable):
+                continue  # blocked on an Unknown, or the broker is restarting
+            return record.outcome.value
+        return None
+
+    def run(self, entry: Entry) -> None:
+        """Run one conversation's turns in order; stop at the first turn that does not complete."""
+        for turn_index in range(len(entry.turns)):
+            receipt = self._submit(entry, turn_index)
+            if receipt is None:
+                return
+            outcome = self._wait(receipt)
+            if outcome is None:
+                return
+            with self._lock:
+                self.settled += 1
+                self.outcomes[outcome] += 1
+            if outcome != _COMPLETED:
+                with self._lock:
+                    self.errors.append(f"{entry.id} turn {turn_index} settled {outcome}")
+                return
+
+
+# --- the projection check ------------------------------------------------------------------------------------------
+
+
+def _projection_mismatches(
+    settings: Settings,
+    events: Mapping[str, Sequence[LogEvent]],
+    last_seqs: Mapping[str, int],
+    conversation_ids: Sequence[str],
+    timeout_s: float,
+) -> list[str]:
+    """Compare each conversation's projection (runs, outcomes, queue, last event) with the log; wait to catch up."""
+    names = ProjectionNames(default_schema(settings.namespace))
+    expected: dict[str, dict[str, str | None]] = {}
+    for cid in conversation_ids:
+        outcomes: dict[str, str | None] = {}
+        for e in events.get(cid, ()):
+            if isinstance(e, SubmissionAdmitted):
+                outcomes.setdefault(e.submission_id, None)
+            elif isinstance(e, Settlement):
+                outcomes[e.submission_id] = e.outcome.value
+        expected[cid] = outcomes
+    deadline = time.monotonic() + timeout_s
+    with ProjectionReader(settings.postgres_dsn, names) as reader:
+        while True:
+            problems: list[str] = []
+            for cid in conversation_ids:
+                conv = reader.conversation(cid)
+                if conv is None:
+                    problems.append(f"{cid}: not in the projection")
+                    continue
+                if conv["last_event_seq"] != last_seqs.get(cid):
+                    problems.append(
+                        f"{cid}: projection at event seq {conv['last_event_seq']}, the log at {last_seqs.get(cid)}"
+                    )
+                    continue
+                runs = {str(r["submission_id"]): r["outcome"] for r in reader.runs(conversation_id=cid, limit=1000)}
+                if runs != expected[cid]:
+                    problems.append(f"{cid}: projected outcomes {runs} differ from the log's {expected[cid]}")
+                unsettled = sum(1 for o in expected[cid].values() if o is None)
+                if conv["queue_depth"] != unsettled or conv["unknown_count"] != 0:
+                    problems.append(
+                        f"{cid}: projected queue depth {conv['queue_depth']} / unknown {conv['unknown_count']}, the "
+                        f"log has {unsettled} unsettled"
+                    )
+            if not problems or time.monotonic() > deadline:
+                return problems
+            time.sleep(1.0)
+
+
+# --- the run -------------------------------------------------------------------------------------------------------
+
+
+def _fresh_namespace() -> str:
+    return f"bfcl_{datetime.now(UTC):%Y%m%d_%H%M%S}_{uuid.uuid4().hex[:6]}"
+
+
+def _services(settings: Settings, say: Callable[[str], None]) -> tuple[str, str, KafkaBroker | None]:
+    """Kafka and PostgreSQL to use, and the broker the demo may restart (the dev stack's, when it is the one used)."""
+    from settled.services._cli_dev import stack_from_settings
+
+    stack: DevStack = stack_from_settings(settings)
+    bootstrap, dsn = settings.kafka_bootstrap, settings.postgres_dsn
+    if not bootstrap or not dsn:
+        say(f"starting the local dev stack (state folder {settings.state_dir})")
+        got_bootstrap, got_dsn = stack.up()
+        bootstrap, dsn = bootstrap or got_bootstrap, dsn or got_dsn
+    broker = stack.broker()
+    managed = broker if broker.bootstrap == bootstrap and broker.is_running() else None
+    return bootstrap, dsn, managed
+
+
+@contextlib.contextmanager
+def _progress(console: Console, total: int) -> Iterator[tuple[Progress, Any]]:
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("submissions settled"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+    )
+    with progress:
+        task = progress.add_task("BFCL", total=total, status="")
+        yield progress, task
+
+
+def run_demo(
+    options: DemoOptions,
+    settings: Settings | None = None,
+    *,
+    namespace: str | None = None,
+    console: Console | None = None,
+) -> DemoResult:
+    """Run the BFCL job end to end (the module docstring) and judge it.
+
+    Args:
+        options: What to run.
+        settings: Kafka/Postgres and tuning (``Settings()`` when None); its namespace is replaced.
+        namespace: The namespace to run in; a fresh one when None.
+        console: Where progress and messages go.
+
+    Returns:
+        The result (``result.passed`` decides the exit code).
+
+    Raises:
+        DemoError: A service did not start, a helper thread failed, or the judge could not run.
+    """
+    console = console or Console()
+    base = settings or Settings()
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    started = time.monotonic()
+    deadline = started + options.timeout_s
+
+    def say(text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - started:7.1f}s[/dim] {text}")
+
+    say(f"seed {seed} (replay with --seed {seed})")
+    bootstrap, dsn, broker = _services(base, say)
+    ns = namespace or _fresh_namespace()
+    s = base.model_copy(update={"namespace": ns, "kafka_bootstrap": bootstrap, "postgres_dsn": dsn})
+    work_dir = options.work_dir or (base.state_dir / "bfcl-demo" / ns)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    say(f"namespace {ns}; Kafka {bootstrap}; PostgreSQL {dsn}; logs in {work_dir}")
+
+    corpus = load_corpus(options.category)
+    entries = replayable_entries(corpus)
+    if options.conversations is not None:
+        entries = entries[: options.conversations]
+    total = sum(len(entry.turns) for entry in entries)
+    codec = Codec()
+    provision_topics(s, codec, datetime.now(UTC))
+
+    key = Ed25519PrivateKey.generate()
+    public_b64 = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+    toolserver = ToolServerProcess(
+        work_dir / "toolserver.sqlite",
+        dedup=options.dedup,
+        non_idempotent_classes=options.no_idempotency,
+        log_path=work_dir / "toolserver.log",
+    )
+    slots: list[_WorkerSlot] = []
+    projector: _Projector | None = None
+    tail = _LogTail(s, codec)
+    operator: _Operator | None = None
+    stop = threading.Event()
+    kills = unexpected = 0
+    chaos: _Chaos | None = None
+    schedule: tuple[ScheduledKill, ...] = ()
+    try:
+        toolserver.start()
+        with toolserver.client() as ts:
+            for entry in entries:
+                ts.create_conversation_for_entry(entry.id, entry)
+        config = BfclAppConfig(
+            toolserver_url=toolserver.base_url,
+            mode=options.mode,
+            seed=seed,
+            adversarial=options.adversarial,
+            non_idempotent_classes=options.no_idempotency,
+            resolver_key_b64=public_b64,
+        )
+        env = _child_env(s, config)
+        projector = _Projector(env, work_dir)
+        projector.spawn()
+        slots = [_WorkerSlot(i, env, work_dir) for i in range(options.workers)]
+        for slot in slots:
+            slot.spawn()
+        tail.start()
+        operator = _Operator(s, codec, tail, toolserver.base_url, key)
+        operator.start()
+        if options.chaos:
+            count = options.kills if options.kills is not None else max(3, round(len(entries) / 8))
+            schedule = chaos_schedule(seed, count)
+            say(f"chaos schedule (seed {seed}): {'; '.join(k.spec for k in schedule)}")
+            chaos = _Chaos(
+                schedule,
+                slots,
+                tail,
+                total,
+                broker if options.broker_restart else None,
+                toolserver if options.toolserver_restart else None,
+                say,
+            )
+            if options.broker_restart and broker is None:
+                say("chaos: the broker is not one the demo manages (SETTLED_KAFKA_BOOTSTRAP); no broker restart")
+        say(
+            f"{len(entries)} {options.category} conversations, {total} turns, {options.workers} workers, mode "
+            f"{options.mode.value}" + (", chaos" if options.chaos else "")
+        )
+        with Client(s, default_timeout_s=30.0) as client, _progress(console, total) as (progress, task):
+            driver = _Driver(client, deadline, stop)
+            pool = ThreadPoolExecutor(max_workers=options.in_flight, thread_name_prefix="bfcl-conversation")
+            futures = [pool.submit(driver.run, entry) for entry in entries]
+            try:
+                while not all(f.done() for f in futures):
+                    if time.monotonic() > deadline:
+                        say(f"[red]timed out after {options.timeout_s:.0f} s[/red]")
+                        break
+                    for slot in slots:
+                        code = slot.exit_code()
+                        if code is None:
+                            continue
+                        if slot.armed is not None and code == _KILLED:
+                            kills += 1
+                            say(f"chaos: worker {slot.index} killed at {slot.armed.spec} (kill {kills})")
+                        else:
+                            unexpected += 1
+                            say(f"[yellow]worker {slot.index} exited with code {code}; see {slot.log_path}[/yellow]")
+                        slot.disarm()
+                        slot.spawn()
+                    projector.supervise()
+                    if tail.error is not None:
+                        raise DemoError(f"reading the log failed: {tail.error!r}") from tail.error
+                    if operator.error is not None:
+                        raise DemoError(f"the operator step failed: {operator.error!r}") from operator.error
+                    if chaos is not None:
+                        chaos.step(driver.settled)
+                    resolved = sum(1 for k in operator.kinds if k in tail.resolved)
+                    progress.update(
+                        task,
+                        completed=driver.settled,
+                        status=f"kills {kills}/{len(schedule)}  Unknowns {len(tail.unknowns)} raised, "
+                        f"{resolved} resolved",
+                    )
+                    time.sleep(0.2)
+            finally:
+                stop.set()
+                if chaos is not None:
+                    chaos.disarm_all()
+                pool.shutdown(wait=True, cancel_futures=True)
+                progress.update(task, completed=driver.settled)
+        say("every conversation has run; reading the log")
+        events, last_seqs = _read_log(s, codec)
+        entry_ids = {entry.id: entry.id for entry in entries}
+        logs = conversation_logs(events, entry_ids)
+        say("waiting for the projection to match the log")
+        mismatches = _projection_mismatches(s, events, last_seqs, list(entry_ids), timeout_s=120.0)
+        unknowns = tail.unknown_cases(operator.kinds)
+    finally:
+        stop.set()
+        for slot in slots:
+            slot.stop()
+        if projector is not None:
+            projector.stop()
+        if operator is not None:
+            operator.stop()
+        tail.stop()
+        toolserver.stop()
+    say("judging in a fresh process")
+    verdicts = judge_in_fresh_process(toolserver.db_path, logs, adversarial=options.adversarial)
+    settlements = [(turn, outcome) for log in logs for turn, outcome in log.settlements]
+    dead = sum(1 for _, outcome in settlements if outcome == SettlementOutcome.FAILED.value)
+    settled_turns = {(log.conversation_id, turn) for log in logs for turn, _ in log.settlements}
+    lost = total - len(settled_turns)
+    elapsed = time.monotonic() - started
+    summary = VerdictSummary(
+        verdicts=verdicts,
+        seed=seed,
+        elapsed_s=elapsed,
+        unknowns_raised=len(unknowns),
+        unknowns_resolved=sum(1 for u in unknowns if u.resolved),
+        title=f"BFCL {options.category}: settled demo bfcl" + (" --chaos" if options.chaos else ""),
+        extra={
+            "lost submissions": str(lost),
+            "dead letters (settled failed)": str(dead),
+            "projection matches the log": "yes" if not mismatches else f"no ({len(mismatches)} conversations)",
+            "worker kills": f"{kills} of {len(schedule)} scheduled" if options.chaos else "0 (no --chaos)",
+            "broker restarts": str(chaos.broker_restarts if chaos is not None else 0),
+            "tool-server restarts": str(chaos.toolserver_restarts if chaos is not None else 0),
+            "unexpected worker exits": str(unexpected),
+            "tool-server dedup": "on" if options.dedup else "OFF (negative control)",
+            "not idempotent": ", ".join(sorted(options.no_idempotency)) or "-",
+            "replay mode": options.mode.value + (" + adversarial" if options.adversarial else ""),
+            "turns/s": f"{total / elapsed:.1f}",
+            "namespace": ns,
+        },
+    )
+    return DemoResult(
+        summary=summary,
+        namespace=ns,
+        work_dir=work_dir,
+        submissions=total,
+        settled=len(settlements),
+        lost_submissions=lost,
+        dead_letters=dead,
+        kills=kills,
+        schedule=tuple(k.spec for k in schedule),
+        broker_restarts=chaos.broker_restarts if chaos is not None else 0,
+        toolserver_restarts=chaos.toolserver_restarts if chaos is not None else 0,
+        unexpected_exits=unexpected,
+        unknowns=unknowns,
+        projection_mismatches=tuple(mismatches),
+    )
+
+
+def render_demo(result: DemoResult, console: Console) -> None:
+    """Print the verdict table, the failures, the Unknowns and any projection mismatch.
+
+    Args:
+        result: The run's result.
+        console: Where to print.
+    """
+    console.print(render_summary(result.summary))
+    if result.summary.failed:
+        console.print(render_failures(result.summary.verdicts))
+    if result.unknowns:
+        table = Table(title=f"Unknown calls ({len(result.unknowns)}), resolved by the operator step")
+        for column in ("conversation", "call", "tool", "reason", "resolution", "recorded"):
+            table.add_column(column)
+        for u in result.unknowns[:40]:
+            reason = u.reason if len(u.reason) <= 60 else u.reason[:57] + "..."
+            table.add_row(
+                u.conversation_id, u.call_id[-12:], u.tool, reason, u.kind or "-", "yes" if u.resolved else "no"
+            )
+        console.print(table)
+    for line in result.projection_mismatches[:20]:
+        console.print(f"[red]projection:[/red] {line}")
+    verdict = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
+    console.print(f"{verdict}: logs and the tool server's file are in {result.work_dir}")
