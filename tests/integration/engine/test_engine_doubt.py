@@ -51,7 +51,7 @@ def test_abort_while_an_idempotent_tool_runs_settles_aborted_and_its_late_return
     topics: Settings, spawn_worker: SpawnWorker, world_db: Path
 ) -> None:
     s = topics
-    sub = proposal("conv-a", value=plan({"tool": "slow_long_idem", "args": {"sleep_s": 4}}))
+    sub = proposal("conv-a", value=plan({"tool": "slow_long_idem", "args": {"sleep_s": 8}}))
     spawn_worker("w")
     send(s, sub)
     wait_for(lambda: invocations(world_db, "slow_long_idem") == 1, TIMEOUT_S, "the slow tool to start")
@@ -72,7 +72,7 @@ def test_abort_while_a_non_idempotent_call_is_in_flight_is_unknown_then_aborted_
     topics: Settings, spawn_worker: SpawnWorker, world_db: Path
 ) -> None:
     s = topics
-    sub = proposal("conv-b", value=plan({"tool": "slow_long", "args": {"sleep_s": 4}}))
+    sub = proposal("conv-b", value=plan({"tool": "slow_long", "args": {"sleep_s": 8}}))
     spawn_worker("w")
     send(s, sub)
     wait_for(lambda: invocations(world_db, "slow_long") == 1, TIMEOUT_S, "the slow tool to start")
@@ -84,7 +84,7 @@ def test_abort_while_a_non_idempotent_call_is_in_flight_is_unknown_then_aborted_
     assert settled(s, sub.submission_id) is None, "an abort does not settle a call in doubt (DESIGN.md §5)"
     assert not [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]
     (unknown,) = [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallUnknown)]
-    send(s, sign_resolution("conv-b", sub.submission_id, unknown.call_id, {"slept": 4}))
+    send(s, sign_resolution("conv-b", sub.submission_id, unknown.call_id, {"slept": 8}))
     wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the aborted settlement")
     result = settled(s, sub.submission_id)
     assert result is not None and result.outcome is SettlementOutcome.ABORTED, result

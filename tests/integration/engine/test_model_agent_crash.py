@@ -93,7 +93,7 @@ def test_later_prompts_hold_no_orphan_call_or_result_of_an_aborted_run(
     s = topics
     first = script([{"calls": [["k1", "charge_idem", {"amount": 1}]]}], [{"answer": "charged"}])
     half = script(
-        [{"calls": [["h1", "charge_idem", {"amount": 2}], ["h2", "slow_long_idem", {"sleep_s": 4}]]}],
+        [{"calls": [["h1", "charge_idem", {"amount": 2}], ["h2", "slow_long_idem", {"sleep_s": 8}]]}],
         [{"answer": "never"}],
     )
     last = script([{"answer": "ok"}])
