@@ -10,8 +10,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -103,10 +108,31 @@ def _classes(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
 
 
+@contextlib.contextmanager
+def _native_stderr_to(path: Path) -> Iterator[None]:
+    """Send file descriptor 2 to ``path`` meanwhile.
+
+    librdkafka's own log lines (e.g. "Connection refused" during the chaos broker restart) would bury the progress bar.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def _run_bfcl(options: DemoOptions) -> None:
     from settled.services.bfcl._demo import render_demo, run_demo
 
-    result = run_demo(options, console=_console)
+    native_log = Settings().state_dir / "bfcl-demo" / "native-stderr.log"
+    with _native_stderr_to(native_log):
+        result = run_demo(options, console=_console)
     render_demo(result, _console)
     if not result.passed:
         raise typer.Exit(1)

@@ -11,9 +11,10 @@ Issue 8, Build item 4; DESIGN.md §9. `run_demo` does the whole job:
    many conversations at once; each submission offers its turn's tools.
 4. ``--chaos``: worker processes are SIGKILLed at failpoints drawn from the logged seed (`chaos_schedule`; at least
    one at ``engine.tool_returned``, "tool applied, settlement not committed"), armed one at a time through each
-   worker's failpoint control folder and only while every unsettled submission has at most one attempt, so no
-   submission's attempts are killed ``max_attempts`` times; plus one broker restart (when the demo manages the
-   broker: the dev stack's) and one tool-server restart (SIGKILL, then start on the same file).
+   worker's failpoint control folder and only while every unsettled submission has started fewer than
+   ``max_attempts`` attempts, so no submission's attempts are killed ``max_attempts`` times; plus one broker restart
+   (when the demo manages the broker: the dev stack's, or one the caller passes) and one tool-server restart
+   (SIGKILL, then start on the same file).
 5. The operator step: every Unknown call (``ToolCallUnknown`` in the log) is looked up in the tool server's ledger
    under its idempotency key; executed → a signed ``ResolveUnknown`` carrying the recorded output
    (``call_outcome``), never executed → ``safe_to_retry`` (DESIGN.md §4, §5).
@@ -667,10 +668,17 @@ class _Operator:
 
 
 class _Chaos:
-    """Arms the schedule's kills one at a time, and restarts the broker and the tool server once, as the run goes."""
+    """Arms the schedule's kills one at a time, and restarts the broker and the tool server once, as the run goes.
+
+    The faults are due at fractions of the submissions settled (kill j of K at 60% * j / K, the tool-server restart
+    at 65%, the broker restart at 75%) and go in due order, one at a time: a kill is armed only when the previous
+    fault is over (its worker died) and every unsettled submission has started at most ``max_attempts - 1``
+    attempts: a kill ends at most one attempt of each, so no submission's attempts are killed ``max_attempts`` times
+    (issue 8). A fault that falls behind goes as soon as that gate opens.
+    """
 
     _ARMED_FOR_S = 30.0  # an armed kill that has not fired by then is disarmed and skipped
-    _SETTLE_AFTER_START_S = 5.0  # a fresh incarnation first claims its partitions
+    _SETTLE_AFTER_START_S = 3.0  # a fresh incarnation first claims its partitions
 
     def __init__(
         self,
@@ -681,17 +689,22 @@ class _Chaos:
         broker: KafkaBroker | None,
         toolserver: ToolServerProcess | None,
         say: Callable[[str], None],
+        max_attempts: int = 3,
     ) -> None:
-        self._pending = list(schedule)
         self._slots = slots
         self._tail = tail
         self._say = say
         self._broker = broker
         self._toolserver = toolserver
-        steps = len(schedule) + 2
-        self._kill_at = [total * (j + 1) / (steps + 1) for j in range(len(schedule))]
-        self._broker_at = total * 0.4 if broker is not None else None
-        self._toolserver_at = total * 0.65 if toolserver is not None else None
+        self._max_attempts = max_attempts
+        actions: list[tuple[float, int, ScheduledKill | str]] = [
+            (total * 0.6 * j / max(len(schedule), 1), j, kill) for j, kill in enumerate(schedule)
+        ]
+        if toolserver is not None:
+            actions.append((total * 0.65, -2, "toolserver"))
+        if broker is not None:
+            actions.append((total * 0.75, -1, "broker"))
+        self._actions = sorted(actions, key=lambda a: (a[0], a[1]))
         self._next_slot = 0
         self.skipped: list[str] = []
         self.broker_restarts = 0
@@ -712,34 +725,32 @@ class _Chaos:
                 self.skipped.append(slot.armed.spec)
                 self._say(f"chaos: {slot.armed.spec} on worker {slot.index} did not fire; skipped")
                 slot.disarm()
-        if self.busy or self._tail.max_unsettled_attempts() > 1:
-            return  # one fault at a time, and only once every earlier kill's recovery has settled
-        if time.monotonic() - self.last_action < 2.0:
+        if not self._actions or settled < self._actions[0][0] or self.busy:
             return
-        if self._broker_at is not None and settled >= self._broker_at:
-            self._broker_at = None
+        if self._tail.max_unsettled_attempts() >= self._max_attempts or time.monotonic() - self.last_action < 1.0:
+            return
+        action = self._actions[0][2]
+        if action == "broker":
+            self._actions.pop(0)
             self._restart_broker()
-            return
-        if self._toolserver_at is not None and settled >= self._toolserver_at:
-            self._toolserver_at = None
+        elif action == "toolserver":
+            self._actions.pop(0)
             self._restart_toolserver()
-            return
-        if self._pending and settled >= self._kill_at[0]:
+        elif isinstance(action, ScheduledKill):
             for _ in range(len(self._slots)):
                 slot = self._slots[self._next_slot % len(self._slots)]
                 self._next_slot += 1
-                up_for = time.monotonic() - slot.started_at
-                if slot.exit_code() is None and up_for >= self._SETTLE_AFTER_START_S:
-                    kill = self._pending.pop(0)
-                    self._kill_at.pop(0)
-                    slot.arm(kill)
+                if slot.exit_code() is None and time.monotonic() - slot.started_at >= self._SETTLE_AFTER_START_S:
+                    self._actions.pop(0)
+                    slot.arm(action)
                     self.last_action = time.monotonic()
                     return
 
     def _restart_broker(self) -> None:
         assert self._broker is not None
-        self._say("chaos: restarting the broker")
+        self._say("chaos: stopping the broker (SIGTERM)")
         self._broker.stop()
+        self._say("chaos: starting the broker again")
         try:
             self._broker.start()
         except StackError:
@@ -915,6 +926,7 @@ def run_demo(
     *,
     namespace: str | None = None,
     console: Console | None = None,
+    broker: KafkaBroker | None = None,
 ) -> DemoResult:
     """Run the BFCL job end to end (the module docstring) and judge it.
 
@@ -923,6 +935,8 @@ def run_demo(
         settings: Kafka/Postgres and tuning (``Settings()`` when None); its namespace is replaced.
         namespace: The namespace to run in; a fresh one when None.
         console: Where progress and messages go.
+        broker: A broker the caller manages and the demo may restart under chaos (``settings.kafka_bootstrap`` must
+            be its address); None: the dev stack's broker when that is the one in use, else no broker restart.
 
     Returns:
         The result (``result.passed`` decides the exit code).
@@ -936,14 +950,25 @@ def run_demo(
     started = time.monotonic()
     deadline = started + options.timeout_s
 
-    def say(text: str) -> None:
-        console.print(f"[dim]{time.monotonic() - started:7.1f}s[/dim] {text}")
+    timeline: list[str] = []  # also written to <work dir>/demo.log
 
-    say(f"seed {seed} (replay with --seed {seed})")
-    bootstrap, dsn, broker = _services(base, say)
+    def say(text: str) -> None:
+        stamp = f"{time.monotonic() - started:7.1f}s"
+        timeline.append(f"{stamp} {text}\n")
+        console.print(f"[dim]{stamp}[/dim] {text}")
+        if work_dir.exists():
+            with (work_dir / "demo.log").open("a") as out:
+                out.writelines(timeline)
+            timeline.clear()
+
     ns = namespace or _fresh_namespace()
-    s = base.model_copy(update={"namespace": ns, "kafka_bootstrap": bootstrap, "postgres_dsn": dsn})
     work_dir = options.work_dir or (base.state_dir / "bfcl-demo" / ns)
+    say(f"seed {seed} (replay with --seed {seed})")
+    bootstrap, dsn, stack_broker = _services(base, say)
+    if broker is not None and broker.bootstrap != bootstrap:
+        raise DemoError(f"broker {broker.bootstrap} is not the configured Kafka {bootstrap}")
+    broker = broker or stack_broker
+    s = base.model_copy(update={"namespace": ns, "kafka_bootstrap": bootstrap, "postgres_dsn": dsn})
     work_dir.mkdir(parents=True, exist_ok=True)
     say(f"namespace {ns}; Kafka {bootstrap}; PostgreSQL {dsn}; logs in {work_dir}")
 
@@ -1089,7 +1114,11 @@ def run_demo(
             "lost submissions": str(lost),
             "dead letters (settled failed)": str(dead),
             "projection matches the log": "yes" if not mismatches else f"no ({len(mismatches)} conversations)",
-            "worker kills": f"{kills} of {len(schedule)} scheduled" if options.chaos else "0 (no --chaos)",
+            "worker kills": (
+                f"{kills} of {len(schedule)} scheduled ({len(chaos.skipped)} armed but never hit)"
+                if chaos is not None
+                else "0 (no --chaos)"
+            ),
             "broker restarts": str(chaos.broker_restarts if chaos is not None else 0),
             "tool-server restarts": str(chaos.toolserver_restarts if chaos is not None else 0),
             "unexpected worker exits": str(unexpected),
