@@ -246,3 +246,9 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
             )
         results.append(value)
     return {"results": results}
+
+
+@app.tool(idempotent=True, timeout_s=10, parallel_safe=True)
+def sleep_par(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Idempotent and parallel-safe; sleeps ``sleep_s`` then applies one effect per key (scenario 17's batch)."""
+    return _slow("sleep_par", args, call, dedupe=True)

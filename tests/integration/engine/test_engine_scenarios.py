@@ -1,0 +1,234 @@
+"""Execution-engine scenarios in real workers (issue 6; /work/shared/scenarios.md 7, 17, 21).
+
+* 7 (FIFO/REC): a run killed between two tool calls resumes at the next call after two restarts; the lane's queued
+  submissions follow in order.
+* 17 (STEP/parallel): a declared batch of three parallel-safe calls killed at a seeded failpoint: one settlement
+  per call, one effect per call, one more attempt per kill.
+* 21 (TOOL): two identical calls in one turn get distinct call ids and idempotency keys; a kill between them
+  re-runs only the unsettled one; the next prompt pairs every result with its own call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from settled._settings import Settings
+from settled.schemas import (
+    AttemptStarted,
+    RecoveryDecisionKind,
+    SettlementOutcome,
+    ToolCallPrepared,
+    ToolCallSettled,
+    ToolCallUnknown,
+    canonical_json,
+)
+from tests._promise import promise
+from tests.integration.engine._helpers import (
+    TIMEOUT_S,
+    count,
+    decisions,
+    effects,
+    events_of,
+    killed,
+    plan,
+    send,
+    settled,
+    settlements,
+)
+from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.engine.engine_app import world
+from tests.integration.engine.model_app import prompts
+from tests.integration.helpers import proposal, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+_log = logging.getLogger(__name__)
+MODEL_APP = "tests.integration.engine.model_app:app"
+
+
+def _per_key(db: Path, table: str, tool: str) -> dict[str, int]:
+    with world(str(db)) as conn:
+        rows = conn.execute(f"SELECT key, count(*) FROM {table} WHERE tool = ? GROUP BY key", (tool,)).fetchall()
+    return {str(k): int(n) for k, n in rows}
+
+
+def test_scenario_7_a_run_killed_between_steps_resumes_at_step_3_and_the_lane_follows_in_order(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
+) -> None:
+    s = topics
+    a_sub = proposal(
+        "conv-7",
+        value=plan(*({"tool": "charge_idem", "args": {"amount": n}} for n in (1, 2, 3))),
+    )
+    b_sub = proposal("conv-7", value=plan({"tool": "charge_idem", "args": {"amount": 20}}))
+    d_sub = proposal("conv-7", value=plan({"uuid": True}))
+    # Worker 1 dies right after A's step-2 settlement commits (step 3 not prepared).
+    w1 = spawn_worker("w1", failpoints="engine.after_settled_commit=2*kill")
+    send(s, a_sub, b_sub, d_sub)
+    killed(w1, tmp_path / "w1.log")
+    prepared = [e for e in events_of(s, a_sub.submission_id) if isinstance(e, ToolCallPrepared)]
+    assert [p.ordinal for p in prepared] == [0, 1], f"at the first kill: prepared ordinals {prepared}"
+    started_b = [e for e in events_of(s, b_sub.submission_id) if isinstance(e, AttemptStarted)]
+    assert settled(s, b_sub.submission_id) is None and not started_b, "B started while A was active"
+
+    # Restart 1: the new owner's first prepared call is A's step 3 (ordinal 2); it dies right after that commit.
+    w2 = spawn_worker("w2", failpoints="engine.after_prepared_commit=1*kill")
+    killed(w2, tmp_path / "w2.log")
+    prepared = [e for e in events_of(s, a_sub.submission_id) if isinstance(e, ToolCallPrepared)]
+    promise(
+        "DUR-013.resume-at-next-step",
+        [p.ordinal for p in prepared] == [0, 1, 2],
+        f"after restart 1, A's prepared ordinals {[p.ordinal for p in prepared]} (expected to resume at 2)",
+    )
+    # Restart 2: everything settles, in FIFO order.
+    spawn_worker("w3")
+    wait_for(lambda: settled(s, d_sub.submission_id) is not None, TIMEOUT_S, "D to settle (the lane not wedged)")
+    order = [r.submission_id for r in settlements(s)]
+    promise(
+        "DUR-004.fifo",
+        order == [a_sub.submission_id, b_sub.submission_id, d_sub.submission_id],
+        f"settlement order {order}",
+    )
+    result = settled(s, a_sub.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert result.reply_json == canonical_json({"results": [{"charged": n, "tool": "charge_idem"} for n in (1, 2, 3)]})
+    assert result.attempt_count == 3, result
+    for sub in (b_sub, d_sub):
+        r = settled(s, sub.submission_id)
+        assert r is not None and r.outcome is SettlementOutcome.COMPLETED and r.attempt_count == 1, r
+    # Steps 1 and 2 never ran again; step 3 ran at most twice (prepared-then-killed, retried) under one key.
+    runs = [
+        count(world_db, "SELECT count(*) FROM invocations WHERE submission = ? AND key = ?", a_sub.submission_id, k)
+        for k in (p.idempotency_key for p in prepared)
+    ]
+    promise("DUR-009.not-replayed", runs == [1, 1, 1], f"invocations per step of A: {runs}")
+    assert effects(world_db, "charge_idem") == 4  # A's three steps and B's one
+
+
+FAILPOINTS_17 = ["engine.after_prepared_commit", "engine.tool_returned", "engine.after_settled_commit"]
+
+
+@pytest.mark.parametrize("repetition", range(5))
+def test_scenario_17_a_parallel_batch_killed_at_a_seeded_failpoint_settles_each_call_once(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path, repetition: int
+) -> None:
+    seed = 1700 + repetition
+    rng = random.Random(seed)
+    # Each boundary is covered (repetition mod 3); the seed picks which hit of it (the 1st, 2nd or 3rd call) kills.
+    boundary = f"{FAILPOINTS_17[repetition % 3]}={rng.randint(1, 3)}*kill"
+    _log.warning("scenario 17 seed %d: failpoint %s", seed, boundary)
+    where = f"(seed {seed}, {boundary})"
+    s = topics
+    batch = [[f"p{i}", "sleep_par", {"sleep_s": ms / 1000}] for i, ms in enumerate((50, 100, 150))]
+    sub = proposal("conv-17", value={"script": [[{"calls": batch}], [{"answer": "done"}]]})
+    a = spawn_worker("a", app=MODEL_APP, failpoints=boundary)
+    send(s, sub)
+    killed(a, tmp_path / "a.log")
+    before = events_of(s, sub.submission_id)
+    settled_before = {e.call_id for e in before if isinstance(e, ToolCallSettled)}
+    spawn_worker("b", app=MODEL_APP)
+    wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, f"the settlement {where}")
+    result = settled(s, sub.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, (where, result)
+    assert result.reply_json == '"done"', where
+    events = events_of(s, sub.submission_id)
+    prepared = [e for e in events if isinstance(e, ToolCallPrepared)]
+    settled_ = Counter(e.call_id for e in events if isinstance(e, ToolCallSettled))
+    call_ids = sorted({p.call_id for p in prepared})
+    assert len(call_ids) == 3, (where, call_ids)
+    promise("DUR-010.one-settlement-per-call", settled_ == Counter(dict.fromkeys(call_ids, 1)), f"{where} {settled_}")
+    prepared_n = Counter(p.call_id for p in prepared)
+    expected_prepared = {c: 1 if c in settled_before else 2 for c in call_ids}
+    assert dict(prepared_n) == expected_prepared, (
+        f"{where} Prepared per call {prepared_n}, expected {expected_prepared}"
+    )
+    keys = {p.call_id: p.idempotency_key for p in prepared}
+    assert all(p.idempotency_key == keys[p.call_id] for p in prepared), "a re-prepared call changed its key"
+    promise(
+        "DUR-010.one-effect",
+        _per_key(world_db, "effects", "sleep_par") == dict.fromkeys(keys.values(), 1),
+        f"{where} effects per key {_per_key(world_db, 'effects', 'sleep_par')}",
+    )
+    invoked = _per_key(world_db, "invocations", "sleep_par")
+    for call_id in settled_before:
+        assert invoked[keys[call_id]] == 1, f"{where} the call {call_id} settled before the kill ran again"
+    assert not [e for e in events if isinstance(e, ToolCallUnknown)], where
+    attempts = [e.attempt for e in events if isinstance(e, AttemptStarted)]
+    assert attempts == [1, 2] and result.attempt_count == 2, f"{where} attempts {attempts}, {result.attempt_count}"
+    retried = sorted(set(call_ids) - settled_before)
+    kinds = decisions(s, sub.submission_id)
+    # Calls in doubt at the kill are retried under their keys; with none in doubt the run simply resumes.
+    expected_kind = RecoveryDecisionKind.SAFE_RETRY if retried else RecoveryDecisionKind.RESUME
+    assert kinds == [expected_kind], f"{where} recovery decisions {kinds} (calls in doubt: {retried})"
+
+
+def test_scenario_21_two_identical_calls_in_one_turn_are_two_calls_and_only_the_unsettled_one_re_runs(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
+) -> None:
+    s = topics
+    calls = [
+        ["c1", "charge_idem", {"amount": 5}],
+        ["c2", "charge_idem", {"amount": 5}],
+        ["c3", "charge_idem", {"amount": 9}],
+    ]
+    value = {"script": [[{"calls": calls}], [{"answer": "added twice"}]]}
+    sub = proposal("conv-21", value=value)
+    # The calls run in declaration order (charge_idem is not parallel-safe). The second hit of tool_returned is the
+    # second identical call: its effect applied, its settlement not committed; the first identical call is settled.
+    a = spawn_worker("a", app=MODEL_APP, failpoints="engine.tool_returned=2*kill")
+    send(s, sub)
+    killed(a, tmp_path / "a.log")
+    before = events_of(s, sub.submission_id)
+    assert len([e for e in before if isinstance(e, ToolCallSettled)]) == 1
+    spawn_worker("b", app=MODEL_APP)
+    wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the settlement")
+    result = settled(s, sub.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert result.reply_json == '"added twice"'
+    events = events_of(s, sub.submission_id)
+    prepared = [e for e in events if isinstance(e, ToolCallPrepared)]
+    by_call = {p.call_id: p for p in prepared}
+    ids = sorted(by_call, key=lambda c: by_call[c].ordinal)
+    assert len(ids) == 3, ids
+    pair = [by_call[c] for c in ids[:2]]
+    promise(
+        "DUR-010.identical-calls-distinct",
+        pair[0].args_json == pair[1].args_json
+        and pair[0].call_id != pair[1].call_id
+        and pair[0].idempotency_key != pair[1].idempotency_key,
+        f"the identical pair: {[(p.call_id, p.idempotency_key, p.args_json) for p in pair]}",
+    )
+    settled_ = Counter(e.call_id for e in events if isinstance(e, ToolCallSettled))
+    assert settled_ == Counter(dict.fromkeys(ids, 1)), settled_
+    assert Counter(p.call_id for p in prepared) == Counter({ids[0]: 1, ids[1]: 2, ids[2]: 1})
+    assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.SAFE_RETRY]
+    keys = [by_call[c].idempotency_key for c in ids]
+    invoked = _per_key(world_db, "invocations", "charge_idem")
+    promise(
+        "DUR-009.not-replayed",
+        [invoked[k] for k in keys] == [1, 2, 1],
+        f"invocations per call (first, second identical, third): {[invoked[k] for k in keys]}",
+    )
+    with_amounts = count(world_db, "SELECT sum(amount) FROM effects WHERE tool = 'charge_idem'")
+    promise(
+        "DUR-010.one-effect",
+        _per_key(world_db, "effects", "charge_idem") == dict.fromkeys(keys, 1) and with_amounts == 19,
+        f"effects per key {_per_key(world_db, 'effects', 'charge_idem')}, total amount {with_amounts}",
+    )
+    seen = prompts(str(world_db))
+    assert [pos for _, pos, _ in seen] == [0, 1], f"the committed response was asked for again: {seen}"
+    tool_messages = [m for m in seen[-1][2] if m["role"] == "tool"]
+    five = canonical_json({"charged": 5, "tool": "charge_idem"})
+    nine = canonical_json({"charged": 9, "tool": "charge_idem"})
+    expected = [
+        {"role": "tool", "text": five, "call_id": "c1", "is_error": False},
+        {"role": "tool", "text": five, "call_id": "c2", "is_error": False},
+        {"role": "tool", "text": nine, "call_id": "c3", "is_error": False},
+    ]
+    promise("DUR-008.results-paired", tool_messages == expected, f"tool results shown: {json.dumps(tool_messages)}")
