@@ -252,3 +252,13 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
 def sleep_par(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
     """Idempotent and parallel-safe; sleeps ``sleep_s`` then applies one effect per key (scenario 17's batch)."""
     return _slow("sleep_par", args, call, dedupe=True)
+
+
+@app.tool(timeout_s=30.0)
+def charge_then_hang(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Not idempotent; applies its effect at once, then stays in flight ``hang_s`` (past a graceful revoke's bound)."""
+    _invoked("charge_then_hang", call)
+    with world() as db:
+        db.execute("INSERT INTO effects VALUES (?, ?, ?)", ("charge_then_hang", call.idempotency_key, 1))
+    time.sleep(float(args["hang_s"]))
+    return {"tool": "charge_then_hang"}

@@ -1,5 +1,7 @@
-"""Execution-engine scenarios in real workers (issue 6; /work/shared/scenarios.md 7, 17, 21).
+"""Execution-engine scenarios in real workers (issue 6; /work/shared/scenarios.md 7, 10, 17, 21).
 
+* 10 (TOOL, revoke variant): a graceful stop while a non-idempotent call that applied its effect is in flight:
+  the next owner marks it Unknown, nothing re-runs, nothing settles until a signed resolution.
 * 7 (FIFO/REC): a run killed between two tool calls resumes at the next call after two restarts; the lane's queued
   submissions follow in order.
 * 17 (STEP/parallel): a declared batch of three parallel-safe calls killed at a seeded failpoint: one settlement
@@ -13,6 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -35,11 +40,13 @@ from tests.integration.engine._helpers import (
     decisions,
     effects,
     events_of,
+    invocations,
     killed,
     plan,
     send,
     settled,
     settlements,
+    sign_resolution,
 )
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.engine.engine_app import world
@@ -232,3 +239,53 @@ def test_scenario_21_two_identical_calls_in_one_turn_are_two_calls_and_only_the_
         {"role": "tool", "text": nine, "call_id": "c3", "is_error": False},
     ]
     promise("DUR-008.results-paired", tool_messages == expected, f"tool results shown: {json.dumps(tool_messages)}")
+
+
+def test_scenario_10_revoke_variant_a_call_in_flight_past_a_graceful_revoke_is_unknown_with_its_one_effect(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kill variant is ``test_engine_crash.py``'s non-idempotent cases; here the partition moves by a graceful
+    stop (SIGTERM): the call has applied its effect and is still in flight when the revoke's bound runs out."""
+    s = topics
+    monkeypatch.setenv("SETTLED_REVOKE_GRACE_S", "1.0")  # inherited by the workers spawned below
+    first = proposal("conv-10", value=plan({"tool": "charge_then_hang", "args": {"hang_s": 20}}))
+    second = proposal("conv-10", value=plan())
+    a = spawn_worker("a")
+    send(s, first, second)
+    wait_for(lambda: effects(world_db, "charge_then_hang") == 1, TIMEOUT_S, "the tool's effect")
+    a.send_signal(signal.SIGTERM)
+    try:
+        code = a.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"the worker did not stop on SIGTERM:\n{(tmp_path / 'a.log').read_text()[-3000:]}"
+        ) from None
+    assert code == 0, f"worker exited {code}:\n{(tmp_path / 'a.log').read_text()[-3000:]}"
+    events = events_of(s, first.submission_id)
+    assert [type(e).__name__ for e in events if isinstance(e, (ToolCallPrepared, ToolCallSettled))] == [
+        "ToolCallPrepared"
+    ], "the graceful stop committed the in-flight call's outcome"
+    interrupted = [e for e in events if type(e).__name__ == "AttemptInterrupted"]
+    assert interrupted and "graceful_revoke" in str(interrupted[-1]), interrupted
+    spawn_worker("b")
+    wait_for(lambda: bool(decisions(s, first.submission_id)), TIMEOUT_S, "a recovery decision")
+    time.sleep(3.0)  # long enough for a wrong re-execution or a wrong start of the next submission to show
+    promise(
+        "DUR-009.unknown",
+        decisions(s, first.submission_id) == [RecoveryDecisionKind.UNKNOWN] and settled(s, first.submission_id) is None,
+        f"decisions {decisions(s, first.submission_id)}, settlement {settled(s, first.submission_id)}",
+    )
+    counted = (invocations(world_db, "charge_then_hang"), effects(world_db, "charge_then_hang"))
+    promise("DUR-009.not-replayed", counted == (1, 1), f"(invocations, effects) after recovery: {counted}")
+    events = events_of(s, first.submission_id)
+    unknown = [e for e in events if isinstance(e, ToolCallUnknown)]
+    assert len(unknown) == 1 and not [e for e in events if isinstance(e, ToolCallSettled)], events
+    # Neither success nor failure assumed: no settlement, and the next submission waits behind the Unknown.
+    assert not [e for e in events_of(s, second.submission_id) if isinstance(e, AttemptStarted)]
+    assert settled(s, second.submission_id) is None
+    send(s, sign_resolution("conv-10", first.submission_id, unknown[0].call_id, {"tool": "charge_then_hang"}))
+    wait_for(lambda: settled(s, second.submission_id) is not None, TIMEOUT_S, "the lane to move on")
+    result = settled(s, first.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert result.reply_json == canonical_json({"results": [{"tool": "charge_then_hang"}]})
+    assert (invocations(world_db, "charge_then_hang"), effects(world_db, "charge_then_hang")) == (1, 1)
