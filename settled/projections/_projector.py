@@ -138,6 +138,7 @@ class Projector:
     _consumer: Consumer | None = field(default=None, init=False)
     _wanted: tuple[int, ...] = field(default=(), init=False)
     _next_lock_try: float = field(default=0.0, init=False)
+    _repositioned: set[int] = field(default_factory=set, init=False)
     conflicts: int = field(default=0, init=False)
     """Chunks rolled back because another writer had moved the offset (tests read it)."""
 
@@ -230,6 +231,9 @@ class Projector:
     def caught_up(self, targets: Mapping[int, int]) -> bool:
         """Tell whether every held partition has applied all records below its target offset.
 
+        Call it from the thread that runs `step` (it asks the consumer for positions); other threads read
+        `positions`.
+
         Args:
             targets: Partition → offset (an end offset, or another writer's stored next offset).
 
@@ -258,7 +262,11 @@ class Projector:
         """
         now = time.monotonic()
         if now >= self._next_lock_try and len(self._parts) < len(self._wanted):
-            self._acquire()
+            try:
+                self._acquire()
+            except psycopg.OperationalError as exc:
+                _log.warning("postgres connection lost", extra={"error": str(exc)})
+                self._recover_connection()
         consumer = self._require_consumer()
         if not self._parts:
             time.sleep(self.config.poll_timeout_s)
@@ -277,9 +285,12 @@ class Projector:
                 continue  # a partition given up since the fetch
             by_part.setdefault(p, []).append(msg)
         done = 0
+        self._repositioned.clear()
         for p, recs in by_part.items():
             part = self._parts.get(p)
-            if part is not None:
+            # A partition repositioned while this poll's earlier chunks were applied (a reconnect resyncs every
+            # partition) gets these records again from its new position: applying them now would fold them twice.
+            if part is not None and p not in self._repositioned:
                 done += self._apply(part, recs)
         return done
 
@@ -384,6 +395,7 @@ class Projector:
         self._reposition(part.partition, 0)
 
     def _reposition(self, p: int, offset: int) -> None:
+        self._repositioned.add(p)
         consumer = self._require_consumer()
         consumer.incremental_unassign([TopicPartition(self.topic, p)])
         consumer.incremental_assign([TopicPartition(self.topic, p, offset)])
