@@ -44,6 +44,9 @@ class Settings(BaseSettings):
         retry_backoff_max_ms: Producer ``retry.backoff.max.ms``, bounding the exponential growth.
         linger_ms: Producer ``linger.ms``.
         kafka_call_timeout_s: Timeout of every blocking transactional call (init, commit, abort, send offsets).
+        revoke_grace_s: On a graceful revoke (SIGTERM, a rebalance), how long a partition's running attempts may
+            take to finish and commit their settlements before the rest are recorded as ``AttemptInterrupted``
+            (DESIGN.md §3).
     """
 
     model_config = SettingsConfigDict(
@@ -70,6 +73,7 @@ class Settings(BaseSettings):
     retry_backoff_max_ms: int = 100
     linger_ms: int = 1
     kafka_call_timeout_s: float = 10.0
+    revoke_grace_s: float = Field(default=5.0, ge=0.0)
 
     def topic(self, name: str) -> str:
         """Return the namespaced topic name.

@@ -313,6 +313,8 @@ class Conductor:
     _inputs: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # submission -> (conv, input)
     _history: dict[str, list[HistoryTurn]] = field(default_factory=dict, init=False)  # conversation -> turns
     _closed: bool = field(default=False, init=False)
+    _draining: bool = field(default=False, init=False)  # a graceful revoke is pending (DESIGN.md §3)
+    _held: list[_Effect] = field(default_factory=list, init=False)  # tool calls not started while draining
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
 
     def __post_init__(self) -> None:
@@ -387,6 +389,8 @@ class Conductor:
             if running.future.done():
                 del self._running[attempt_id]
                 self._finish(running, now)
+        if self._draining:
+            return  # a graceful revoke is pending: no recovery, no new attempt (the successor does them)
         conversations = list(self.owner.overlay.conversations)
         for conversation_id in conversations:
             self._recover(conversation_id, now)
@@ -422,6 +426,9 @@ class Conductor:
                 effect = self._effects.get_nowait()
             except queue.Empty:
                 return
+            if self._draining and any(isinstance(e, ToolCallPrepared) for e in effect.events):
+                self._held.append(effect)  # start no new tool once a revoke is pending (DESIGN.md §3)
+                continue
             conv = self._conv(effect.conversation_id)
             sub = conv.submission(effect.submission_id)
             running = sub is not None and sub.state is SubmissionState.RUNNING and sub.attempt_id == effect.attempt_id
@@ -481,7 +488,8 @@ class Conductor:
             decision = protocol.terminalize(conv, run.submission_id, SettlementOutcome.ABORTED, now)
         else:
             error_type, reason = self._last_error[run.submission_id]
-            final = (isinstance(exc, RunFailed) and exc.non_retryable) or run.attempt >= self.max_attempts
+            # Attempts a graceful revoke ended are no death and not charged (DESIGN.md §5).
+            final = (isinstance(exc, RunFailed) and exc.non_retryable) or sub.charged_attempts >= self.max_attempts
             if final:
                 decision = protocol.terminalize(
                     conv, run.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=reason
@@ -650,6 +658,8 @@ class Conductor:
                 effect.future.set_exception(AttemptSuperseded("the batch holding the effect was not committed"))
         self._awaiting = still
         for submission_id, (conversation_id, attempt_id) in list(self._staged.items()):
+            if self._draining:
+                break  # no new run once a revoke is pending; `interrupt_remaining` records its attempt interrupted
             conv = committed.conversation(conversation_id)
             sub = conv.submission(submission_id)
             if sub is None or sub.attempt_id != attempt_id:
@@ -682,6 +692,47 @@ class Conductor:
             if stale or (sub is not None and sub.abort_requested):
                 running.run.cancelled.set()
 
+    # -- graceful revoke (DESIGN.md §3, §5) -----------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """A graceful revoke is pending: start no new attempt, run or tool call; let running runs finish.
+
+        The worker keeps driving `before_checkpoint` / `after_checkpoint` so finished runs stage and commit their
+        settlements, until `drained` or its bound (``Settings.revoke_grace_s``), then calls `interrupt_remaining`.
+        A run asking to prepare a tool call meanwhile is held (the tool never starts) until the partition is
+        dropped.
+        """
+        self._draining = True
+
+    @property
+    def drained(self) -> bool:
+        """Whether no run can still settle: every run still in flight waits on a held tool call."""
+        held = {e.attempt_id for e in self._held}
+        return all(a in held for a in self._running) and self._effects.empty()
+
+    def interrupt_remaining(self) -> int:
+        """Stage ``AttemptInterrupted("graceful_revoke")`` for every attempt still running; cancel their runs.
+
+        Folded, each goes Running → Ready (or → Recovery when a call is in doubt), so the successor sees an
+        ownership change the log explains, no death, and charges no attempt for it (DESIGN.md §5). The worker
+        checkpoints after this call, then closes the conductor.
+
+        Returns:
+            How many attempts were interrupted.
+        """
+        n = 0
+        for conversation_id in list(self.owner.overlay.conversations):
+            conv = self._conv(conversation_id)
+            active = conv.active()
+            if active is None or active.state is not SubmissionState.RUNNING:
+                continue
+            decision = protocol.interrupt(conv, active.submission_id, protocol.GRACEFUL_REVOKE)
+            self.owner.stage(to_loop_decision(conversation_id, decision))
+            n += 1
+        for running in self._running.values():
+            running.run.cancelled.set()
+        return n
+
     def close(self) -> None:
         """Stop every run of this partition (its ownership ended); their late results and effects append nothing."""
         with self._lock:
@@ -691,6 +742,9 @@ class Conductor:
         gone = AttemptSuperseded("this worker no longer owns the partition")
         for _, _, effect in self._awaiting:
             effect.future.set_exception(gone)
+        for effect in self._held:
+            effect.future.set_exception(gone)
+        self._held.clear()
         while True:
             try:
                 self._effects.get_nowait().future.set_exception(gone)

@@ -2,8 +2,10 @@
 
 Single-threaded: each turn polls the group consumer, hands every record to its partition's owner, then checkpoints
 every owner with pending work. A newly assigned partition is paused at once (claim step 1) and claimed in the loop
-(steps 2-5), then resumed (step 6). A revoked partition is checkpointed first (graceful: its in-flight appends
-finish) and dropped; a lost one is dropped at once. An owner that gets fenced is dropped; one that hits another fatal
+(steps 2-5), then resumed (step 6). A revoked partition (SIGTERM, a rebalance) is released gracefully: its conductor
+starts nothing new, its running attempts get ``Settings.revoke_grace_s`` to finish and commit their settlements, the
+rest are recorded as ``AttemptInterrupted("graceful_revoke")``, it is checkpointed, then dropped; a lost one is
+dropped at once, appending nothing. An owner that gets fenced is dropped; one that hits another fatal
 producer error is dropped and claimed again from the log. DESIGN.md §3.
 """
 
@@ -18,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -126,6 +128,24 @@ class PartitionConductor(Protocol):
         ...
 
 
+@runtime_checkable
+class DrainingConductor(PartitionConductor, Protocol):
+    """A conductor that can release its partition gracefully (see `settled.processors.Conductor`; DESIGN.md §3)."""
+
+    def begin_drain(self) -> None:
+        """Start no new attempt or tool call; let running runs finish."""
+        ...
+
+    @property
+    def drained(self) -> bool:
+        """Whether no run can still settle."""
+        ...
+
+    def interrupt_remaining(self) -> int:
+        """Stage ``AttemptInterrupted("graceful_revoke")`` for the attempts still running; return how many."""
+        ...
+
+
 @dataclass
 class Worker(Generic[S]):
     """A settled worker process: consumes the inbox, owns partitions, appends canonical batches.
@@ -200,10 +220,7 @@ class Worker(Generic[S]):
         try:
             while not self._stop.is_set() and not (until is not None and until()):
                 self.turn()
-            for owner in list(self.owners.values()):
-                self._checkpoint(owner)
-            for conductor in list(self.conductors.values()):
-                conductor.close()
+            self._release(sorted(self.owners))  # a graceful revoke of every partition (DESIGN.md §3)
         finally:
             consumer.close()  # leaves the group: the partitions move at once
             self._consumer = None
@@ -346,11 +363,55 @@ class Worker(Generic[S]):
         self._pause_and_claim([tp.partition for tp in partitions])
         _log.info("assigned", extra={"partitions": [tp.partition for tp in partitions]})
 
+    def _release(self, partitions: list[int]) -> None:
+        """Release owned partitions gracefully (DESIGN.md §3 "Once a revoke is pending, start no new tool").
+
+        Their conductors start nothing new; running attempts get ``Settings.revoke_grace_s`` to finish, their
+        settlements committed turn by turn; the attempts still running then are recorded as
+        ``AttemptInterrupted("graceful_revoke")`` (DESIGN.md §5: an ownership change the log explains, no death);
+        a last checkpoint commits that, and the partitions are dropped.
+
+        Args:
+            partitions: The partitions to release (those not owned are skipped).
+        """
+        owned = [p for p in partitions if p in self.owners]
+        draining: dict[int, DrainingConductor] = {}
+        for p in owned:
+            conductor = self.conductors.get(p)
+            if isinstance(conductor, DrainingConductor):
+                conductor.begin_drain()
+                draining[p] = conductor
+        deadline = time.monotonic() + self.settings.revoke_grace_s
+        while draining:
+            for p, conductor in list(draining.items()):
+                if p not in self.owners:
+                    del draining[p]  # dropped (fenced, fatal) meanwhile
+                    continue
+                conductor.before_checkpoint()  # stages what finished runs recorded and their settlements
+                owner = self.owners[p]
+                if owner.has_pending:
+                    self._checkpoint(owner)
+                if p in self.owners:
+                    conductor.after_checkpoint()  # resolves committed effects: the runs go on
+            if all(c.drained for c in draining.values()) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.005)
+        for p, conductor in draining.items():
+            if p not in self.owners:
+                continue
+            conductor.before_checkpoint()
+            interrupted = conductor.interrupt_remaining()
+            if interrupted:
+                _log.info("attempts interrupted by a graceful revoke", extra={"partition": p, "count": interrupted})
+        for p in owned:
+            last = self.owners.get(p)
+            if last is not None and last.has_pending:
+                self._checkpoint(last)  # graceful: in-flight appends finish before the partition moves
+            self._drop(p)
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._release([tp.partition for tp in partitions])
         for tp in partitions:
-            owner = self.owners.get(tp.partition)
-            if owner is not None and owner.has_pending:
-                self._checkpoint(owner)  # graceful: in-flight appends finish before the partition moves
             self._drop(tp.partition)
             self._to_claim.discard(tp.partition)
         consumer.incremental_unassign(partitions)

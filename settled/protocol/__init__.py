@@ -41,6 +41,7 @@ from settled.protocol._errors import (
     WrongConversation,
 )
 from settled.protocol._fold import (
+    GRACEFUL_REVOKE,
     BatchLike,
     ConversationState,
     InputKey,
@@ -78,6 +79,7 @@ from settled.protocol._states import (
 
 __all__ = [
     "EDGES",
+    "GRACEFUL_REVOKE",
     "NONTERMINAL_STATES",
     "TERMINAL_STATES",
     "BatchLike",

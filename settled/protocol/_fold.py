@@ -78,6 +78,7 @@ from settled.schemas import (
 )
 
 __all__ = [
+    "GRACEFUL_REVOKE",
     "BatchLike",
     "ConversationState",
     "InputKey",
@@ -93,6 +94,10 @@ __all__ = [
 ]
 
 S = SubmissionState
+
+GRACEFUL_REVOKE = "graceful_revoke"
+"""`AttemptInterrupted.reason` of an attempt its owner stopped on a graceful revoke (DESIGN.md §3, §5): no death, so
+the attempt is not charged to ``max_attempts``."""
 
 InputKey = tuple[str, int, int]
 """An inbox input's (topic, partition, offset)."""
@@ -171,6 +176,9 @@ class Submission:
         tools_offered: Tool names offered for the turn; dropped once settled.
         admitted_input_ref: The inbox record it was admitted from.
         attempt_count: Attempts started (`AttemptStarted`; DESIGN.md §5).
+        revoked_count: Attempts ended by a graceful revoke (`AttemptInterrupted` with reason
+            `GRACEFUL_REVOKE`): an ownership change the log explains, no death, so not charged to ``max_attempts``
+            (DESIGN.md §5; see `charged_attempts`).
         attempt_id: The current (or last) attempt's id.
         input_applied: True once `InputApplied` is canonical (spec §4).
         abort_command_ids: Ids of the aborts recorded for it (DUR-012).
@@ -191,6 +199,7 @@ class Submission:
     tools_offered: tuple[str, ...]
     admitted_input_ref: InputRef | None
     attempt_count: int = 0
+    revoked_count: int = 0
     attempt_id: str | None = None
     input_applied: bool = False
     abort_command_ids: tuple[str, ...] = ()
@@ -209,6 +218,11 @@ class Submission:
     def terminal(self) -> bool:
         """True once settled."""
         return self.state in TERMINAL_STATES
+
+    @property
+    def charged_attempts(self) -> int:
+        """Attempts charged to ``max_attempts``: those started, less those a graceful revoke ended (DESIGN.md §5)."""
+        return self.attempt_count - self.revoked_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -666,10 +680,11 @@ class _ConvBuilder:
         sub = self.get(event.submission_id, event, None)
         self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt is interrupted")
         self.require_attempt(sub, event.attempt_id, event)
+        revoked = sub.revoked_count + (1 if event.reason == GRACEFUL_REVOKE else 0)
         if sub.open_calls or sub.unknown_calls:
-            self.move(sub, S.RECOVERY, event)
+            self.move(sub, S.RECOVERY, event, revoked_count=revoked)
         else:
-            self.move(sub, S.READY, event)
+            self.move(sub, S.READY, event, revoked_count=revoked)
 
     def on_input_applied(self, event: InputApplied, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)

@@ -160,7 +160,7 @@ class RecoverySnapshot:
         submission_id: The submission.
         state: Its folded state; None when the log holds no admission for it.
         attempt_id: The interrupted (current) attempt's id.
-        attempt_count: Attempts started so far.
+        attempt_count: Attempts charged so far (`Submission.charged_attempts`: started, less graceful revokes).
         max_attempts: The submission's attempt budget (DESIGN.md §5).
         abort_requested: True when an abort is recorded (DUR-012).
         input_applied: True when its input is canonical history (spec §4).
@@ -227,7 +227,7 @@ class RecoverySnapshot:
             submission_id=submission_id,
             state=sub.state,
             attempt_id=sub.attempt_id,
-            attempt_count=sub.attempt_count,
+            attempt_count=sub.charged_attempts,
             max_attempts=max_attempts,
             abort_requested=sub.abort_requested,
             input_applied=sub.input_applied,

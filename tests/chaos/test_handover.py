@@ -212,15 +212,9 @@ def test_sigterm_during_load_hands_partitions_over_gracefully(topics: Settings, 
 
 
 class RevokeNotExplained(AssertionError):
-    """The known gap below (a plain AssertionError, e.g. a timeout, still fails the xfail test)."""
+    """The running attempt was neither settled before the worker left nor explained by ``AttemptInterrupted``."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RevokeNotExplained,
-    reason="graceful revoke neither lets the running attempt settle nor records AttemptInterrupted (DESIGN.md §3, §5): "
-    "the successor recovers it as a worker death and runs it again",
-)
 def test_sigterm_explains_the_running_attempt_in_the_log(topics: Settings, tmp_path: Path) -> None:
     """A SIGTERM is an ownership change the log explains, not a death (DESIGN.md §5).
 
@@ -258,3 +252,45 @@ def test_sigterm_explains_the_running_attempt_in_the_log(topics: Settings, tmp_p
     explained = "AttemptInterrupted" in events and "RecoveryDecision" not in events
     if not (settled_before_leaving or explained):
         raise RevokeNotExplained(f"attempts {record.attempt_count}; log events {events}")
+
+
+def test_sigterm_past_the_grace_records_attempt_interrupted(
+    topics: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt still running when the revoke bound runs out is recorded ``AttemptInterrupted("graceful_revoke")``.
+
+    The successor sees the attempt in Ready, not Recovery: it records no recovery decision, runs attempt 2, and the
+    revoked attempt is not charged to ``max_attempts`` (DESIGN.md §3, §5).
+    """
+    monkeypatch.setenv("SETTLED_REVOKE_GRACE_S", "0.3")  # the children inherit it
+    s = topics
+    conv = _conversations()[0]
+    sub = proposal(conv, value={"delay_s": 3.0})
+    log, settlements = Tail(s, "log"), Tail(s, "settlements")
+    inbox = Inbox(s)
+    workers: list[ChildWorker] = []
+    try:
+        workers.append(spawn_worker(s, tmp_path, "first"))
+        inbox.send(sub)
+        log.wait(
+            lambda: any(type(e).__name__ == "AttemptStarted" for _, _, b in batches(log) for e in b.events),
+            60,
+            "the attempt to start",
+        )
+        workers[0].signal(signal.SIGTERM)
+        assert workers[0].proc.wait(60) == 0, workers[0].tail()
+        workers.append(spawn_worker(s, tmp_path, "second"))
+        settlements.wait(lambda: bool(settlements.values()), 60, "the settlement")
+        log.catch_up()
+    finally:
+        for w in workers:
+            w.stop()
+        for t in (log, settlements):
+            t.close()
+    events = [e for _, _, b in batches(log) for e in b.events]
+    names = [type(e).__name__ for e in events]
+    interrupted = [e for e in events if type(e).__name__ == "AttemptInterrupted"]
+    assert [getattr(e, "reason", None) for e in interrupted] == ["graceful_revoke"], names
+    assert "RecoveryDecision" not in names, names
+    (record,) = [r for r in settlements.values() if isinstance(r, SettlementRecord)]
+    assert record.outcome is SettlementOutcome.COMPLETED and record.attempt_count == 2, record
