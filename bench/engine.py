@@ -1,0 +1,313 @@
+"""Benchmark: the durable engine's overhead per tool call vs a bare transactional commit (issue 6).
+
+    .venv/bin/python bench/engine.py [--calls 20] [--conversations 50] [--bare 200] [--bootstrap HOST:PORT] [--keep]
+
+One process, one fresh namespace (one partition per topic), one in-process `settled` worker (`build_worker`) running
+the model-driven agent (`ModelAgent` over a `ScriptedProvider`) that calls an instant idempotent tool ``--calls``
+times per submission, one call per model response, then answers. Measured in the same run:
+
+* **bare**: a confluent-kafka transactional producer (``settled.producers.producer_config``): ``begin_transaction``,
+  one ~300-byte record, ``commit_transaction``; latency of one commit.
+* **no durability**: the same scripted model and the same tool called directly in-process, in a loop.
+* **settled**: per tool call = the time between consecutive invocations of the tool within one submission (one model
+  call, its ``ModelResponseCompleted`` + ``ToolCallPrepared`` commit, the tool, its ``ToolCallSettled`` commit);
+  calls/s with 1 conversation and with ``--conversations`` conversations in flight at once.
+
+Each with an instant model and with a scripted 100 ms model. The worker's transactions are counted (a wrapper around
+`TransactionalAppender.checkpoint`), so the commits per call DESIGN.md §3 predicts (≈2 with an instant model) are
+printed next to the ratios against issue 6's targets. The ratios are figures, not gates: exit 0 unless the
+measurement broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/engine.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    client_versions,
+    delete_namespace,
+    describe_broker,
+    fresh_namespace,
+    load_average,
+    percentile,
+    resolve_bootstrap,
+    table,
+)
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from settled._settings import Settings
+from settled.client import Client
+from settled.producers import TransactionalAppender, consumer_config, producer_config, provision_topics
+from settled.runtime import App, ModelAgent, ModelRequest, ModelResponse, ScriptedProvider, ToolCall, declared_call
+from settled.runtime._model import ScriptStep
+from settled.schemas import Codec, SettlementOutcome
+from settled.services._worker_service import build_worker
+
+_MODEL_S: dict[str, float] = {"instant": 0.0, "100 ms": 0.1}
+
+#: Tool invocation times (perf_counter seconds) per submission key (the input's ``"k"``).
+_calls: dict[str, list[float]] = defaultdict(list)
+_calls_lock = threading.Lock()
+#: Transactions the worker's appenders committed.
+_commits = [0]
+
+
+def _position(request: ModelRequest) -> int:
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    return sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+
+
+def _script(request: ModelRequest) -> list[ScriptStep]:
+    user = json.loads([m for m in request.messages if m.role == "user"][-1].text)
+    position = _position(request)
+    steps: list[ScriptStep] = [float(user["model_s"])] if user["model_s"] else []
+    if position < int(user["calls"]):
+        steps.append(ModelResponse("", (declared_call(f"c{position}", "instant", {"k": user["k"]}),), model="b"))
+    else:
+        steps.append(ModelResponse("done", model="b"))
+    return steps
+
+
+def _instant(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    with _calls_lock:
+        _calls[str(args["k"])].append(time.perf_counter())
+    return {"ok": True}
+
+
+def _app() -> App:
+    agent = ModelAgent(ScriptedProvider(_script), model="b", max_turns=1000)
+    app = App(agent=agent, keep_history=False, concurrency=64)
+    app.tool(name="instant", idempotent=True, timeout_s=10)(_instant)
+    return app
+
+
+def _count_commits() -> None:
+    original = TransactionalAppender.checkpoint
+
+    def counting(self: TransactionalAppender, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _commits[0] += result.transactions
+        return result
+
+    TransactionalAppender.checkpoint = counting  # type: ignore[method-assign]
+
+
+def bare_commits(settings: Settings, n: int) -> list[float]:
+    """Latencies (s) of ``n`` bare transactional commits of one ~300-byte record each."""
+    topic = settings.topic("bench-bare")
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
+        fut.result(30)
+    p = Producer(producer_config(settings, transactional_id=f"{settings.namespace}.bench-bare"))
+    p.init_transactions(30)
+    payload = b"x" * 300
+    out = []
+    for i in range(n + 10):
+        t0 = time.perf_counter()
+        p.begin_transaction()
+        p.produce(topic, payload, key=f"bare-{i % 7}".encode())
+        p.commit_transaction(30)
+        if i >= 10:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def no_durability(calls: int, model_s: float, rounds: int) -> list[float]:
+    """Per-call times (s) of the same scripted model and tool called directly in-process."""
+    provider = ScriptedProvider(_script)
+    from settled.runtime import Message
+
+    async def one(k: str) -> None:
+        messages = [Message(role="user", text=json.dumps({"k": k, "calls": calls, "model_s": model_s}))]
+        while True:
+            response: ModelResponse | None = None
+            request = ModelRequest(operation_id=k, model="b", messages=tuple(messages), tools=())
+            async for event in provider.stream(request):
+                if isinstance(event, ModelResponse):
+                    response = event
+            assert response is not None
+            if not response.tool_calls:
+                return
+            messages.append(Message(role="assistant", text=""))
+            for c in response.tool_calls:
+                _instant(json.loads(c.args_json), None)  # type: ignore[arg-type]
+
+    out: list[float] = []
+    for _ in range(rounds):
+        k = f"nd-{uuid.uuid4().hex[:8]}"
+        asyncio.run(one(k))
+        ts = _calls.pop(k)
+        out += [b - a for a, b in itertools.pairwise(ts)]
+    return out
+
+
+def settled_round(client: Client, conversations: int, calls: int, model_s: float) -> tuple[list[float], float, int]:
+    """Run ``conversations`` submissions at once; return per-call gaps (s), calls/s, and commits per tool call."""
+    tag = "seq" if conversations == 1 else "grp"
+    keys = [f"{tag}{'0' if model_s == 0 else '1'}-{uuid.uuid4().hex[:10]}" for _ in range(conversations)]
+    before = _commits[0]
+
+    def go(k: str) -> None:
+        receipt = client.submit(f"conv-{k}", {"k": k, "calls": calls, "model_s": model_s}, timeout_s=60)
+        record = client.wait(receipt, timeout_s=300)
+        if record.outcome is not SettlementOutcome.COMPLETED:
+            raise RuntimeError(f"{k}: settled {record.outcome.value}: {record.error_reason}")
+
+    with ThreadPoolExecutor(max_workers=max(conversations, 1)) as pool:
+        list(pool.map(go, keys))
+    commits = _commits[0] - before
+    gaps: list[float] = []
+    first, last = float("inf"), 0.0
+    with _calls_lock:
+        for k in keys:
+            ts = _calls.pop(k)
+            if len(ts) != calls:
+                raise RuntimeError(f"{k}: the tool ran {len(ts)} times, expected {calls}")
+            gaps += [b - a for a, b in itertools.pairwise(ts)]
+            first, last = min(first, ts[0]), max(last, ts[-1])
+    rate = (len(keys) * calls - 1) / (last - first) if last > first else float("nan")
+    return gaps, rate, commits
+
+
+def batch_shapes(settings: Settings, conversation_prefix: str) -> list[tuple[str, int]]:
+    """Read the log back: how often each batch shape (its events' types) occurs in the matching conversations."""
+    codec = Codec()
+    consumer = Consumer(consumer_config(settings, f"{settings.namespace}.bench-reader"))
+    consumer.assign([TopicPartition(settings.topic("log"), 0, 0)])
+    shapes: dict[str, int] = defaultdict(int)
+    idle = 0
+    while idle < 3:
+        msgs = consumer.consume(1000, 1.0)
+        idle = 0 if msgs else idle + 1
+        for m in msgs:
+            if m.error() is not None:
+                continue
+            batch = codec.decode_batch(m.value(), offset=m.offset() or 0).batch
+            if batch.conversation_id.startswith(conversation_prefix):
+                shapes[" + ".join(type(e).__name__ for e in batch.events)] += 1
+    consumer.close()
+    return sorted(shapes.items(), key=lambda kv: -kv[1])
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=20, help="tool calls per submission")
+    ap.add_argument("--rounds", type=int, default=5, help="sequential submissions (1 conversation) per model")
+    ap.add_argument("--conversations", type=int, default=50, help="conversations in flight for the group figure")
+    ap.add_argument("--bare", type=int, default=200, help="bare transactional commits")
+    ap.add_argument("--bootstrap", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the namespace's topics")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its tables; return the exit status."""
+    args = _parse(argv)
+    bootstrap, where = resolve_bootstrap(args.bootstrap)
+    settings = Settings(namespace=fresh_namespace("bench-engine"), kafka_bootstrap=bootstrap, partitions=1)
+    provision_topics(settings, Codec(), datetime.now(UTC))
+    _count_commits()
+    worker = build_worker(settings, _app())
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.run, kwargs={"until": stop.is_set}, daemon=True)
+    t_start = time.monotonic()
+    thread.start()
+    client = Client(settings, default_timeout_s=60)
+    try:
+        settled_round(client, 1, 2, 0.0)  # warm-up: the worker holds its partition
+        settled_round(client, 5, 2, 0.0)
+        bare = bare_commits(settings, args.bare)
+        bare_p50 = percentile(bare, 50)
+        rows: list[list[str]] = []
+        ratios: list[list[str]] = []
+        for name, model_s in _MODEL_S.items():
+            nd = no_durability(args.calls, model_s, args.rounds)
+            seq: list[float] = []
+            seq_commits = 0
+            t0 = time.perf_counter()
+            for _ in range(args.rounds):
+                gaps, _rate, commits = settled_round(client, 1, args.calls, model_s)
+                seq += gaps
+                seq_commits += commits
+            seq_rate = args.rounds * args.calls / (time.perf_counter() - t0)
+            _gaps, group_rate, group_commits = settled_round(client, args.conversations, args.calls, model_s)
+            nd_rate = 1 / (sum(nd) / len(nd))
+            s50, s99 = percentile(seq, 50), percentile(seq, 99)
+            rows.append(
+                [
+                    name,
+                    f"{percentile(nd, 50) * 1e3:.2f}",
+                    f"{s50 * 1e3:.2f}",
+                    f"{s99 * 1e3:.2f}",
+                    f"{(s50 - model_s) * 1e3:.2f}",
+                    f"{nd_rate:,.0f}",
+                    f"{seq_rate:,.1f}",
+                    f"{group_rate:,.1f}",
+                    f"{seq_commits / (args.rounds * args.calls):.2f}",
+                    f"{group_commits / (args.conversations * args.calls):.2f}",
+                ]
+            )
+            overhead = (s50 - model_s) / bare_p50
+            target = 2.2 if model_s == 0 else 1.2
+            what = "per call / bare p50" if model_s == 0 else "(per call - model) / bare p50"
+            ratios.append([name, what, f"{overhead:.2f}", f"<= {target}", "yes" if overhead <= target else "NO"])
+            g = group_rate / seq_rate
+            ratios.append(
+                [name, f"calls/s {args.conversations} convs / 1 conv", f"{g:.1f}", ">= 5", "yes" if g >= 5 else "NO"]
+            )
+        info = describe_broker(bootstrap, settings.topic("log"))
+        print(f"broker {bootstrap} ({where}); {info.durability_class()}; {client_versions()}; Kafka {info.version}")
+        print(f"load {load_average()}; {args.calls} calls/submission, {args.rounds} sequential submissions per model")
+        print(
+            f"bare transactional commit: p50 {bare_p50 * 1e3:.2f} ms, p99 {percentile(bare, 99) * 1e3:.2f} ms "
+            f"({len(bare)} commits)"
+        )
+        print(
+            table(
+                [
+                    "model",
+                    "no-dur ms/call",
+                    "settled p50 ms",
+                    "p99 ms",
+                    "p50 - model ms",
+                    "no-dur calls/s",
+                    "1 conv calls/s",
+                    f"{args.conversations} convs calls/s",
+                    "commits/call (1)",
+                    f"commits/call ({args.conversations})",
+                ],
+                rows,
+            )
+        )
+        print(table(["model", "figure", "value", "target", "met"], ratios))
+        print("log batches of the sequential instant-model conversations, by shape (DESIGN.md §3 counts the commits):")
+        for shape, n in batch_shapes(settings, "conv-seq0-"):
+            print(f"  {n:5d}  {shape}")
+        print(f"wall time {time.monotonic() - t_start:.0f} s")
+    finally:
+        stop.set()
+        thread.join(30)
+        client.close()
+        if not args.keep:
+            delete_namespace(settings, [worker.group_id])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
