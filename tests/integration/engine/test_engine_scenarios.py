@@ -42,6 +42,7 @@ from tests.integration.engine._helpers import (
     events_of,
     invocations,
     killed,
+    log_events,
     plan,
     send,
     settled,
@@ -289,3 +290,58 @@ def test_scenario_10_revoke_variant_a_call_in_flight_past_a_graceful_revoke_is_u
     assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
     assert result.reply_json == canonical_json({"results": [{"tool": "charge_then_hang"}]})
     assert (invocations(world_db, "charge_then_hang"), effects(world_db, "charge_then_hang")) == (1, 1)
+
+
+def test_scenario_4_worker_part_50_active_runs_killed_all_resume_or_settle_under_the_new_epoch(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
+) -> None:
+    """Scenario 4 without its broker restart (the broker is shared): 50 runs in flight when their worker dies."""
+    s = topics
+    op = plan(
+        {"tool": "charge_idem", "args": {"amount": 1}}, {"sleep_s": 1.0}, {"tool": "charge_idem", "args": {"amount": 2}}
+    )
+    subs = [proposal(f"conv-4-{i}", value=op) for i in range(50)]
+    # Killed once 50 calls have settled: most runs are active (between their two calls), a few may have settled.
+    a = spawn_worker("a", failpoints="engine.after_settled_commit=50*kill")
+    t0 = time.monotonic()
+    send(s, *subs)
+    killed(a, tmp_path / "a.log")
+    t_kill = time.monotonic() - t0
+    done_at_kill = {r.submission_id for r in settlements(s)}
+    assert len(done_at_kill) < 40, f"{len(done_at_kill)} runs settled before the kill: too few were active"
+    spawn_worker("b")
+    wait_for(lambda: len(settlements(s)) >= 50, TIMEOUT_S, "all 50 runs to settle")
+    _log.warning(
+        "scenario 4: killed after %.1f s with %d settled; all settled after %.1f s",
+        t_kill,
+        len(done_at_kill),
+        time.monotonic() - t0,
+    )
+    final = settlements(s)
+    by_sub = {r.submission_id: r for r in final}
+    counts = Counter(r.submission_id for r in final)
+    promise("DUR-002.one-settlement", counts == Counter({x.submission_id: 1 for x in subs}), f"{counts}")
+    expected = canonical_json(
+        {"results": [{"charged": 1, "tool": "charge_idem"}, 1.0, {"charged": 2, "tool": "charge_idem"}]}
+    )
+    all_events = log_events(s)
+    started = [e for e in all_events if isinstance(e, AttemptStarted)]
+    epochs = sorted({e.owner_epoch for e in started})
+    assert len(epochs) == 2, f"owner epochs {epochs}: one before the kill, one after"
+    for x in subs:
+        r = by_sub[x.submission_id]
+        assert r.outcome is SettlementOutcome.COMPLETED and r.reply_json == expected, r
+        last = [e for e in started if e.submission_id == x.submission_id][-1]
+        if x.submission_id in done_at_kill:
+            continue  # settled by the first owner before it died
+        promise(
+            "DUR-006.no-dead-epoch-owner",
+            last.owner_epoch == epochs[-1],
+            f"{x.submission_id} last ran under epoch {last.owner_epoch}; live epoch {epochs[-1]}",
+        )
+    per_key = _per_key(world_db, "effects", "charge_idem")
+    promise(
+        "DUR-010.one-effect",
+        len(per_key) == 100 and set(per_key.values()) == {1},
+        f"{len(per_key)} keys; {len(done_at_kill)} runs settled before the kill",
+    )
