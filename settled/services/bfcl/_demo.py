@@ -65,6 +65,7 @@ from settled.schemas import (
     CommandRejected,
     LogEvent,
     ModelResponseCompleted,
+    OwnershipClaimed,
     Receipt,
     ResolutionKind,
     ResolveUnknown,
@@ -292,6 +293,8 @@ class _LogTail:
         self.resolved: set[tuple[str, str]] = set()
         self.prepared: dict[tuple[str, str], ToolCallPrepared] = {}
         self.rejected_commands: dict[str, str] = {}
+        self.owners: dict[int, str] = {}  # log partition -> the worker id of its latest OwnershipClaimed
+        self.last_claim_at = 0.0  # time.monotonic() when a claim was last read
 
     def start(self) -> None:
         self._thread.start()
@@ -333,7 +336,10 @@ class _LogTail:
     def _apply(self, conversation_id: str, events: Sequence[LogEvent]) -> None:
         with self._lock:
             for e in events:
-                if isinstance(e, SubmissionAdmitted):
+                if isinstance(e, OwnershipClaimed):
+                    self.owners[e.partition] = e.worker_id
+                    self.last_claim_at = time.monotonic()
+                elif isinstance(e, SubmissionAdmitted):
                     self.unsettled_attempts.setdefault(e.submission_id, 0)
                 elif isinstance(e, AttemptStarted):
                     if e.submission_id not in self.settled:
@@ -356,6 +362,11 @@ class _LogTail:
         """The most attempts any admitted, unsettled submission has started."""
         with self._lock:
             return max(self.unsettled_attempts.values(), default=0)
+
+    def owned_by_any(self, worker_ids: set[str]) -> bool:
+        """Whether some partition's latest claim is by one of ``worker_ids``."""
+        with self._lock:
+            return any(owner in worker_ids for owner in self.owners.values())
 
     def pending_unknowns(self) -> list[tuple[str, str, str, ToolCallPrepared | None]]:
         """Unknown calls not resolved yet: (conversation, submission, call, prepared record)."""
@@ -530,11 +541,16 @@ class _WorkerSlot:
             "--app",
             APP_REFERENCE,
             "--worker-id",
-            f"w{self.index}.{self.incarnation}",
+            self.worker_id,
         ]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
         self.started_at = time.monotonic()
+
+    @property
+    def worker_id(self) -> str:
+        """The current incarnation's worker id (recorded in its ``OwnershipClaimed`` records)."""
+        return f"w{self.index}.{self.incarnation}"
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -672,9 +688,11 @@ class _Chaos:
 
     The faults are due at fractions of the submissions settled (kill j of K at 60% * j / K, the tool-server restart
     at 65%, the broker restart at 75%) and go in due order, one at a time: a kill is armed only when the previous
-    fault is over (its worker died) and every unsettled submission has started at most ``max_attempts - 1``
-    attempts: a kill ends at most one attempt of each, so no submission's attempts are killed ``max_attempts`` times
-    (issue 8). A fault that falls behind goes as soon as that gate opens.
+    fault is over and recovered: the killed worker died, every partition a dead worker owned has been claimed by a
+    live one (and a second passed), and every unsettled submission is still on its first attempt. So a kill lands
+    on at most one attempt of a submission that a previous kill interrupted, before the gate waits for it to
+    settle: no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls behind goes
+    as soon as the gate opens. The tool-server restart ends no attempt and skips the gate.
     """
 
     _ARMED_FOR_S = 30.0  # an armed kill that has not fired by then is disarmed and skipped
@@ -689,14 +707,13 @@ class _Chaos:
         broker: KafkaBroker | None,
         toolserver: ToolServerProcess | None,
         say: Callable[[str], None],
-        max_attempts: int = 3,
     ) -> None:
         self._slots = slots
         self._tail = tail
         self._say = say
         self._broker = broker
         self._toolserver = toolserver
-        self._max_attempts = max_attempts
+        self.dead_workers: set[str] = set()
         actions: list[tuple[float, int, ScheduledKill | str]] = [
             (total * 0.6 * j / max(len(schedule), 1), j, kill) for j, kill in enumerate(schedule)
         ]
@@ -725,17 +742,24 @@ class _Chaos:
                 self.skipped.append(slot.armed.spec)
                 self._say(f"chaos: {slot.armed.spec} on worker {slot.index} did not fire; skipped")
                 slot.disarm()
-        if not self._actions or settled < self._actions[0][0] or self.busy:
+        if not self._actions or time.monotonic() - max(self.last_action, self._tail.last_claim_at) < 1.0:
             return
-        if self._tail.max_unsettled_attempts() >= self._max_attempts or time.monotonic() - self.last_action < 1.0:
+        due = [a for a in self._actions if a[0] <= settled]
+        restart = next((a for a in due if a[2] == "toolserver"), None)
+        if restart is not None:
+            # A tool-server restart ends no attempt (an idempotent call retries under its key within its attempt, a
+            # non-idempotent one goes Unknown), so it does not wait for the gate below.
+            self._actions.remove(restart)
+            self._restart_toolserver()
+            return
+        if not due or due[0] is not self._actions[0] or self.busy:
+            return
+        if self._tail.max_unsettled_attempts() > 1 or self._tail.owned_by_any(self.dead_workers):
             return
         action = self._actions[0][2]
         if action == "broker":
             self._actions.pop(0)
             self._restart_broker()
-        elif action == "toolserver":
-            self._actions.pop(0)
-            self._restart_toolserver()
         elif isinstance(action, ScheduledKill):
             for _ in range(len(self._slots)):
                 slot = self._slots[self._next_slot % len(self._slots)]
@@ -908,9 +932,9 @@ def _services(settings: Settings, say: Callable[[str], None]) -> tuple[str, str,
 def _progress(console: Console, total: int) -> Iterator[tuple[Progress, Any]]:
     progress = Progress(
         TextColumn("{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=24),
         MofNCompleteColumn(),
-        TextColumn("submissions settled"),
+        TextColumn("settled"),
         TimeElapsedColumn(),
         TextColumn("{task.fields[status]}"),
         console=console,
@@ -970,6 +994,10 @@ def run_demo(
     broker = broker or stack_broker
     s = base.model_copy(update={"namespace": ns, "kafka_bootstrap": bootstrap, "postgres_dsn": dsn})
     work_dir.mkdir(parents=True, exist_ok=True)
+    if (work_dir / "toolserver.sqlite").exists():
+        raise DemoError(
+            f"{work_dir} already holds a tool server's worlds and ledger from another run; use a new folder"
+        )
     say(f"namespace {ns}; Kafka {bootstrap}; PostgreSQL {dsn}; logs in {work_dir}")
 
     corpus = load_corpus(options.category)
@@ -1050,6 +1078,9 @@ def run_demo(
                         code = slot.exit_code()
                         if code is None:
                             continue
+                        if chaos is not None:
+                            chaos.dead_workers.add(slot.worker_id)
+                            chaos.last_action = time.monotonic()
                         if slot.armed is not None and code == _KILLED:
                             kills += 1
                             say(f"chaos: worker {slot.index} killed at {slot.armed.spec} (kill {kills})")
@@ -1069,8 +1100,7 @@ def run_demo(
                     progress.update(
                         task,
                         completed=driver.settled,
-                        status=f"kills {kills}/{len(schedule)}  Unknowns {len(tail.unknowns)} raised, "
-                        f"{resolved} resolved",
+                        status=f"kills {kills}/{len(schedule)} Unknowns {resolved}/{len(tail.unknowns)}",
                     )
                     time.sleep(0.2)
             finally:
