@@ -152,6 +152,9 @@ def bfcl(
     adversarial: bool = typer.Option(False, "--adversarial", help="The model calls a not-offered tool (miss_func)."),
     mode: str = typer.Option("random_chunks", "--mode", help="Replay mode: one_call, batch or random_chunks."),
     kills: int | None = typer.Option(None, "--kills", min=0, help="Worker kills under --chaos (default: N/8, >= 3)."),
+    in_flight: int | None = typer.Option(
+        None, "--in-flight", min=1, help="Conversations driven at once (default: 32, 16 under --chaos)."
+    ),
     timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Bound on the whole run, in seconds."),
 ) -> None:
     """Run BFCL multi-turn conversations through workers, a projector and the tool server; print the verdict."""
@@ -175,6 +178,7 @@ def bfcl(
             adversarial=adversarial,
             mode=replay_mode,
             kills=kills,
+            in_flight=in_flight,
             timeout_s=timeout_s,
         )
     except DemoError as exc:

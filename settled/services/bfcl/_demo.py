@@ -65,7 +65,6 @@ from settled.schemas import (
     CommandRejected,
     LogEvent,
     ModelResponseCompleted,
-    OwnershipClaimed,
     Receipt,
     ResolutionKind,
     ResolveUnknown,
@@ -146,7 +145,8 @@ class DemoOptions:
         kills: Worker kills under chaos; None: about one per 8 conversations, at least 3 (24 for 200).
         broker_restart: Restart the broker once under chaos (needs a broker the demo manages).
         toolserver_restart: Restart the tool server once under chaos.
-        in_flight: Conversations driven at once.
+        in_flight: Conversations driven at once; None: 32, or 16 under chaos (a longer run leaves room for the
+            kills, each of which waits for the previous one's recovery).
         timeout_s: Bound on the whole run, in seconds.
         work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
     """
@@ -163,7 +163,7 @@ class DemoOptions:
     kills: int | None = None
     broker_restart: bool = True
     toolserver_restart: bool = True
-    in_flight: int = 32
+    in_flight: int | None = None
     timeout_s: float = 1800.0
     work_dir: Path | None = None
 
@@ -184,7 +184,7 @@ class DemoOptions:
             raise DemoError(f"--no-idempotency: unknown backend classes {unknown}; known: {', '.join(BACKEND_CLASSES)}")
         if self.kills is not None and self.kills < 0:
             raise DemoError(f"--kills must be >= 0, got {self.kills}")
-        if self.in_flight < 1:
+        if self.in_flight is not None and self.in_flight < 1:
             raise DemoError(f"in_flight must be >= 1, got {self.in_flight}")
 
 
@@ -293,8 +293,6 @@ class _LogTail:
         self.resolved: set[tuple[str, str]] = set()
         self.prepared: dict[tuple[str, str], ToolCallPrepared] = {}
         self.rejected_commands: dict[str, str] = {}
-        self.owners: dict[int, str] = {}  # log partition -> the worker id of its latest OwnershipClaimed
-        self.last_claim_at = 0.0  # time.monotonic() when a claim was last read
 
     def start(self) -> None:
         self._thread.start()
@@ -336,10 +334,7 @@ class _LogTail:
     def _apply(self, conversation_id: str, events: Sequence[LogEvent]) -> None:
         with self._lock:
             for e in events:
-                if isinstance(e, OwnershipClaimed):
-                    self.owners[e.partition] = e.worker_id
-                    self.last_claim_at = time.monotonic()
-                elif isinstance(e, SubmissionAdmitted):
+                if isinstance(e, SubmissionAdmitted):
                     self.unsettled_attempts.setdefault(e.submission_id, 0)
                 elif isinstance(e, AttemptStarted):
                     if e.submission_id not in self.settled:
@@ -362,11 +357,6 @@ class _LogTail:
         """The most attempts any admitted, unsettled submission has started."""
         with self._lock:
             return max(self.unsettled_attempts.values(), default=0)
-
-    def owned_by_any(self, worker_ids: set[str]) -> bool:
-        """Whether some partition's latest claim is by one of ``worker_ids``."""
-        with self._lock:
-            return any(owner in worker_ids for owner in self.owners.values())
 
     def pending_unknowns(self) -> list[tuple[str, str, str, ToolCallPrepared | None]]:
         """Unknown calls not resolved yet: (conversation, submission, call, prepared record)."""
@@ -687,12 +677,12 @@ class _Chaos:
     """Arms the schedule's kills one at a time, and restarts the broker and the tool server once, as the run goes.
 
     The faults are due at fractions of the submissions settled (kill j of K at 60% * j / K, the tool-server restart
-    at 65%, the broker restart at 75%) and go in due order, one at a time: a kill is armed only when the previous
-    fault is over and recovered: the killed worker died, every partition a dead worker owned has been claimed by a
-    live one (and a second passed), and every unsettled submission is still on its first attempt. So a kill lands
-    on at most one attempt of a submission that a previous kill interrupted, before the gate waits for it to
-    settle: no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls behind goes
-    as soon as the gate opens. The tool-server restart ends no attempt and skips the gate.
+    at 40%, the broker restart at 25%) and go in due order, one at a time. A kill or the broker restart waits until
+    the previous fault is over (the armed worker died, and a second passed: longer than the log tail's lag) and
+    every unsettled submission is on its first attempt. A kill then ends at most one attempt of each submission:
+    one a previous kill interrupted is resumed as attempt 2, and once that attempt is seen the gate stays shut until
+    it settles, so no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls
+    behind goes as soon as the gate opens. The tool-server restart ends no attempt and skips the gate.
     """
 
     _ARMED_FOR_S = 30.0  # an armed kill that has not fired by then is disarmed and skipped
@@ -713,14 +703,13 @@ class _Chaos:
         self._say = say
         self._broker = broker
         self._toolserver = toolserver
-        self.dead_workers: set[str] = set()
         actions: list[tuple[float, int, ScheduledKill | str]] = [
             (total * 0.6 * j / max(len(schedule), 1), j, kill) for j, kill in enumerate(schedule)
         ]
         if toolserver is not None:
-            actions.append((total * 0.65, -2, "toolserver"))
+            actions.append((total * 0.4, -2, "toolserver"))
         if broker is not None:
-            actions.append((total * 0.75, -1, "broker"))
+            actions.append((total * 0.25, -1, "broker"))
         self._actions = sorted(actions, key=lambda a: (a[0], a[1]))
         self._next_slot = 0
         self.skipped: list[str] = []
@@ -742,7 +731,7 @@ class _Chaos:
                 self.skipped.append(slot.armed.spec)
                 self._say(f"chaos: {slot.armed.spec} on worker {slot.index} did not fire; skipped")
                 slot.disarm()
-        if not self._actions or time.monotonic() - max(self.last_action, self._tail.last_claim_at) < 1.0:
+        if not self._actions or time.monotonic() - self.last_action < 1.0:
             return
         due = [a for a in self._actions if a[0] <= settled]
         restart = next((a for a in due if a[2] == "toolserver"), None)
@@ -754,7 +743,7 @@ class _Chaos:
             return
         if not due or due[0] is not self._actions[0] or self.busy:
             return
-        if self._tail.max_unsettled_attempts() > 1 or self._tail.owned_by_any(self.dead_workers):
+        if self._tail.max_unsettled_attempts() > 1:
             return
         action = self._actions[0][2]
         if action == "broker":
@@ -1067,7 +1056,8 @@ def run_demo(
         )
         with Client(s, default_timeout_s=30.0) as client, _progress(console, total) as (progress, task):
             driver = _Driver(client, deadline, stop)
-            pool = ThreadPoolExecutor(max_workers=options.in_flight, thread_name_prefix="bfcl-conversation")
+            in_flight = options.in_flight or (16 if options.chaos else 32)
+            pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="bfcl-conversation")
             futures = [pool.submit(driver.run, entry) for entry in entries]
             try:
                 while not all(f.done() for f in futures):
@@ -1079,7 +1069,6 @@ def run_demo(
                         if code is None:
                             continue
                         if chaos is not None:
-                            chaos.dead_workers.add(slot.worker_id)
                             chaos.last_action = time.monotonic()
                         if slot.armed is not None and code == _KILLED:
                             kills += 1
