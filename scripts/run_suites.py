@@ -47,7 +47,9 @@ SUITES = [
         ),
     ),
     Suite("unit", 120, (_pytest("tests/unit"),), junit=True),
-    Suite("integration", 720, (_pytest("tests/integration"),), junit=True),
+    Suite("integration", 720, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
+    Suite("engine", 480, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     Suite("bfcl", 240, (_pytest("tests/bfcl"),), junit=True),
     Suite("fault-switches", 180, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
