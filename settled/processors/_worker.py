@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from settled._failpoints import failpoint
 from settled._settings import Settings
@@ -30,6 +30,7 @@ from settled.processors._batch_probe import failing_batch_last_offset, probe_con
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.producers import (
     AppenderFatalError,
+    OpenTransactionError,
     PartitionCountMismatchError,
     ProducerFencedError,
     TransactionalAppender,
@@ -73,6 +74,10 @@ _RECORD_ERRORS = frozenset(
         KafkaError._NOT_IMPLEMENTED,  # an unsupported compression codec or message format
     }
 )
+
+
+#: How long a partition whose claim failed (broker unreachable, open foreign transaction) waits before the next try.
+_CLAIM_RETRY_S = 1.0
 
 
 def _utcnow() -> datetime:
@@ -307,6 +312,15 @@ class Worker(Generic[S]):
             self._to_claim.discard(p)
             if conductor is not None:
                 conductor.close()
+            return
+        except (KafkaException, AppenderFatalError, OpenTransactionError) as exc:
+            # The broker is unreachable or a foreign transaction is still open: the partition stays paused and
+            # is claimed again later (from scratch: nothing of this attempt was appended).
+            _log.warning("claim failed, retrying", extra={"partition": p, "error": str(exc)})
+            owner.appender.close()
+            if conductor is not None:
+                conductor.close()
+            self._claim_not_before[p] = time.monotonic() + _CLAIM_RETRY_S
             return
         self._to_claim.discard(p)
         genesis = owner.genesis

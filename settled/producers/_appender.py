@@ -341,9 +341,15 @@ class TransactionalAppender:
             if outcome == "unknown":
                 # Step 7: the outcome is unknown. Fence whatever is in flight, then read what the log holds.
                 read_from = self._log_end  # the log end before this transaction (the wait below moves _log_end)
-                self._producer = self._new_producer()
-                self.wait_no_open_transaction()
-                landed = self._batch_ids_since(read_from)
+                try:
+                    self._producer = self._new_producer()
+                    self.wait_no_open_transaction()
+                    landed = self._batch_ids_since(read_from)
+                except KafkaException as exc:
+                    # Still unreachable: the outcome stays unknown. Give the partition up; its next claim fences,
+                    # checks and restores from the log, and re-decides whatever did not land.
+                    self._producer = None
+                    raise AppenderFatalError(f"partition {self.partition}: commit outcome unknown and {exc}") from exc
                 done = [b for b in group_batches if b.batch_id in landed]
                 if done:  # a transaction is all or nothing: either every batch landed or none did
                     transactions += 1
@@ -508,15 +514,20 @@ class TransactionalAppender:
                     raise
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
-        """Call a transactional API, repeating it while it fails with a retriable error."""
+        """Call a transactional API, repeating it while it fails with a retriable error, within one call's timeout."""
+        deadline = time.monotonic() + self.timeout_s
         for _ in range(_MAX_RETRIABLE):
             try:
                 return fn()
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
-                if err.retriable() and err.code() != KafkaError._TIMED_OUT:
+                if err.retriable() and err.code() != KafkaError._TIMED_OUT and time.monotonic() < deadline:
                     time.sleep(self.settings.retry_backoff_ms / 1000)
                     continue
+                if err.retriable() and err.code() != KafkaError._TIMED_OUT:
+                    raise AppenderFatalError(
+                        f"{what} kept failing with a retriable error for {self.timeout_s} s: {err}"
+                    ) from exc
                 raise
         raise AppenderFatalError(f"{what} still failed with a retriable error after {_MAX_RETRIABLE} calls")
 
