@@ -1178,12 +1178,16 @@ def render_demo(result: DemoResult, console: Console) -> None:
         console.print(render_failures(result.summary.verdicts))
     if result.unknowns:
         table = Table(title=f"Unknown calls ({len(result.unknowns)}), resolved by the operator step")
-        for column in ("conversation", "call", "tool", "reason", "resolution", "recorded"):
+        for column in ("conversation", "tool", "resolution", "recorded", "reason"):
             table.add_column(column)
         for u in result.unknowns[:40]:
-            reason = u.reason if len(u.reason) <= 60 else u.reason[:57] + "..."
+            reason = u.reason if len(u.reason) <= 80 else u.reason[:77] + "..."
             table.add_row(
-                u.conversation_id, u.call_id[-12:], u.tool, reason, u.kind or "-", "yes" if u.resolved else "no"
+                u.conversation_id.removeprefix("multi_turn_"),
+                u.tool,
+                u.kind or "-",
+                "yes" if u.resolved else "no",
+                reason,
             )
         console.print(table)
     for line in result.projection_mismatches[:20]:
