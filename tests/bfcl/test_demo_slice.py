@@ -15,6 +15,7 @@ README commands.
 from __future__ import annotations
 
 import io
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +27,38 @@ from rich.console import Console
 
 from settled._settings import Settings
 from settled.projections import ProjectionNames, default_schema
-from settled.services.bfcl import adversarial_call, load_corpus, replayable_entries
-from settled.services.bfcl._demo import TOOL_APPLIED_POINT, DemoOptions, DemoResult, render_demo, run_demo
+from settled.runtime import Message, ModelRequest, ProviderError, declared_call
+from settled.schemas import (
+    ModelResponseCompleted,
+    SubmissionAdmitted,
+    ToolCallPrepared,
+    ToolCallRefused,
+    ToolCallSettled,
+    canonical_json,
+    json_digest,
+)
+from settled.services.bfcl import (
+    Corpus,
+    Entry,
+    ReplayMode,
+    adversarial_call,
+    final_reply_text,
+    load_corpus,
+    replayable_entries,
+)
+from settled.services.bfcl._app import BfclAppConfig, ReplayProvider, _original_arguments, build_app, turn_input
+from settled.services.bfcl._demo import (
+    KILL_POINTS,
+    TOOL_APPLIED_POINT,
+    DemoOptions,
+    DemoResult,
+    chaos_schedule,
+    conversation_logs,
+    render_demo,
+    run_demo,
+)
 
-pytestmark = [pytest.mark.bfcl, pytest.mark.integration]
+pytestmark = [pytest.mark.bfcl]
 
 SEED = 20261129
 
@@ -56,6 +85,7 @@ def _report(result: DemoResult) -> str:
     return out.file.getvalue()
 
 
+@pytest.mark.integration
 def test_thirty_base_conversations_pass_under_seeded_kills_and_a_tool_server_restart(
     settings: Settings, demo_namespace: str, tmp_path: Path
 ) -> None:
@@ -88,6 +118,7 @@ def test_thirty_base_conversations_pass_under_seeded_kills_and_a_tool_server_res
     assert result.passed, context
 
 
+@pytest.mark.integration
 def test_miss_func_refuses_the_adversarial_call_and_the_holdout_turn_ends_in_text(
     settings: Settings, demo_namespace: str, tmp_path: Path
 ) -> None:
@@ -109,3 +140,121 @@ def test_miss_func_refuses_the_adversarial_call_and_the_holdout_turn_ends_in_tex
     assert sum(v.refused_calls for v in verdicts) == len(adversarial), context
     assert sum(v.unexpected_executions for v in verdicts) == 0, context
     assert result.settled == result.submissions == sum(len(entry.turns) for entry in entries), context
+
+
+# --- the pure parts, without Kafka ----------------------------------------------------------------------------------
+
+
+def _prompt(entry: Entry, turn: int, *messages: Message) -> ModelRequest:
+    user = Message("user", canonical_json(turn_input(entry, turn)))
+    return ModelRequest(operation_id="op", model="m", messages=(user, *messages))
+
+
+def test_the_replay_provider_answers_from_the_prompt_alone_and_ends_the_turn_in_text(base_corpus: Corpus) -> None:
+    entry = base_corpus.get("multi_turn_base_0")
+    provider = ReplayProvider(ReplayMode.ONE_CALL)
+    first = provider.answer(_prompt(entry, 0))
+    assert [c.call_id for c in first.tool_calls] == ["multi_turn_base_0/t0/c0"] and first.text == ""
+    assert provider.answer(_prompt(entry, 0)) == first, "stateless: the same prompt, the same answer"
+    messages: list[Message] = []
+    for call in entry.turns[0].calls:
+        response = provider.answer(_prompt(entry, 0, *messages))
+        assert [c.call_id for c in response.tool_calls] == [call.call_id]
+        messages += [Message("assistant", "", response.tool_calls), Message("tool", '"ok"', call_id=call.call_id)]
+    final = provider.answer(_prompt(entry, 0, *messages))
+    assert final.tool_calls == () and final.text == final_reply_text(entry, 0)
+    with pytest.raises(ProviderError, match="replay model"):
+        provider.answer(_prompt(entry, 0, Message("assistant", "", (declared_call("bogus", "ls", {}),))))
+
+
+def test_the_tool_restores_the_ground_truths_number_types_by_call_id() -> None:
+    # RFC 8785 writes 36.0 as 36: the prepared record's arguments come back as ints; BFCL's backends tell them apart.
+    received = json.loads(canonical_json({"value": 36.0, "base": 6.0, "precision": 4}))
+    assert received == {"value": 36, "base": 6, "precision": 4} and isinstance(received["value"], int)
+    restored = _original_arguments("multi_turn_base_32", "multi_turn_base_32/t1/c0", "logarithm", received)
+    assert restored == {"value": 36.0, "base": 6.0, "precision": 4}
+    assert [type(restored[k]) for k in ("value", "base", "precision")] == [float, float, int]
+    other = {"value": 37, "base": 6, "precision": 4}
+    assert _original_arguments("multi_turn_base_32", "multi_turn_base_32/t1/c0", "logarithm", other) is other
+
+
+def test_the_chaos_schedule_replays_from_its_seed_and_always_kills_once_after_a_tool_applied() -> None:
+    for seed in range(40):
+        schedule = chaos_schedule(seed, 3)
+        assert schedule == chaos_schedule(seed, 3)
+        assert any(kill.name == TOOL_APPLIED_POINT for kill in schedule)
+        assert all(kill.name in KILL_POINTS and 1 <= kill.hit <= 3 for kill in schedule)
+    assert chaos_schedule(1, 0) == ()
+
+
+def test_the_app_configuration_names_the_bad_variable() -> None:
+    url = {"SETTLED_BFCL_TOOLSERVER_URL": "http://127.0.0.1:1"}
+    config = BfclAppConfig.from_env({**url, "SETTLED_BFCL_NO_IDEMPOTENCY": "TradingBot, TravelAPI"})
+    assert (
+        config.non_idempotent_classes == {"TradingBot", "TravelAPI"} and BfclAppConfig.from_env(config.env()) == config
+    )
+    with pytest.raises(ValueError, match="SETTLED_BFCL_MODE='fast'"):
+        BfclAppConfig.from_env({**url, "SETTLED_BFCL_MODE": "fast"})
+    with pytest.raises(ValueError, match="unknown backend classes"):
+        BfclAppConfig.from_env({**url, "SETTLED_BFCL_NO_IDEMPOTENCY": "Bank"})
+    with pytest.raises(ValueError, match="SETTLED_BFCL_TOOLSERVER_URL"):
+        BfclAppConfig.from_env({})
+    app = build_app(config)
+    idempotent = {spec.name: spec.idempotent for spec in app.tools}
+    assert len(idempotent) == 128 and not idempotent["place_order"] and not idempotent["book_flight"]
+    assert idempotent["post_tweet"] and idempotent["cd"]
+
+
+def test_the_log_becomes_conversation_logs_named_by_the_models_call_ids(base_corpus: Corpus) -> None:
+    entry = base_corpus.get("multi_turn_base_1")
+    sub = "sub-1"
+    call = entry.turns[0].calls[0]
+    declared = declared_call(call.call_id, call.method, call.arguments)
+    wrapped = {"conversation_id": entry.id, "entry_id": entry.id, "call_id": call.call_id, "arguments": {}}
+    events = [
+        SubmissionAdmitted(
+            submission_id=sub,
+            conversation_id=entry.id,
+            principal="p",
+            idempotency_key="k",
+            payload_digest="0" * 64,
+            submission_seq=1,
+            tools_offered=(),
+            input_json=canonical_json(turn_input(entry, 0)),
+        ),
+        ModelResponseCompleted(
+            submission_id=sub,
+            attempt_id="a",
+            response_ordinal=0,
+            provider="p",
+            model="m",
+            text="",
+            tool_calls=(declared, declared_call("x/t0/x0", "nope", {})),
+        ),
+        ToolCallPrepared(
+            submission_id=sub,
+            run_id=sub,
+            attempt_id="a",
+            call_id=f"{sub}#1",
+            ordinal=1,
+            tool=call.method,
+            args_json=canonical_json(wrapped),
+            args_digest=json_digest(canonical_json(wrapped)),
+            idempotency_key="key",
+            owner_epoch=1,
+        ),
+        ToolCallSettled(
+            submission_id=sub,
+            attempt_id="a",
+            call_id=f"{sub}#1",
+            result_json='"out"',
+            result_digest=json_digest('"out"'),
+        ),
+        ToolCallRefused(
+            submission_id=sub, attempt_id="a", call_id=f"{sub}#2", tool="nope", args_digest="0" * 64, reason="r"
+        ),
+    ]
+    (log,) = conversation_logs({entry.id: events}, {entry.id: entry.id})
+    assert log.tool_results == ((call.call_id, '"out"'),)
+    assert log.refused_calls == ("x/t0/x0",)
+    assert log.settlements == () and log.replies == ()
