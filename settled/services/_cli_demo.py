@@ -153,7 +153,7 @@ def bfcl(
     mode: str = typer.Option("random_chunks", "--mode", help="Replay mode: one_call, batch or random_chunks."),
     kills: int | None = typer.Option(None, "--kills", min=0, help="Worker kills under --chaos (default: N/8, >= 3)."),
     in_flight: int | None = typer.Option(
-        None, "--in-flight", min=1, help="Conversations driven at once (default: 32, 16 under --chaos)."
+        None, "--in-flight", min=1, help="Conversations driven at once (default: 32, 12 under --chaos)."
     ),
     timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Bound on the whole run, in seconds."),
 ) -> None:

@@ -65,6 +65,7 @@ from settled.schemas import (
     CommandRejected,
     LogEvent,
     ModelResponseCompleted,
+    OwnershipClaimed,
     Receipt,
     ResolutionKind,
     ResolveUnknown,
@@ -145,7 +146,7 @@ class DemoOptions:
         kills: Worker kills under chaos; None: about one per 8 conversations, at least 3 (24 for 200).
         broker_restart: Restart the broker once under chaos (needs a broker the demo manages).
         toolserver_restart: Restart the tool server once under chaos.
-        in_flight: Conversations driven at once; None: 32, or 16 under chaos (a longer run leaves room for the
+        in_flight: Conversations driven at once; None: 32, or 12 under chaos (a longer run leaves room for the
             kills, each of which waits for the previous one's recovery).
         timeout_s: Bound on the whole run, in seconds.
         work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
@@ -293,6 +294,7 @@ class _LogTail:
         self.resolved: set[tuple[str, str]] = set()
         self.prepared: dict[tuple[str, str], ToolCallPrepared] = {}
         self.rejected_commands: dict[str, str] = {}
+        self.owners: dict[int, str] = {}  # log partition -> worker id of its latest OwnershipClaimed
 
     def start(self) -> None:
         self._thread.start()
@@ -334,7 +336,9 @@ class _LogTail:
     def _apply(self, conversation_id: str, events: Sequence[LogEvent]) -> None:
         with self._lock:
             for e in events:
-                if isinstance(e, SubmissionAdmitted):
+                if isinstance(e, OwnershipClaimed):
+                    self.owners[e.partition] = e.worker_id
+                elif isinstance(e, SubmissionAdmitted):
                     self.unsettled_attempts.setdefault(e.submission_id, 0)
                 elif isinstance(e, AttemptStarted):
                     if e.submission_id not in self.settled:
@@ -357,6 +361,11 @@ class _LogTail:
         """The most attempts any admitted, unsettled submission has started."""
         with self._lock:
             return max(self.unsettled_attempts.values(), default=0)
+
+    def owns_partitions(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` made the latest claim of some partition."""
+        with self._lock:
+            return worker_id in self.owners.values()
 
     def pending_unknowns(self) -> list[tuple[str, str, str, ToolCallPrepared | None]]:
         """Unknown calls not resolved yet: (conversation, submission, call, prepared record)."""
@@ -685,7 +694,7 @@ class _Chaos:
     behind goes as soon as the gate opens. The tool-server restart ends no attempt and skips the gate.
     """
 
-    _ARMED_FOR_S = 30.0  # an armed kill that has not fired by then is disarmed and skipped
+    _ARMED_FOR_S = 10.0  # an armed kill that has not fired by then is disarmed and tried again on another worker
     _SETTLE_AFTER_START_S = 3.0  # a fresh incarnation first claims its partitions
 
     def __init__(
@@ -728,9 +737,11 @@ class _Chaos:
     def step(self, settled: int) -> None:
         for slot in self._slots:
             if slot.armed is not None and time.monotonic() - slot.armed_at > self._ARMED_FOR_S:
-                self.skipped.append(slot.armed.spec)
-                self._say(f"chaos: {slot.armed.spec} on worker {slot.index} did not fire; skipped")
+                kill = slot.armed
+                self.skipped.append(kill.spec)
+                self._say(f"chaos: {kill.spec} on worker {slot.index} did not fire within {self._ARMED_FOR_S:g} s")
                 slot.disarm()
+                self._actions.insert(0, (0.0, -3, kill))
         if not self._actions or time.monotonic() - self.last_action < 1.0:
             return
         due = [a for a in self._actions if a[0] <= settled]
@@ -753,7 +764,8 @@ class _Chaos:
             for _ in range(len(self._slots)):
                 slot = self._slots[self._next_slot % len(self._slots)]
                 self._next_slot += 1
-                if slot.exit_code() is None and time.monotonic() - slot.started_at >= self._SETTLE_AFTER_START_S:
+                up = slot.exit_code() is None and time.monotonic() - slot.started_at >= self._SETTLE_AFTER_START_S
+                if up and self._tail.owns_partitions(slot.worker_id):
                     self._actions.pop(0)
                     slot.arm(action)
                     self.last_action = time.monotonic()
@@ -1056,7 +1068,7 @@ def run_demo(
         )
         with Client(s, default_timeout_s=30.0) as client, _progress(console, total) as (progress, task):
             driver = _Driver(client, deadline, stop)
-            in_flight = options.in_flight or (16 if options.chaos else 32)
+            in_flight = options.in_flight or (12 if options.chaos else 32)
             pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="bfcl-conversation")
             futures = [pool.submit(driver.run, entry) for entry in entries]
             try:
@@ -1070,9 +1082,10 @@ def run_demo(
                             continue
                         if chaos is not None:
                             chaos.last_action = time.monotonic()
-                        if slot.armed is not None and code == _KILLED:
+                        if chaos is not None and code == _KILLED:  # only the chaos schedule sends SIGKILL
                             kills += 1
-                            say(f"chaos: worker {slot.index} killed at {slot.armed.spec} (kill {kills})")
+                            where = slot.armed.spec if slot.armed is not None else "a kill being disarmed"
+                            say(f"chaos: worker {slot.index} killed at {where} (kill {kills})")
                         else:
                             unexpected += 1
                             say(f"[yellow]worker {slot.index} exited with code {code}; see {slot.log_path}[/yellow]")
@@ -1134,7 +1147,7 @@ def run_demo(
             "dead letters (settled failed)": str(dead),
             "projection matches the log": "yes" if not mismatches else f"no ({len(mismatches)} conversations)",
             "worker kills": (
-                f"{kills} of {len(schedule)} scheduled ({len(chaos.skipped)} armed but never hit)"
+                f"{kills} of {len(schedule)} scheduled ({len(chaos.skipped)} re-armed after not firing)"
                 if chaos is not None
                 else "0 (no --chaos)"
             ),
