@@ -290,8 +290,7 @@ class KafkaBroker:
                     classpath,
                     "kafka.tools.StorageTool",
                     "format",
-                    "-t",
-                    cluster_id,
+                    f"--cluster-id={cluster_id}",
                     "-c",
                     str(conf),
                     "--standalone",
@@ -363,7 +362,11 @@ class KafkaBroker:
 def _kraft_cluster_id() -> str:
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Like Kafka's own Uuid.randomUuid: never starting with "-", which a command line would read as an option.
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _pg_bindir() -> Path:
