@@ -346,16 +346,25 @@ class KafkaBroker:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the broker gracefully (SIGTERM), escalating to SIGKILL after ``timeout_s`` seconds."""
-        pid = _read_pid(self._pid_file)
-        if pid is not None:
-            _stop_pid(pid, self._MARKER, timeout_s)
-            self._pid_file.unlink(missing_ok=True)
+        self._end(signal.SIGTERM, timeout_s)
 
     def kill(self) -> None:
         """Kill the broker at once (SIGKILL), as a machine crash would leave it."""
+        self._end(signal.SIGKILL, 10.0)
+
+    def _end(self, sig: int, timeout_s: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            # Our own child: signal it and reap it, so is_running() is false as soon as this returns.
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10.0)
         pid = _read_pid(self._pid_file)
         if pid is not None:
-            _stop_pid(pid, self._MARKER, 10.0, sig=signal.SIGKILL)
+            _stop_pid(pid, self._MARKER, timeout_s, sig=sig)
             self._pid_file.unlink(missing_ok=True)
 
 
