@@ -40,6 +40,21 @@ def _is_fatal(error: KafkaError) -> bool:
     return bool(error.fatal()) or error.code() == KafkaError._FATAL
 
 
+def _kafka_error_of(exc: KafkaException | SystemError) -> KafkaError | None:
+    """The `KafkaError` a poll raised, or ``None`` when ``exc`` is not librdkafka's.
+
+    confluent-kafka still runs delivery callbacks after a fatal error has set its exception, so ``poll`` then raises a
+    `SystemError` chained to the fatal `KafkaException` (the same pattern the appender handles; closing.md).
+    """
+    if isinstance(exc, KafkaException):
+        error = exc.args[0]
+        return error if isinstance(error, KafkaError) else None
+    cause = exc.__cause__
+    if isinstance(cause, KafkaException) and isinstance(cause.args[0], KafkaError):
+        return cause.args[0]
+    return None
+
+
 class InboxProducer:
     """The client's idempotent producer of inbox records; thread-safe.
 
@@ -168,8 +183,10 @@ class InboxProducer:
         for _ in range(20):
             try:
                 failed.poll(0.05)
-            except KafkaException as exc:
-                _log.debug("failed inbox producer still reporting", extra={"error": str(exc.args[0])})
+            except (KafkaException, SystemError) as exc:
+                if _kafka_error_of(exc) is None:
+                    raise
+                _log.debug("failed inbox producer still reporting", extra={"error": str(_kafka_error_of(exc))})
             if len(failed) == 0:
                 break
 
@@ -182,8 +199,10 @@ class InboxProducer:
                 continue
             try:
                 producer.poll(self._poll_timeout_s)
-            except KafkaException as exc:
-                error = exc.args[0]
+            except (KafkaException, SystemError) as exc:
+                error = _kafka_error_of(exc)
+                if error is None:
+                    raise
                 if _is_fatal(error):
                     self._replace(producer, error)
                 else:
