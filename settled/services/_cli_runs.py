@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import typer
+from psycopg import errors as pg_errors
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -96,11 +98,34 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _run(fn: Any) -> Any:
-    try:
-        return fn()
-    except ReadYourWritesTimeout as exc:
-        _fail(EXIT_NOT_PROJECTED, str(exc))
+_T = TypeVar("_T")
+
+
+def _query(
+    schema: str | None,
+    after: str | None,
+    after_timeout_s: float,
+    query: Callable[[ProjectionReader, Receipt | None, float], _T],
+) -> _T:
+    """Run ``query(reader, receipt, timeout_s)`` on a fresh reader; a receipt not projected in time exits 3."""
+    receipt = _receipt(after)
+    with _reader(schema) as reader:
+        try:
+            return query(reader, receipt, after_timeout_s)
+        except ReadYourWritesTimeout as exc:
+            _fail(EXIT_NOT_PROJECTED, str(exc))
+        except pg_errors.UndefinedTable as exc:
+            _fail(
+                2,
+                f"no projection in schema {reader.names.live!r} ({exc.diag.message_primary}): "
+                "start the projector (`settled projections run`) or pass --schema",
+            )
+
+
+def _found(row: _T | None, what: str) -> _T:
+    if row is None:
+        _fail(EXIT_NOT_FOUND, f"no {what} in the projection")
+    return row
 
 
 @runs_app.command("list")
@@ -114,17 +139,14 @@ def runs_list(
     as_json: bool = _JSON,
 ) -> None:
     """List runs: status (queued, running, waiting, recovery, terminalizing, or the outcome), attempts, step."""
-    receipt = _receipt(after)
-    with _reader(schema) as reader:
-        rows = _run(
-            lambda: reader.runs(
-                incomplete=incomplete,
-                conversation_id=conversation,
-                limit=limit,
-                after=receipt,
-                timeout_s=after_timeout_s,
-            )
-        )
+    rows = _query(
+        schema,
+        after,
+        after_timeout_s,
+        lambda reader, receipt, timeout_s: reader.runs(
+            incomplete=incomplete, conversation_id=conversation, limit=limit, after=receipt, timeout_s=timeout_s
+        ),
+    )
     if as_json:
         _dump(rows)
         return
@@ -145,11 +167,10 @@ def runs_show(
     as_json: bool = _JSON,
 ) -> None:
     """Show one run with its attempts and tool calls."""
-    receipt = _receipt(after)
-    with _reader(schema) as reader:
-        run = _run(lambda: reader.run(submission_id, after=receipt, timeout_s=after_timeout_s))
-    if run is None:
-        _fail(EXIT_NOT_FOUND, f"no run {submission_id!r} in the projection")
+    run = _found(
+        _query(schema, after, after_timeout_s, lambda r, receipt, t: r.run(submission_id, after=receipt, timeout_s=t)),
+        f"run {submission_id!r}",
+    )
     if as_json:
         _dump([run])
         return
@@ -169,9 +190,9 @@ def unknown_list(
     as_json: bool = _JSON,
 ) -> None:
     """List the calls in doubt (Unknown), oldest first, with their age."""
-    receipt = _receipt(after)
-    with _reader(schema) as reader:
-        rows = _run(lambda: reader.unknown_obligations(after=receipt, timeout_s=after_timeout_s))
+    rows = _query(
+        schema, after, after_timeout_s, lambda r, receipt, t: r.unknown_obligations(after=receipt, timeout_s=t)
+    )
     if as_json:
         _dump(rows)
         return
@@ -192,13 +213,15 @@ def submissions_show(
     as_json: bool = _JSON,
 ) -> None:
     """Show a submission's ledger row (a duplicate's id shows its receipt, pointing at the original)."""
-    receipt = _receipt(after)
-    with _reader(schema) as reader:
-        row = _run(lambda: reader.submission(submission_id, after=receipt, timeout_s=after_timeout_s))
-        if row is None:
-            row = reader.receipt(submission_id)
-    if row is None:
-        _fail(EXIT_NOT_FOUND, f"no submission {submission_id!r} in the projection")
+    row = _found(
+        _query(
+            schema,
+            after,
+            after_timeout_s,
+            lambda r, receipt, t: r.submission(submission_id, after=receipt, timeout_s=t) or r.receipt(submission_id),
+        ),
+        f"submission {submission_id!r}",
+    )
     if as_json:
         _dump([row])
         return
@@ -214,11 +237,15 @@ def conversations_show(
     as_json: bool = _JSON,
 ) -> None:
     """Show a conversation's run state and its transcript (inputs, replies, tool calls and results)."""
-    receipt = _receipt(after)
-    with _reader(schema) as reader:
-        conv = _run(lambda: reader.conversation(conversation_id, after=receipt, timeout_s=after_timeout_s))
-    if conv is None:
-        _fail(EXIT_NOT_FOUND, f"no conversation {conversation_id!r} in the projection")
+    conv = _found(
+        _query(
+            schema,
+            after,
+            after_timeout_s,
+            lambda r, receipt, t: r.conversation(conversation_id, after=receipt, timeout_s=t),
+        ),
+        f"conversation {conversation_id!r}",
+    )
     if as_json:
         _dump([conv])
         return
