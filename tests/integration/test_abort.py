@@ -1,12 +1,14 @@
 """Abort (spec §13, DUR-012; issue 5 item 6) against a real worker: queued, active, repeated, too late, unknown.
 
-The race of an abort with the final append (scenario 6) is `test_abort_raced_against_the_final_append`.
+The race of an abort with the final append (scenario 6) is `test_abort_raced_against_the_final_append`; a live
+projector follows it, and the projection must match the log afterwards (scenario 6's projection part, issue 7).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from settled import _failpoints
 from settled._settings import Settings
 from settled.processors import Worker
 from settled.producers import provision_topics
+from settled.projections import ProjectionNames
 from settled.protocol import PartitionState
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
@@ -32,7 +35,17 @@ from settled.schemas import (
 )
 from settled.services._worker_service import build_worker
 from tests._promise import promise
-from tests.integration.helpers import CODEC, proposal, running
+from tests.integration.helpers import (
+    CODEC,
+    LiveProjector,
+    check_clean,
+    fresh_projection,
+    projecting,
+    projection_rows,
+    proposal,
+    running,
+    wait_projected,
+)
 from tests.integration.workerproc import Inbox, Tail, abort_command, batches, spawn_worker
 
 pytestmark = pytest.mark.integration
@@ -43,6 +56,13 @@ def topics(settings: Settings) -> Settings:
     s = settings.model_copy(update={"partitions": 1})
     provision_topics(s, CODEC, datetime.now(UTC))
     return s
+
+
+@pytest.fixture
+def projection(topics: Settings) -> Iterator[tuple[ProjectionNames, LiveProjector]]:
+    """A live projector of the test's log into a projection of its own, for the test's duration."""
+    with fresh_projection(topics.postgres_dsn) as names, projecting(topics, names) as live:
+        yield names, live
 
 
 def _receipts(tail: Tail, request_id: str) -> list[Receipt]:
@@ -193,7 +213,9 @@ RACE_ITERATIONS = 200
 RACE_MAX_DELAY_MS = 50
 
 
-def test_abort_raced_against_the_final_append(topics: Settings, tmp_path: Path) -> None:
+def test_abort_raced_against_the_final_append(
+    topics: Settings, tmp_path: Path, projection: tuple[ProjectionNames, LiveProjector]
+) -> None:
     """Scenario 6: an abort against a run committing its final batch, 200 times in one worker's life.
 
     A barrier armed for one hit holds the submission at its end, in one of three modes (by iteration, in turn):
@@ -207,6 +229,8 @@ def test_abort_raced_against_the_final_append(topics: Settings, tmp_path: Path) 
 
     The delay between the two steps is swept from 0 to 50 ms. Each time: exactly one terminal outcome, and the
     abort's reply names the one that won (applied for aborted; rejected ``already_terminal`` naming the other).
+    A live projector runs throughout: afterwards the projection matches the log (`check` clean) with one
+    settlement row and one terminal attempt per submission, in the outcome that won, and the abort's receipt row.
     """
     s = topics
     control = _failpoints.FailpointControl(tmp_path / "fp")
@@ -300,3 +324,32 @@ def test_abort_raced_against_the_final_append(topics: Settings, tmp_path: Path) 
     # of up to poll_timeout_s), so only its sum with the deterministic modes is asserted.
     winners = {winner for _, _, winner in seen.values()}
     assert winners == {"aborted", "completed"}, f"only {winners} won: {dict(by_mode)}"
+
+    # The projection part (issue 7): the live projector followed the races; it matches the log.
+    names, live = projection
+    wait_projected(s, names, 60, live)
+    check_clean(s, names, "DUR-015.scenario-6")
+    rows = {r["submission_id"]: r for r in projection_rows(s, names, "settlements")}
+    promise(
+        "DUR-015.scenario-6",
+        {sid: r["outcome"] for sid, r in rows.items()} == {sid: w for sid, (_, _, w) in seen.items()},
+        "the projection's settlements differ from the log's outcomes: "
+        f"{[(sid, rows.get(sid, {}).get('outcome'), w) for sid, (_, _, w) in seen.items() if sid in rows][:5]}",
+    )
+    terminal = Counter(
+        (a["submission_id"], a["status"])
+        for a in projection_rows(s, names, "attempts")
+        if a["status"] in ("completed", "failed", "aborted")
+    )
+    promise(
+        "DUR-015.scenario-6",
+        terminal == Counter({(sid, w): 1 for sid, (_, _, w) in seen.items()}),
+        f"terminal attempt rows that are not one per submission in its outcome: "
+        f"{[(k, n) for k, n in terminal.items() if n != 1 or seen[k[0]][2] != k[1]][:5]}",
+    )
+    states = {r["submission_id"]: r["state"] for r in projection_rows(s, names, "submissions")}
+    assert states == {sid: w for sid, (_, _, w) in seen.items()}, "a submission's state is not its outcome"
+    replies = {r["request_id"]: r["outcome"] for r in projection_rows(s, names, "receipts")}
+    for sid, (_, _, won) in seen.items():
+        want = "applied" if won == "aborted" else "rejected"
+        assert replies.get(aborts[sid]) == want, (sid, won, replies.get(aborts[sid]))
