@@ -5,13 +5,15 @@ about to be staged, and the test SIGSTOPs it there. Worker B joins, is given the
 out, fences A's transactional producer (``init_transactions``), restores, claims the next epoch, runs the submission
 again and settles it. Then A is resumed and released: it really attempts its settlement append — a write that
 carries no consumer offsets of its own, which KIP-447 group fencing alone would not stop — and must get the fenced
-error, write nothing visible, and drop the partition.
+error, write nothing visible, and drop the partition. A live projector follows the log throughout: the projection
+shows only the new owner's work after the takeover (scenario 8's projection part, issue 7).
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,9 +23,20 @@ from confluent_kafka import Consumer, TopicPartition
 from settled import _failpoints
 from settled._settings import Settings
 from settled.producers import provision_topics
+from settled.projections import ProjectionNames
 from settled.schemas import LogBatch, OwnershipClaimed, Settlement, SettlementOutcome, SettlementRecord
 from tests._promise import promise
-from tests.integration.helpers import CODEC, proposal, wait_for
+from tests.integration.helpers import (
+    CODEC,
+    LiveProjector,
+    check_clean,
+    fresh_projection,
+    projecting,
+    projection_rows,
+    proposal,
+    wait_for,
+    wait_projected,
+)
 from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
 
 pytestmark = pytest.mark.integration
@@ -36,6 +49,13 @@ def topics(settings: Settings) -> Settings:
     s = settings.model_copy(update={"partitions": 1})
     provision_topics(s, CODEC, datetime.now(UTC))
     return s
+
+
+@pytest.fixture
+def projection(topics: Settings) -> Iterator[tuple[ProjectionNames, LiveProjector]]:
+    """A live projector of the test's log into a projection of its own, for the test's duration."""
+    with fresh_projection(topics.postgres_dsn) as names, projecting(topics, names) as live:
+        yield names, live
 
 
 def _all_log_batches(s: Settings, isolation: str) -> list[tuple[int, LogBatch]]:
@@ -64,7 +84,9 @@ def _all_log_batches(s: Settings, isolation: str) -> list[tuple[int, LogBatch]]:
     return out
 
 
-def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(topics: Settings, tmp_path: Path) -> None:
+def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(
+    topics: Settings, tmp_path: Path, projection: tuple[ProjectionNames, LiveProjector]
+) -> None:
     s = topics
     control = _failpoints.FailpointControl(tmp_path / "fp")
     inbox = Inbox(s)
@@ -138,3 +160,40 @@ def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(topics: Setting
     settled_by = next(bt for _, _, bt in batches(log) if any(isinstance(e, Settlement) for e in bt.events))
     assert settled_by.owner_epoch == claim_b.owner_epoch, settled_by
     print(f"takeover after SIGSTOP: {takeover_s:.1f} s; A's refused deliveries: {len(attempted)}")
+
+    # The projection part (issue 7): only the new owner's work after the takeover, and it matches the log.
+    names, live = projection
+    wait_projected(s, names, 60, live)
+    check_clean(s, names, "DUR-015.scenario-8")
+    epoch_a, epoch_b = claim_a.owner_epoch, claim_b.owner_epoch
+    attempts = sorted(
+        (a["attempt"], a["owner_epoch"], a["status"])
+        for a in projection_rows(s, names, "attempts")
+        if a["submission_id"] == sub.submission_id
+    )
+    promise(
+        "DUR-015.scenario-8",
+        len(attempts) == 2
+        and attempts[0][:2] == (1, epoch_a)
+        and attempts[0][2] not in ("running", "completed")
+        and attempts[1] == (2, epoch_b, "completed"),
+        f"attempt rows (attempt, owner epoch, status) {attempts}: expected A's interrupted attempt 1 under epoch "
+        f"{epoch_a} and B's completed attempt 2 under epoch {epoch_b}",
+    )
+    (conv,) = [c for c in projection_rows(s, names, "conversations") if c["conversation_id"] == "conv-fence"]
+    promise(
+        "DUR-015.scenario-8",
+        (conv["owner_epoch"], conv["active_submission_id"], conv["queue_depth"]) == (epoch_b, None, 0),
+        f"conversation row {conv}: expected owner epoch {epoch_b}, nothing active or queued",
+    )
+    (part,) = projection_rows(s, names, "partitions")
+    assert (part["claim_epoch"], part["claimed_by"]) == (epoch_b, "worker-b"), part
+    (row,) = projection_rows(s, names, "settlements")
+    promise(
+        "DUR-015.scenario-8",
+        (row["submission_id"], row["outcome"], row["attempt_count"]) == (sub.submission_id, "completed", 2)
+        and row["log_offset"] > claim_b_at,
+        f"settlement row {row}: expected B's settlement (attempt 2, after B's claim at offset {claim_b_at})",
+    )
+    (state,) = [r["state"] for r in projection_rows(s, names, "submissions") if r["submission_id"] == sub.submission_id]
+    assert state == "completed", state
