@@ -31,6 +31,7 @@ from settled._settings import Settings
 from settled.client import Client, SubmissionOutcomeUnknown
 from settled.processors import Worker, WorkerConfig
 from settled.producers import BATCH_ID_HEADER, partition_for_key, producer_config, provision_topics
+from settled.projections import ProjectionNames, ProjectionReader, rebuild
 from settled.protocol import PartitionState
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
@@ -60,7 +61,15 @@ from tests.integration.admission_load import (
     spawn_worker,
     stop_worker,
 )
-from tests.integration.helpers import CODEC, produce_inbox
+from tests.integration.helpers import (
+    CODEC,
+    LiveProjector,
+    check_clean,
+    fresh_projection,
+    produce_inbox,
+    projecting,
+    wait_projected,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -271,10 +280,19 @@ def test_one_key_twice_in_one_open_transaction_is_admitted_once(one: Settings) -
 # -- scenario 18 ---------------------------------------------------------------------------------------------------
 
 
-def test_scenario_18_retries_conflicts_and_key_scope(one: Settings, tmp_path: Path) -> None:
-    """Retries at once, concurrently and after a full restart get identical receipts; A' is a conflict naming k;
-    A with k on another conversation, or from another principal, is admitted separately (scope principal +
-    conversation, DESIGN.md §4)."""
+@pytest.fixture
+def projection(one: Settings) -> Iterator[tuple[ProjectionNames, LiveProjector]]:
+    """A live projector of the test's log into a projection of its own, for the test's duration."""
+    with fresh_projection(one.postgres_dsn) as names, projecting(one, names) as live:
+        yield names, live
+
+
+def test_scenario_18_retries_conflicts_and_key_scope(
+    one: Settings, tmp_path: Path, projection: tuple[ProjectionNames, LiveProjector]
+) -> None:
+    """Retries at once, concurrently, after a full restart and after a projection rebuild get identical receipts;
+    A' is a conflict naming k; A with k on another conversation, or from another principal, is admitted separately
+    (scope principal + conversation, DESIGN.md §4). The receipts read through the projection say the same (issue 7)."""
     s = one
     log = tmp_path / "worker.log"
     a = make_proposal("conv-18", "k-18", {"q": "A"})
@@ -324,9 +342,17 @@ def test_scenario_18_retries_conflicts_and_key_scope(one: Settings, tmp_path: Pa
             other_principal.submission_id,
         ]
         assert wait_answered(s, ids, 40), log_tail(log)
+        # A projection rebuild (from offset 0, switched in while the projector runs), then A with k once more.
+        names, live = projection
+        wait_projected(s, names, 30, live)
+        rebuilt = rebuild(s, names, timeout_s=60)
+        assert rebuilt.generation == 2, rebuilt
+        after_rebuild = a.model_copy(update={"submission_id": str(uuid.uuid4())})
+        produce_inbox(s, [(b"conv-18", CODEC.encode(after_rebuild))])
+        assert wait_answered(s, [after_rebuild.submission_id], 40), log_tail(log)
     finally:
         stop_worker(second)
-    retries = [at_once, *concurrent, after_restart]
+    retries = [at_once, *concurrent, after_restart, after_rebuild]
     got = answers(s, [a.submission_id, *(p.submission_id for p in retries), *ids[1:]])
     original = got[a.submission_id][0]
     promise(
@@ -366,6 +392,33 @@ def test_scenario_18_retries_conflicts_and_key_scope(one: Settings, tmp_path: Pa
         [e.submission_id for e in admissions_of(s, "conv-18")] == [a.submission_id, other_principal.submission_id],
         "conv-18's admissions",
     )
+
+    # Read through the projection too (issue 7): the same answers, after the rebuild, and check is clean.
+    wait_projected(s, names, 30, live)
+    with ProjectionReader(s.postgres_dsn, names) as reader:
+        projected = {
+            p.submission_id: reader.receipt(p.submission_id, after=got[p.submission_id][0], timeout_s=30)
+            for p in (a, *retries, conflict, elsewhere)
+        }
+        original_row = reader.submission(a.submission_id)
+    shapes = {
+        rid: None
+        if row is None
+        else (row["outcome"], row["submission_id"], row["submission_seq"], row["conversation_id"])
+        for rid, row in projected.items()
+    }
+    promise(
+        "DUR-001.scenario-18",
+        shapes[a.submission_id] == ("admitted", a.submission_id, 1, "conv-18")
+        and all(shapes[p.submission_id] == ("duplicate", a.submission_id, 1, "conv-18") for p in retries),
+        f"projected receipts of A and its retries: {[shapes[p.submission_id] for p in (a, *retries)]}",
+    )
+    conflict_row = projected[conflict.submission_id]
+    assert conflict_row is not None and conflict_row["outcome"] == "rejected", conflict_row
+    assert "'k-18'" in (conflict_row["reason"] or ""), conflict_row
+    assert shapes[elsewhere.submission_id] == ("admitted", elsewhere.submission_id, 1, "conv-18-other")
+    assert original_row is not None and original_row["idempotency_key"] == "k-18", original_row
+    check_clean(s, names, "DUR-015.scenario-18")
 
 
 # -- scenario 19 ---------------------------------------------------------------------------------------------------
