@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from settled._settings import Settings
 from settled.schemas import (
     AbortRequested,
+    AttemptStarted,
     LogEvent,
     Receipt,
     RecoveryDecision,
@@ -22,9 +26,13 @@ from settled.schemas import (
     SettlementOutcome,
     SettlementRecord,
     SubmissionProposed,
+    ToolCallPrepared,
+    ToolCallSettled,
+    ToolCallUnknown,
     canonical_json,
 )
-from tests.integration.engine.engine_app import RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, world
+from tests._promise import promise
+from tests.integration.engine.engine_app import RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, WORLD_ENV, world
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
 
 KILLED = -9
@@ -143,3 +151,117 @@ def returns(db: Path, tool: str) -> int:
 
 def decisions(s: Settings, submission_id: str) -> list[RecoveryDecisionKind]:
     return [e.decision for e in events_of(s, submission_id) if isinstance(e, RecoveryDecision)]
+
+
+ENGINE_APP = "tests.integration.engine.engine_app:app"
+MODEL_APP = "tests.integration.engine.model_app:app"
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+def start_worker(
+    s: Settings,
+    world_db: Path,
+    log_path: Path,
+    name: str,
+    *,
+    env: dict[str, str] | None = None,
+    app: str = ENGINE_APP,
+) -> subprocess.Popen[bytes]:
+    """Start a ``settled worker`` child on ``s``'s namespace and broker, outside the engine fixtures.
+
+    For tests that need their own broker or one failpoint control folder per worker process (e.g. the chaos
+    suite's); the caller kills what it started.
+
+    Args:
+        s: Namespace and bootstrap servers.
+        world_db: The tool doubles' world database.
+        log_path: The child's log file (stderr).
+        name: The worker id.
+        env: Further environment (e.g. ``FailpointControl.env()``); ``SETTLED_FAILPOINT*`` of the test process are
+            not inherited.
+        app: The app (``module:attribute``).
+
+    Returns:
+        The child process.
+    """
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_FAILPOINT")}
+    full.update(
+        {"SETTLED_NAMESPACE": s.namespace, "SETTLED_KAFKA_BOOTSTRAP": s.kafka_bootstrap, WORLD_ENV: str(world_db)}
+    )
+    full.update(env or {})
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "settled.services", "worker", "--app", app, "--worker-id", name],
+            cwd=_ROOT,
+            env=full,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+
+
+def per_key(db: Path, table: str, tool: str) -> dict[str, int]:
+    """Rows per idempotency key of one tool in a world table (``invocations``, ``effects``, ``returns``)."""
+    if table not in ("invocations", "effects", "returns"):
+        raise ValueError(f"per_key: table {table!r} is not a world table with keys")
+    with world(str(db)) as conn:
+        rows = conn.execute(f"SELECT key, count(*) FROM {table} WHERE tool = ? GROUP BY key", (tool,)).fetchall()
+    return {str(k): int(n) for k, n in rows}
+
+
+def check_parallel_batch(
+    events: list[LogEvent],
+    result: SettlementRecord | None,
+    world_db: Path,
+    settled_at_kill: set[str] | None,
+    where: str,
+) -> None:
+    """Scenario 17's expectations for one submission whose run declared three parallel-safe ``sleep_par`` calls.
+
+    One Prepared/Settled pair per call (a second Prepared only for a call in doubt at the kill, under the same key),
+    one effect per call, no re-run of a call settled before the kill, no Unknown, and attempt numbers that rise only
+    on a real retry: ``[1]`` without a kill, ``[1, 2]`` after one.
+
+    Args:
+        events: The submission's committed log events, in log order.
+        result: Its settlement record (None: not settled, which fails).
+        world_db: The tool doubles' world database.
+        settled_at_kill: Call ids settled when the worker was killed; None when no kill was drawn.
+        where: The seed and failpoint, for failure messages.
+    """
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, (where, result)
+    assert result.reply_json == '"done"', where
+    prepared = [e for e in events if isinstance(e, ToolCallPrepared)]
+    settled_ = Counter(e.call_id for e in events if isinstance(e, ToolCallSettled))
+    call_ids = sorted({p.call_id for p in prepared})
+    assert len(call_ids) == 3, (where, call_ids)
+    promise("DUR-010.one-settlement-per-call", settled_ == Counter(dict.fromkeys(call_ids, 1)), f"{where} {settled_}")
+    before = set(call_ids) if settled_at_kill is None else settled_at_kill
+    prepared_n = Counter(p.call_id for p in prepared)
+    expected_prepared = {c: 1 if c in before else 2 for c in call_ids}
+    assert dict(prepared_n) == expected_prepared, (
+        f"{where} Prepared per call {prepared_n}, expected {expected_prepared}"
+    )
+    keys = {p.call_id: p.idempotency_key for p in prepared}
+    assert all(p.idempotency_key == keys[p.call_id] for p in prepared), f"{where} a re-prepared call changed its key"
+    effects_ = per_key(world_db, "effects", "sleep_par")
+    mine = {k: effects_.get(k, 0) for k in keys.values()}
+    promise("DUR-010.one-effect", mine == dict.fromkeys(keys.values(), 1), f"{where} effects per key {mine}")
+    invoked = per_key(world_db, "invocations", "sleep_par")
+    for call_id in before:
+        assert invoked.get(keys[call_id]) == 1, f"{where} the call {call_id}, settled before the kill, ran again"
+    assert not [e for e in events if isinstance(e, ToolCallUnknown)], where
+    attempts = [e.attempt for e in events if isinstance(e, AttemptStarted)]
+    want = [1] if settled_at_kill is None else [1, 2]
+    promise(
+        "DUR-013.attempts-only-on-retry",
+        attempts == want and result.attempt_count == len(want),
+        f"{where} attempts {attempts} (settlement says {result.attempt_count}); expected {want}",
+    )
+    kinds = [e.decision for e in events if isinstance(e, RecoveryDecision)]
+    if settled_at_kill is None:
+        assert kinds == [], f"{where} recovery decisions {kinds} without a kill"
+        return
+    retried = sorted(set(call_ids) - settled_at_kill)
+    # Calls in doubt at the kill are retried under their keys; with none in doubt the run simply resumes.
+    expected_kind = RecoveryDecisionKind.SAFE_RETRY if retried else RecoveryDecisionKind.RESUME
+    assert kinds == [expected_kind], f"{where} recovery decisions {kinds} (calls in doubt: {retried})"
