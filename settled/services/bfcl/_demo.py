@@ -150,6 +150,8 @@ class DemoOptions:
             kills, each of which waits for the previous one's recovery).
         timeout_s: Bound on the whole run, in seconds.
         work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
+        warm_start: Before the first submission, wait until the workers have claimed every log partition and each
+            worker owns some (``bench/bfcl.py`` times the steady state, not the workers' start-up).
     """
 
     category: str = "base"
@@ -167,6 +169,7 @@ class DemoOptions:
     in_flight: int | None = None
     timeout_s: float = 1800.0
     work_dir: Path | None = None
+    warm_start: bool = False
 
     def __post_init__(self) -> None:
         """Check the options.
@@ -231,6 +234,9 @@ class DemoResult:
         unexpected_exits: Worker exits nobody caused.
         unknowns: The Unknown calls and their resolutions.
         projection_mismatches: Conversations whose projection differs from the log (with why).
+        turn_times: Each settled turn's ``(published, settled)`` times (``time.monotonic()`` seconds, this
+            process): just before the client publishes the submission, and when the client has read its settlement
+            (``bench/bfcl.py`` times the run from them).
     """
 
     summary: VerdictSummary
@@ -247,6 +253,7 @@ class DemoResult:
     unexpected_exits: int
     unknowns: tuple[UnknownCase, ...]
     projection_mismatches: tuple[str, ...]
+    turn_times: tuple[tuple[float, float], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -361,6 +368,11 @@ class _LogTail:
         """The most attempts any admitted, unsettled submission has started."""
         with self._lock:
             return max(self.unsettled_attempts.values(), default=0)
+
+    def claims(self) -> dict[int, str]:
+        """Each claimed log partition's latest owner (worker id)."""
+        with self._lock:
+            return dict(self.owners)
 
     def owns_partitions(self, worker_id: str) -> bool:
         """Whether ``worker_id`` made the latest claim of some partition."""
@@ -808,6 +820,7 @@ class _Driver:
         self.settled = 0
         self.outcomes: Counter[str] = Counter()
         self.errors: list[str] = []
+        self.turn_times: list[tuple[float, float]] = []  # (published, settled), time.monotonic()
 
     def _left_s(self) -> float:
         return self._deadline - time.monotonic()
@@ -843,13 +856,16 @@ class _Driver:
     def run(self, entry: Entry) -> None:
         """Run one conversation's turns in order; stop at the first turn that does not complete."""
         for turn_index in range(len(entry.turns)):
+            published = time.monotonic()
             receipt = self._submit(entry, turn_index)
             if receipt is None:
                 return
             outcome = self._wait(receipt)
             if outcome is None:
                 return
+            settled = time.monotonic()
             with self._lock:
+                self.turn_times.append((published, settled))
                 self.settled += 1
                 self.outcomes[outcome] += 1
             if outcome != _COMPLETED:
@@ -908,6 +924,32 @@ def _projection_mismatches(
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
+
+
+def _wait_for_workers(
+    slots: Sequence[_WorkerSlot], tail: _LogTail, partitions: int, timeout_s: float, say: Callable[[str], None]
+) -> None:
+    """Wait until every log partition is claimed by a running worker and every worker owns some (a warm start)."""
+    started = time.monotonic()
+    while True:
+        if tail.error is not None:
+            raise DemoError(f"reading the log failed: {tail.error!r}") from tail.error
+        for slot in slots:
+            code = slot.exit_code()
+            if code is not None:
+                raise DemoError(f"worker {slot.index} exited with code {code} at start-up; see {slot.log_path}")
+        claims = tail.claims()
+        workers = {slot.worker_id for slot in slots}
+        if set(claims) == set(range(partitions)) and set(claims.values()) == workers:
+            waited_s = time.monotonic() - started
+            say(f"warm start: {len(slots)} workers own the {partitions} partitions after {waited_s:.1f} s")
+            return
+        if time.monotonic() - started > timeout_s:
+            raise DemoError(
+                f"warm start: after {timeout_s:.0f} s the partitions' latest claims are {claims}, "
+                f"workers {sorted(workers)}"
+            )
+        time.sleep(0.1)
 
 
 def _fresh_namespace() -> str:
@@ -1047,6 +1089,8 @@ def run_demo(
         tail.start()
         operator = _Operator(s, codec, tail, toolserver.base_url, key)
         operator.start()
+        if options.warm_start:
+            _wait_for_workers(slots, tail, s.partitions, min(120.0, max(deadline - time.monotonic(), 1.0)), say)
         if options.chaos:
             count = options.kills if options.kills is not None else max(3, round(len(entries) / 8))
             schedule = chaos_schedule(seed, count)
@@ -1176,6 +1220,7 @@ def run_demo(
         unexpected_exits=unexpected,
         unknowns=unknowns,
         projection_mismatches=tuple(mismatches),
+        turn_times=tuple(driver.turn_times),
     )
 
 
