@@ -1,6 +1,6 @@
 """Scenario 4 (REC/TERM; issues 6 and 7, /work/shared/scenarios.md) in full, on a private broker and PostgreSQL.
 
-50 runs are active on a worker (each: an idempotent ``charge_idem`` call, 0.4 s of agent work, a second call;
+50 runs are active on a worker (each: an idempotent ``charge_idem`` call, 0.25 s of agent work, a second call;
 the tool double counts every invocation and effect in the world database). The worker SIGKILLs itself once 50 calls
 have settled, so most runs are between their two calls. A new worker starts recovery; the failpoint
 ``owner.after_fence`` holds it where its first partition claim has fenced the dead owner and is about to restore
@@ -16,7 +16,8 @@ partition's live claim epoch, no attempt is left running or in recovery, the att
 ``interrupted``), the projector resumes from its stored offsets after the PostgreSQL restart, and the projection
 equals a rebuild and the reference fold of the log (``check``).
 
-The broker is private (``private_broker``) so the shared dev broker is not disturbed; it takes ~60-90 s, hence the
+The broker is private (``private_broker``) so the shared dev broker is not disturbed. The test takes ~45-75 s (the
+private services' start, a takeover, the broker restart, and the interrupted runs resumed one at a time), hence the
 chaos suite.
 """
 
@@ -73,7 +74,7 @@ SETTLE_TIMEOUT_S = 150.0
 BROKER_RESTART_AFTER_S = 0.2
 #: The agent's work between its two calls. After an unexplained death the new owner resumes the interrupted runs one
 #: at a time (DESIGN.md §5), each redoing this work: it sets the recovery's length.
-AGENT_WORK_S = 0.4
+AGENT_WORK_S = 0.25
 
 
 class _Projector:
