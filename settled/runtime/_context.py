@@ -40,13 +40,14 @@ import logging
 import time
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from settled._failpoints import FailpointError, failpoint
 from settled._faults import fault_enabled
-from settled.processors import AgentRun, CancelSignal
+from settled.processors import AgentRun, AttemptSuperseded, CancelSignal
 from settled.protocol import ReconcileAnswer, Reconciliation
 from settled.runtime._errors import (
     ReplayDivergence,
@@ -120,6 +121,9 @@ class RunOptions:
             every this many deltas, and the rest with the completed response; 0 records no deltas (spec §9).
         model_retries: Retries of one model call after a retryable provider error (the per-operation budget).
         model_backoff_s: First delay between model retries when the provider gave none (doubling).
+        settle_linger_s: How long a tool's settlement, which the run does not wait for, may wait for the run's
+            next record to share its transaction (DESIGN.md §3: "records produced within a few milliseconds'
+            linger"); with an instant model that makes one commit a call. 0 hands it over at once.
     """
 
     clock: Callable[[], datetime] = _utcnow
@@ -129,6 +133,7 @@ class RunOptions:
     delta_flush_every: int = 16
     model_retries: int = 3
     model_backoff_s: float = 0.5
+    settle_linger_s: float = 0.002
 
 
 def _ordinal_of(call_id: str) -> int | None:
@@ -189,6 +194,15 @@ class _Answer:
     error: ToolError | None = None
 
 
+@dataclass
+class _Tick:
+    """The records of one event-loop tick: handed to the conductor together, as one batch."""
+
+    done: asyncio.Future[None]
+    events: list[LogEvent] = field(default_factory=list)
+    on_commit: list[Callable[[], None]] = field(default_factory=list)
+
+
 class RunContext:
     """What agent code gets: the run's identity, its input, and its durable effects.
 
@@ -210,7 +224,13 @@ class RunContext:
         self._options = options or RunOptions()
         self._journal = _Journal(run.journal)
         self._ordinal = 0
-        self._buffer: list[EffectRecorded] = []
+        self._buffer: list[LogEvent] = []  # rides with the next awaited record (now/uuid values, a response)
+        self._tick: _Tick | None = None  # records of this loop tick, handed to the conductor at its end
+        self._posted: list[asyncio.Future[None]] = []  # handed over, not awaited (settlements)
+        self._inflight: set[asyncio.Future[None]] = set()  # every hand-off not yet committed or refused
+        self._refusal: BaseException | None = None  # why a posted record of this run was refused
+        self._lingering: _Tick | None = None  # posted records waiting (a bounded linger) for a record to ride with
+        self._linger_timer: asyncio.TimerHandle | None = None
         self._serial = asyncio.Lock()
         self.conversation_id = run.conversation_id
         self.submission_id = run.submission_id
@@ -240,15 +260,172 @@ class RunContext:
         return ordinal
 
     async def _record(self, events: Sequence[LogEvent]) -> None:
-        """Append ``events`` (after any buffered ``now``/``uuid`` values) and wait until they are committed."""
+        """Append ``events`` after whatever rides with them, and wait until they are committed.
+
+        What rides along, in this order: posted records still lingering (a settlement), the buffered
+        ``now``/``uuid`` values and a completed model response not yet committed (DESIGN.md §3: one commit before
+        a tool runs holds the response and the calls it declares). The records of one loop tick go to the
+        conductor as one batch (a parallel-safe group's prepared calls commit together). A posted record that
+        failed to commit surfaces here, before anything more is recorded.
+
+        Raises:
+            AttemptSuperseded: This attempt may append nothing more (or an earlier posted record was refused).
+            ProtocolError: The fold refused the batch.
+        """
+        self._raise_failed_posts()
         batch = [*self._buffer, *events]
         self._buffer.clear()
-        if batch:
-            await asyncio.wrap_future(self._run.record(batch))
+        if not batch:
+            return
+        await asyncio.shield(self._send(batch))
+        self._raise_failed_posts()
+        if any(isinstance(e, ModelResponseCompleted) for e in batch):
+            failpoint("engine.after_response_commit")  # the response is canonical; the tools it declares not run
+
+    def _post(self, events: Sequence[LogEvent], on_commit: Callable[[], None] | None = None) -> None:
+        """Hand ``events`` to the conductor without waiting for their commit (a tool's settlement, DESIGN.md §3).
+
+        They linger up to `RunOptions.settle_linger_s` for a record of this run to share their transaction (with
+        an instant model, the next response and its first prepared call), then go on their own; they never wait
+        on a model or tool call. Either way they are ordered in the conversation's chain before anything this run
+        records later, so they commit in the same or an earlier transaction than its next awaited record. An
+        error recording them surfaces at the run's next awaited record or at its end (`flush`). ``on_commit`` runs
+        in the conductor's thread right after they commit (a crash-matrix failpoint).
+        """
+        linger_s = self._options.settle_linger_s
+        if self._tick is not None or linger_s <= 0:
+            group = self._open_tick()  # a hand-off is due this tick anyway: ride with it
+        elif self._lingering is not None:
+            group = self._lingering
+        else:
+            loop = asyncio.get_running_loop()
+            group = self._lingering = self._new_group(loop)
+            self._linger_timer = loop.call_later(linger_s, self._end_linger)
+        group.events.extend(events)
+        if on_commit is not None:
+            group.on_commit.append(on_commit)
+        if group.done not in self._posted:
+            self._posted.append(group.done)
+
+    def _new_group(self, loop: asyncio.AbstractEventLoop) -> _Tick:
+        group = _Tick(loop.create_future())
+        self._inflight.add(group.done)
+        group.done.add_done_callback(self._inflight.discard)
+        return group
+
+    def _open_tick(self) -> _Tick:
+        """The group handed to the conductor at the end of this loop tick (lingering posts first), opened once."""
+        if self._tick is None:
+            loop = asyncio.get_running_loop()
+            lingering, self._lingering = self._lingering, None
+            if lingering is not None:
+                self._cancel_linger_timer()
+            self._tick = lingering or self._new_group(loop)
+            loop.call_soon(self._hand_off)
+        return self._tick
+
+    def _cancel_linger_timer(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+
+    def _end_linger(self) -> None:
+        """The linger is over (or the run ends): hand the lingering posts over on their own."""
+        self._linger_timer = None
+        if self._lingering is not None:
+            self._open_tick()
+
+    def _send(self, events: Sequence[LogEvent]) -> asyncio.Future[None]:
+        """Queue ``events`` for this tick's hand-off; the future resolves once they commit."""
+        tick = self._open_tick()
+        tick.events.extend(events)
+        return tick.done
+
+    def _hand_off(self) -> None:
+        tick, self._tick = self._tick, None
+        assert tick is not None  # scheduled only with a tick
+        try:
+            committed = self._run.record(tuple(tick.events))
+        except Exception as exc:  # noqa: BLE001 - handed to every waiter of the tick, who raises it
+            tick.done.set_exception(exc)
+            return
+        if tick.on_commit:
+            hooks = tuple(tick.on_commit)
+
+            def after_commit(f: Future[None]) -> None:  # in the conductor's thread
+                if not f.cancelled() and f.exception() is None:
+                    for hook in hooks:
+                        hook()
+
+            committed.add_done_callback(after_commit)
+        waiter = tick.done
+
+        def copy(source: asyncio.Future[None]) -> None:
+            if waiter.done():
+                return
+            exc = None if source.cancelled() else source.exception()
+            if source.cancelled():
+                waiter.set_exception(AttemptSuperseded("the record's commit was cancelled"))
+            elif exc is not None:
+                waiter.set_exception(exc)
+            else:
+                waiter.set_result(None)
+
+        asyncio.wrap_future(committed).add_done_callback(copy)
+
+    def _raise_failed_posts(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal  # a record of this run was refused: nothing after it may be recorded
+        for fut in [f for f in self._posted if f.done()]:
+            self._posted.remove(fut)
+            exc = fut.exception()
+            if exc is not None:
+                self._refusal = exc
+                raise exc
+
+    async def _wait_posted(self) -> None:
+        """Hand the lingering posts over now; wait until every posted record committed; raise the first error."""
+        self._end_linger_now()
+        while self._posted:
+            await asyncio.wait(self._posted)
+            self._raise_failed_posts()
+
+    def _end_linger_now(self) -> None:
+        self._cancel_linger_timer()
+        self._end_linger()
 
     async def flush(self) -> None:
-        """Commit the buffered ``ctx.now()`` / ``ctx.uuid()`` values now (the runtime does it before the reply)."""
+        """Commit the buffered records and wait for every posted one (the runtime does it before the reply)."""
         await self._record(())
+        await self._wait_posted()
+
+    async def _after_failure(self) -> None:
+        """The agent raised: commit what rides along (a model response stays auditable and replays), logging errors."""
+        if not self._buffer or self._refusal is not None:
+            return
+        try:
+            await self._record(())
+        except Exception as exc:  # noqa: BLE001 - the run's own error propagates; this one is logged beside it
+            _log.warning("records of a failed run were not committed", extra={"error": repr(exc)})
+
+    async def _quiesce(self) -> None:
+        """Wait until every record handed to the conductor is committed or refused (the run's last act).
+
+        The conductor then never sees a finished run with a record of it still in flight.
+        """
+        self._end_linger_now()
+        while self._inflight:
+            await asyncio.wait(set(self._inflight))
+        for fut in self._posted:
+            exc = fut.exception()
+            if exc is not None:
+                _log.warning("a posted record of a stopped run was not committed", extra={"error": repr(exc)})
+        self._posted.clear()
+
+    async def _flush_response(self) -> None:
+        """Commit a buffered model response before anything but a tool acts on it (spec §9; DUR-008)."""
+        if any(isinstance(e, ModelResponseCompleted) for e in self._buffer):
+            await self._record(())
 
     def _recorded(self, ordinal: int) -> LogEvent | None:
         return self._journal.by_ordinal.get(ordinal)
@@ -328,6 +505,7 @@ class RunContext:
             if not (isinstance(rec, StepRecorded) and rec.name == name and rec.version == version):
                 raise ReplayDivergence(ordinal, _describe(rec), actual)
             return json.loads(rec.result_json)
+        await self._flush_response()  # a step body acts on committed responses only (spec §9)
         value = await invoke(fn, *args)
         result_json = canonical_json(value)
         size = len(result_json.encode())
@@ -501,6 +679,8 @@ class RunContext:
             if not isinstance(rec, ModelResponseCompleted):
                 raise ReplayDivergence(ordinal, _describe(rec), f"a model response ({provider.name}/{model})")
             return ModelResponse.from_record(rec)
+        self._raise_failed_posts()
+        await self._flush_response()  # an earlier response is canonical before the next prompt (spec §9)
         operation_id = json_digest(canonical_json([self.run_id, self.attempt_id, ordinal, "model"]))
         request = ModelRequest(operation_id=operation_id, model=model, messages=messages, tools=tools)
         delay_s = self._options.model_backoff_s
@@ -532,8 +712,9 @@ class RunContext:
             text=response.text,
             tool_calls=response.tool_calls,
         )
-        await self._record([*deltas, completed])  # canonical before any tool it declares runs (DUR-008)
-        failpoint("engine.after_response_commit")
+        # Committed with the next awaited record: the prepared calls it declares (one commit before the first tool
+        # runs, DESIGN.md §3), a refusal, a step, the next prompt or the reply — never after a tool runs (DUR-008).
+        self._buffer.extend([*deltas, completed])
         return ModelResponse.from_record(completed)
 
     async def _stream(
@@ -542,29 +723,37 @@ class RunContext:
         pending: list[ModelResponseDelta] = []
         index = 0
         every = self._options.delta_flush_every
-        async for event in provider.stream(request):
-            if isinstance(event, ModelResponse):
-                return event, pending
-            if isinstance(event, ToolArgumentsDelta):
-                continue  # provisional: tool-argument deltas are never canonical (DUR-008)
-            if every <= 0:
-                continue
-            kind = DeltaKind.TEXT if isinstance(event, TextDelta) else DeltaKind.REASONING
-            pending.append(
-                ModelResponseDelta(
-                    submission_id=self.submission_id,
-                    attempt_id=self.attempt_id,
-                    response_ordinal=ordinal,
-                    delta_index=index,
-                    kind=kind,
-                    text=event.text,
+        stream = provider.stream(request)
+        try:
+            async for event in stream:
+                if isinstance(event, ModelResponse):
+                    return event, pending
+                if isinstance(event, ToolArgumentsDelta):
+                    continue  # provisional: tool-argument deltas are never canonical (DUR-008)
+                if every <= 0:
+                    continue
+                kind = DeltaKind.TEXT if isinstance(event, TextDelta) else DeltaKind.REASONING
+                pending.append(
+                    ModelResponseDelta(
+                        submission_id=self.submission_id,
+                        attempt_id=self.attempt_id,
+                        response_ordinal=ordinal,
+                        delta_index=index,
+                        kind=kind,
+                        text=event.text,
+                    )
                 )
-            )
-            index += 1
-            if len(pending) >= every:
-                batch, pending = pending, []
-                await self._record(batch)
-                failpoint("engine.after_delta_commit")
+                index += 1
+                if len(pending) >= every:
+                    batch, pending = pending, []
+                    await self._record(batch)
+                    failpoint("engine.after_delta_commit")
+        finally:
+            # Close the stream here, on this task: left to the event loop's async-generator finalizer, closing it
+            # costs a thread-safe wake-up and a task per model call.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
         raise ProviderError(f"provider {provider.name!r} ended its stream without a response", retryable=True)
 
     def _replay(self, name: str, settled: ToolCallSettled) -> Any:
@@ -604,8 +793,9 @@ class RunContext:
                 result_digest=answer.result_digest,
                 error=answer.error,
             )
-            await self._record([settled])
-            failpoint("engine.after_settled_commit")
+            # Not awaited (DESIGN.md §3): the run goes on (the next model call) while it commits; whatever the run
+            # records next is ordered after it in the conversation's chain.
+            self._post([settled], on_commit=_after_settled_commit)
         return self._replay(spec.name, settled)
 
     async def _answer(
@@ -678,6 +868,11 @@ class RunContext:
         raise RunSuspended(f"call {call_id} is Unknown: {reason}")
 
 
+def _after_settled_commit() -> None:
+    """Runs in the conductor's thread right after a settlement commits (spec §15 "after tool result commit")."""
+    failpoint("engine.after_settled_commit")
+
+
 #: An agent: ``async def agent(ctx) -> reply`` (a JSON value).
 AgentFunction = Callable[[RunContext], Awaitable[Any]]
 
@@ -698,13 +893,19 @@ async def _main(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, option
     elif run.cancelled.is_set():
         task.cancel()
     try:
-        value = await agent(ctx)
-        reply = canonical_json(value)
-        await ctx.flush()
-    except asyncio.CancelledError:
-        raise RunCancelled(f"attempt {run.attempt} of submission {run.submission_id} was cancelled") from None
-    except RunSuspended as exc:
-        raise RunCancelled(f"the run stopped: {exc}") from None
+        try:
+            value = await agent(ctx)
+            reply = canonical_json(value)
+            await ctx.flush()
+        except asyncio.CancelledError:
+            raise RunCancelled(f"attempt {run.attempt} of submission {run.submission_id} was cancelled") from None
+        except RunSuspended as exc:
+            raise RunCancelled(f"the run stopped: {exc}") from None
+        except Exception:
+            await ctx._after_failure()
+            raise
+    finally:
+        await ctx._quiesce()
     failpoint("engine.run_returned")
     return reply
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -174,11 +175,50 @@ class ToolSpec:
         return json_digest(canonical_json([run_id, ordinal, self.name, args_json]))
 
 
-def call_in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
-    """Run a blocking function on a new daemon thread; return its future.
+class _DaemonThreads:
+    """Daemon threads for blocking calls: an idle one is reused, else a new one starts; idle ones end after a while.
 
-    A daemon thread, not an executor: a hung tool must not keep the worker process from exiting, nor hold a pool
-    slot after its run gave up on it.
+    Not a bounded executor: a hung tool holds only its own thread, never a slot another call waits for, and daemon
+    threads never keep the worker process from exiting. Reusing an idle thread saves starting one per call (~0.1 ms
+    here, on every tool call's critical path; ``bench/engine.py``).
+    """
+
+    def __init__(self, idle_s: float = 60.0) -> None:
+        self._idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(inbox,), name="settled-tool", daemon=True).start()
+        inbox.put(job)
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            try:
+                job = inbox.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:
+                        self._idle.remove(inbox)
+                        return
+                job = inbox.get()  # handed a job just as the wait ended
+            job()
+            with self._lock:
+                self._idle.append(inbox)
+
+
+_THREADS = _DaemonThreads()
+
+
+def call_in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """Run a blocking function on a daemon thread (an idle one reused, else a new one); return its future.
+
+    Daemon threads, not a bounded executor: a hung tool must not keep the worker process from exiting, nor hold a
+    pool slot after its run gave up on it.
 
     Args:
         fn: The function.
@@ -197,7 +237,7 @@ def call_in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting side, which re-raises it
             fut.set_exception(exc)
 
-    threading.Thread(target=target, name="settled-tool", daemon=True).start()
+    _THREADS.submit(target)
     return fut
 
 

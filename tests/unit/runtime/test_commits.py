@@ -1,0 +1,240 @@
+"""How a run's records reach the log, without Kafka: what shares a commit, what is waited for (DESIGN.md §3).
+
+* A model response rides with the next awaited record: the prepared record of the first call it declares (all of
+  a parallel-safe group), so one commit comes before the tool runs (DUR-008 needs only the response committed
+  before a tool runs); a call that does not start yet is not prepared.
+* A settlement is handed over, not waited for: the run goes on to the next model call while it commits; it lingers
+  briefly for the run's next record to share its commit; an error recording it surfaces at the next awaited record
+  and nothing after it is recorded; the run ends only once it committed.
+* A response is committed before anything but a tool acts on it: the next prompt, a step's body, the reply; and
+  when the agent raises it is still committed (auditable, replayed by the next attempt).
+
+The recorder here stands where the conductor stands (`AgentRun.record`) and can hold a batch's commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from settled.processors import AttemptSuperseded
+from settled.runtime import (
+    App,
+    Message,
+    ModelAgent,
+    ModelRequest,
+    ModelResponse,
+    RunContext,
+    RunOptions,
+    ScriptedProvider,
+    ToolCall,
+    declared_call,
+)
+from settled.runtime._model import ScriptStep
+from settled.schemas import LogEvent, ModelResponseCompleted, StepRecorded, ToolCallPrepared, ToolCallSettled
+from tests.unit.runtime.test_context import Recorder, attempt, run
+
+
+class GatedRecorder(Recorder):
+    """Commits at once, except batches ``hold`` picks: those wait for `release` (or fail with ``fail``)."""
+
+    def __init__(self, hold: Callable[[tuple[LogEvent, ...]], bool], fail: BaseException | None = None) -> None:
+        super().__init__()
+        self.hold = hold
+        self.fail = fail
+        self.held: list[Future[None]] = []
+
+    def __call__(self, events: Sequence[LogEvent]) -> Future[None]:
+        batch = tuple(events)
+        with self.lock:
+            self.batches.append(batch)
+        fut: Future[None] = Future()
+        if self.fail is not None and self.hold(batch):
+            fut.set_exception(self.fail)
+        elif self.hold(batch):
+            with self.lock:
+                self.held.append(fut)
+        else:
+            fut.set_result(None)
+        return fut
+
+    def release(self) -> None:
+        with self.lock:
+            held, self.held = self.held, []
+        for fut in held:
+            fut.set_result(None)
+
+
+def shapes(rec: Recorder) -> list[list[str]]:
+    return [[type(e).__name__ for e in b] for b in rec.batches]
+
+
+def settles(batch: tuple[LogEvent, ...]) -> bool:
+    return any(isinstance(e, ToolCallSettled) for e in batch)
+
+
+def turns(request: ModelRequest) -> int:
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    return sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+
+
+def model_app(script: Callable[[ModelRequest], list[ScriptStep]], invoked: list[str], **options: Any) -> App:
+    app = App(agent=ModelAgent(ScriptedProvider(script), model="m"), options=RunOptions(**options))
+
+    @app.tool(idempotent=True, parallel_safe=True)
+    def lookup(args: dict[str, Any], call: ToolCall) -> str:
+        invoked.append(f"lookup {args['q']}")
+        return "found"
+
+    @app.tool(idempotent=True)
+    def charge(args: dict[str, Any], call: ToolCall) -> str:
+        invoked.append("charge")
+        return "charged"
+
+    return app
+
+
+def test_a_parallel_safe_group_is_prepared_with_its_response_in_one_batch() -> None:
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) == 0:
+            calls = tuple(declared_call(f"c{i}", "lookup", {"q": i}) for i in range(3))
+            return [ModelResponse("", calls)]
+        return [ModelResponse("done")]
+
+    rec, invoked = Recorder(), []
+    assert run(model_app(script, invoked), attempt(rec)) == '"done"'
+    assert sorted(invoked) == ["lookup 0", "lookup 1", "lookup 2"]
+    assert shapes(rec)[0] == ["ModelResponseCompleted", "ToolCallPrepared", "ToolCallPrepared", "ToolCallPrepared"]
+    assert shapes(rec)[-1][-1] == "ModelResponseCompleted"
+    assert len(rec.of(ToolCallSettled)) == 3
+
+
+def test_a_sequential_call_is_prepared_only_when_it_starts() -> None:
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) == 0:
+            return [ModelResponse("", (declared_call("a", "pay", {}), declared_call("b", "pay", {})))]
+        return [ModelResponse("done")]
+
+    rec = Recorder()
+    seen: list[int] = []
+    app = App(agent=ModelAgent(ScriptedProvider(script)))
+
+    @app.tool(idempotent=True)
+    def pay(args: dict[str, Any], call: ToolCall) -> str:
+        seen.append(len(rec.of(ToolCallPrepared)))
+        return "paid"
+
+    run(app, attempt(rec))
+    # When the first call runs only it is prepared; the second (not parallel-safe) is prepared when it starts, so a
+    # crash in between leaves no prepared record that recovery would have to call Unknown.
+    assert seen == [1, 2]
+
+
+def test_the_run_goes_on_while_a_settlement_commits_and_ends_only_once_it_did() -> None:
+    rec = GatedRecorder(settles)
+    prompted_while_held: list[int] = []
+
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) == 0:
+            return [ModelResponse("", (declared_call("a", "charge", {}),))]
+        prompted_while_held.append(len(rec.held))
+        threading.Timer(0.2, rec.release).start()
+        return [ModelResponse("done")]
+
+    invoked: list[str] = []
+    t0 = time.monotonic()
+    assert run(model_app(script, invoked, settle_linger_s=0), attempt(rec)) == '"done"'
+    assert prompted_while_held == [1], "the next model call waited for the settlement's commit"
+    assert time.monotonic() - t0 >= 0.2, "the run ended before its settlement committed"
+    assert shapes(rec) == [
+        ["ModelResponseCompleted", "ToolCallPrepared"],
+        ["ToolCallSettled"],
+        ["ModelResponseCompleted"],
+    ]
+
+
+def test_a_settlement_lingers_for_the_next_record_and_shares_its_commit() -> None:
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) < 2:
+            return [ModelResponse("", (declared_call(f"c{turns(request)}", "charge", {}),))]
+        return [ModelResponse("done")]
+
+    rec, invoked = Recorder(), []
+    run(model_app(script, invoked, settle_linger_s=5.0), attempt(rec))
+    assert shapes(rec) == [
+        ["ModelResponseCompleted", "ToolCallPrepared"],
+        ["ToolCallSettled", "ModelResponseCompleted", "ToolCallPrepared"],
+        ["ToolCallSettled", "ModelResponseCompleted"],
+    ]
+
+
+def test_a_refused_settlement_surfaces_at_the_next_step_and_nothing_after_it_is_recorded() -> None:
+    rec = GatedRecorder(settles, fail=AttemptSuperseded("attempt a1 was aborted"))
+
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) == 0:
+            return [ModelResponse("", (declared_call("a", "charge", {}),))]
+        return [ModelResponse("", (declared_call("b", "charge", {}),))]
+
+    invoked: list[str] = []
+    with pytest.raises(AttemptSuperseded, match="aborted"):
+        run(model_app(script, invoked, settle_linger_s=0), attempt(rec))
+    # The refusal is known only after the hand-off (in the conductor's thread), so the next model call may start;
+    # its response and the call it declares are never recorded, and that call never runs.
+    assert shapes(rec) == [["ModelResponseCompleted", "ToolCallPrepared"], ["ToolCallSettled"]]
+    assert invoked == ["charge"]
+
+
+def test_a_response_is_committed_before_the_next_prompt_a_step_body_and_when_the_agent_raises() -> None:
+    rec = Recorder()
+    seen: dict[str, int] = {}
+
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        seen[f"prompt {len([k for k in seen if k.startswith('prompt')]) + 1}"] = len(rec.of(ModelResponseCompleted))
+        return [ModelResponse("hi")]
+
+    provider = ScriptedProvider(script)
+
+    def body() -> str:
+        seen["step"] = len(rec.of(ModelResponseCompleted))
+        return "ok"
+
+    async def agent(ctx: RunContext) -> Any:
+        first = await ctx.model(provider, [Message("user", "a")])
+        await ctx.model(provider, [Message("user", "a"), Message("assistant", first.text)])
+        await ctx.step("s", body)
+        await ctx.model(provider, [Message("user", "b")])
+        raise ValueError("the agent fails after its third response")
+
+    with pytest.raises(ValueError, match="third response"):
+        run(App(agent=agent), attempt(rec))
+    assert seen == {"prompt 1": 0, "prompt 2": 1, "step": 2, "prompt 3": 2}
+    assert len(rec.of(ModelResponseCompleted)) == 3, "the last response was not committed when the agent raised"
+    assert len(rec.of(StepRecorded)) == 1
+
+
+def test_a_tool_never_runs_before_its_prepared_record_commits() -> None:
+    rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+    invoked: list[str] = []
+
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) == 0:
+            return [ModelResponse("", (declared_call("a", "charge", {}),))]
+        return [ModelResponse("done")]
+
+    app = model_app(script, invoked)
+    done = threading.Event()
+    result: list[str] = []
+    threading.Thread(target=lambda: (result.append(run(app, attempt(rec))), done.set()), daemon=True).start()
+    deadline = time.monotonic() + 5
+    while not rec.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert rec.held and invoked == [], "the tool ran before its prepared record committed"
+    rec.release()
+    assert done.wait(5) and result == ['"done"'] and invoked == ["charge"]
