@@ -33,7 +33,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -82,6 +82,7 @@ __all__ = [
     "CancelSignal",
     "Conductor",
     "HistoryTurn",
+    "ResumeGate",
     "RunFailed",
     "ToolPolicy",
 ]
@@ -155,6 +156,21 @@ class CancelSignal(threading.Event):
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+
+
+def _resolve(fut: Future[None], exc: BaseException | None = None) -> None:
+    """Resolve an effect's future; one its run cancelled meanwhile stays cancelled (never an error in the loop)."""
+    try:
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+    except InvalidStateError:
+        pass  # cancelled by its waiter: nobody is told
+
+
+def _nothing() -> None:
+    return None
 
 
 def _no_recorder(events: Sequence[LogEvent]) -> Future[None]:
@@ -251,23 +267,68 @@ class _Effect:
     future: Future[None]
 
 
-@dataclass(frozen=True)
-class _Probe:
-    """A stand-in batch to check that the fold accepts an effect batch before it is staged."""
-
-    conversation_id: str
-    first_event_seq: int
-    owner_epoch: int
-    prev_batch_digest: str | None
-    batch_digest: str
-    events: tuple[LogEvent, ...]
-
-
 #: `Conductor._schedule`'s "no restriction" marker.
 _ANY = "\x00any"
 
 #: Recovery decisions that send a submission back to Ready for another attempt.
 _RESUMING = frozenset({RecoveryDecisionKind.RESUME, RecoveryDecisionKind.SAFE_RETRY, RecoveryDecisionKind.RECONCILE})
+
+
+class ResumeGate:
+    """One worker process's gate for attempts resumed after an unexplained death (DESIGN.md §5).
+
+    The conductors of one process share it (`Conductor.join_process`; a conductor on its own has a gate of its
+    own). A *suspect* is a Ready submission whose last attempt recovery resumed after a death and that has not run
+    since. While any conductor of the process holds a suspect, nothing new starts anywhere in the process until no
+    attempt runs (or is staged to start) in it; then only the first suspect (lowest partition, then the
+    conversation's order) starts, alone. A poison submission then kills its worker while it runs alone: that death
+    is charged to it alone, never to the healthy attempts of a neighbour, on its partition or any other one the
+    process owns. Used from the worker loop's thread only.
+    """
+
+    def __init__(self) -> None:
+        self._members: list[Conductor] = []
+        self._suspects: dict[int, list[str]] = {}  # id(conductor) -> its suspects at its latest turn
+
+    def join(self, member: Conductor) -> None:
+        """Add a conductor of the process.
+
+        Args:
+            member: The conductor.
+        """
+        if member not in self._members:
+            self._members.append(member)
+
+    def leave(self, member: Conductor) -> None:
+        """Remove a conductor (its partition was dropped).
+
+        Args:
+            member: The conductor.
+        """
+        self._members = [m for m in self._members if m is not member]
+        self._suspects.pop(id(member), None)
+
+    def admit(self, member: Conductor, suspects: list[str]) -> str | None:
+        """Record ``member``'s suspects and say which attempts it may start now.
+
+        Args:
+            member: The conductor about to schedule.
+            suspects: Its suspects, in its stable order.
+
+        Returns:
+            `_ANY` (no suspect anywhere in the process: start freely), ``None`` (start nothing), or the one
+            submission whose attempt ``member`` may start (alone).
+        """
+        self._suspects[id(member)] = suspects
+        waiting = sorted(
+            (m.owner.partition, self._suspects[id(m)][0]) for m in self._members if self._suspects.get(id(m))
+        )
+        if not waiting:
+            return _ANY
+        if any(m.starting_or_running for m in self._members):
+            return None  # a suspect runs alone: wait until nothing else runs in the process
+        partition, first = waiting[0]
+        return first if partition == member.owner.partition else None
 
 
 def _journal_submission(event: LogEvent) -> str | None:
@@ -316,9 +377,31 @@ class Conductor:
     _draining: bool = field(default=False, init=False)  # a graceful revoke is pending (DESIGN.md §3)
     _held: list[_Effect] = field(default_factory=list, init=False)  # tool calls not started while draining
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
+    _refused: dict[str, str] = field(default_factory=dict, init=False)  # attempt -> why an effect of it was refused
+    _wake: Callable[[], None] = field(default=_nothing, init=False)  # wakes the worker loop (`join_process`)
+    _gate: ResumeGate = field(init=False)  # the process's (`join_process`), else one of its own
 
     def __post_init__(self) -> None:
         self.owner.committed_listeners.append(self._on_committed)
+        self._gate = ResumeGate()
+        self._gate.join(self)
+
+    def join_process(self, wake: Callable[[], None], gate: ResumeGate) -> None:
+        """Take part in a worker process: wake its loop when there is work, and share its `ResumeGate`.
+
+        Args:
+            wake: Wakes the worker loop (a run handed over a record, or ended); thread-safe.
+            gate: The process's gate for attempts resumed after a death (DESIGN.md §5).
+        """
+        self._wake = wake
+        self._gate.leave(self)
+        self._gate = gate
+        gate.join(self)
+
+    @property
+    def starting_or_running(self) -> bool:
+        """Whether an attempt of this partition runs, or its ``AttemptStarted`` waits to commit."""
+        return bool(self._running) or bool(self._staged)
 
     # -- the journal (committed batches only) ----------------------------------------------------------------
 
@@ -384,22 +467,24 @@ class Conductor:
     def before_checkpoint(self) -> None:
         """Stage recorded effects, settlements of finished runs, recovery decisions, and the scheduler's next steps."""
         now = self.clock()
+        # A run hands over its records before it ends, so a run seen done here has every record of it queued: they
+        # are staged before its end is (a finished run never leaves a record behind, e.g. a posted settlement).
+        finished = [a for a, running in self._running.items() if running.future.done()]
         self._stage_effects()
-        for attempt_id, running in list(self._running.items()):
-            if running.future.done():
-                del self._running[attempt_id]
-                self._finish(running, now)
+        for attempt_id in finished:
+            self._finish(self._running.pop(attempt_id), now)
         if self._draining:
             return  # a graceful revoke is pending: no recovery, no new attempt (the successor does them)
-        conversations = list(self.owner.overlay.conversations)
+        # Only conversations with a nonterminal submission can have something to recover or start: the rest (every
+        # conversation whose submissions all settled) are skipped, so a turn's cost does not grow with the log.
+        conversations = [
+            cid for cid, conv in self.owner.overlay.conversations.items() if conv.queue or conv.active_submission_id
+        ]
         for conversation_id in conversations:
             self._recover(conversation_id, now)
-        only: str | None = _ANY
-        suspects = self._suspects(conversations)
-        if suspects:
-            # After an unexplained death, the interrupted attempts resume one at a time and alone (DESIGN.md §5):
-            # a poison submission then kills its worker while it runs alone, never its neighbours' attempts.
-            only = None if self._running or self._staged else suspects[0]
+        # After an unexplained death, the interrupted attempts resume one at a time and alone in the process
+        # (DESIGN.md §5): a poison submission then kills its worker while it runs alone, never its neighbours'.
+        only = self._gate.admit(self, self._suspects(conversations))
         for conversation_id in conversations:
             self._schedule(conversation_id, now, only)
 
@@ -416,6 +501,7 @@ class Conductor:
                     fut.set_result(None)
                 else:
                     self._effects.put(_Effect(conversation_id, submission_id, attempt_id, tuple(events), fut))
+            self._wake()  # the worker loop stages it at once instead of at its next poll
             return fut
 
         return record
@@ -429,38 +515,45 @@ class Conductor:
             if self._draining and any(isinstance(e, ToolCallPrepared) for e in effect.events):
                 self._held.append(effect)  # start no new tool once a revoke is pending (DESIGN.md §3)
                 continue
+            refused = self._refused.get(effect.attempt_id)
+            if refused is not None:
+                # An earlier record of this attempt was refused (e.g. a settlement it did not wait for): nothing
+                # after it may become canonical, or the chain would hold a later step without the earlier one.
+                self._refuse(
+                    effect,
+                    AttemptSuperseded(f"an earlier record of attempt {effect.attempt_id} was refused: {refused}"),
+                )
+                continue
             conv = self._conv(effect.conversation_id)
             sub = conv.submission(effect.submission_id)
             running = sub is not None and sub.state is SubmissionState.RUNNING and sub.attempt_id == effect.attempt_id
             if not running or effect.attempt_id not in self._running:
                 state = "unknown" if sub is None else sub.state.value
-                effect.future.set_exception(
+                self._refuse(
+                    effect,
                     AttemptSuperseded(
                         f"attempt {effect.attempt_id} of submission {effect.submission_id} is not running "
                         f"(the submission is {state}, its attempt {getattr(sub, 'attempt_id', None)}): "
                         f"{[type(e).__name__ for e in effect.events]} not recorded"
-                    )
+                    ),
                 )
                 continue
-            probe = _Probe(
-                effect.conversation_id,
-                conv.last_event_seq + 1,
-                self.owner.epoch,
-                conv.last_batch_digest,
-                "probe",
-                effect.events,
-            )
             try:
-                protocol.apply(self.owner.overlay, probe)
+                # All or nothing: a batch the fold refuses (e.g. a settlement of a call never prepared) is not staged.
+                self.owner.stage(Decision(effect.conversation_id, effect.events, submission_id=effect.submission_id))
             except protocol.ProtocolError as exc:
                 _log.error("an effect the fold refuses was not recorded", extra={"error": str(exc)})
-                effect.future.set_exception(exc)
+                self._refuse(effect, exc)
                 continue
-            self.owner.stage(Decision(effect.conversation_id, effect.events, submission_id=effect.submission_id))
             self._awaiting.append((effect.conversation_id, conv.last_event_seq + len(effect.events), effect))
+
+    def _refuse(self, effect: _Effect, exc: BaseException) -> None:
+        self._refused[effect.attempt_id] = str(exc)
+        _resolve(effect.future, exc)
 
     def _finish(self, running: _Running, now: datetime) -> None:
         run = running.run
+        self._refused.pop(run.attempt_id, None)  # every record of the run was staged or refused before this
         conv = self._conv(run.conversation_id)
         sub = conv.submission(run.submission_id)
         if sub is None or sub.attempt_id != run.attempt_id or sub.state is not SubmissionState.RUNNING:
@@ -651,11 +744,11 @@ class Conductor:
         still: list[tuple[str, int, _Effect]] = []
         for conversation_id, last_seq, effect in self._awaiting:
             if committed.conversation(conversation_id).last_event_seq >= last_seq:
-                effect.future.set_result(None)
+                _resolve(effect.future)
             elif self.owner.is_pending(conversation_id):
                 still.append((conversation_id, last_seq, effect))  # a deferred checkpoint: still pending
             else:
-                effect.future.set_exception(AttemptSuperseded("the batch holding the effect was not committed"))
+                self._refuse(effect, AttemptSuperseded("the batch holding the effect was not committed"))
         self._awaiting = still
         for submission_id, (conversation_id, attempt_id) in list(self._staged.items()):
             if self._draining:
@@ -684,7 +777,9 @@ class Conductor:
                 record=self._record(conversation_id, submission_id, attempt_id),
                 history=self.history(conversation_id),
             )
-            self._running[attempt_id] = _Running(run, self.pool.submit(self.agent, run))
+            future = self.pool.submit(self.agent, run)
+            future.add_done_callback(lambda _: self._wake())  # its end is staged at once, not at the next poll
+            self._running[attempt_id] = _Running(run, future)
         for running in self._running.values():
             conv = committed.conversation(running.run.conversation_id)
             sub = conv.submission(running.run.submission_id)
@@ -737,17 +832,18 @@ class Conductor:
         """Stop every run of this partition (its ownership ended); their late results and effects append nothing."""
         with self._lock:
             self._closed = True
+        self._gate.leave(self)
         for running in self._running.values():
             running.run.cancelled.set()
         gone = AttemptSuperseded("this worker no longer owns the partition")
         for _, _, effect in self._awaiting:
-            effect.future.set_exception(gone)
+            _resolve(effect.future, gone)
         for effect in self._held:
-            effect.future.set_exception(gone)
+            _resolve(effect.future, gone)
         self._held.clear()
         while True:
             try:
-                self._effects.get_nowait().future.set_exception(gone)
+                _resolve(self._effects.get_nowait().future, gone)
             except queue.Empty:
                 break
         self._awaiting.clear()

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Generic, Protocol, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Generic, Protocol, TypeVar
 
 from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, TransactionalAppender, read_partition
 from settled.schemas import (
+    SCHEMA_VERSION,
     AvroRecord,
     Genesis,
     InboxRecord,
@@ -135,6 +136,14 @@ class Decider(Protocol[S]):
         ...
 
 
+def _utc_millis(value: datetime) -> datetime:
+    """Aware UTC at millisecond precision: what ``LogBatch.recorded_at`` (Avro ``timestamp-millis``) holds."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"the owner's clock returned a naive datetime {value.isoformat()}; batches record aware UTC")
+    value = value.astimezone(UTC)
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
 @dataclass
 class _Head:
     last_event_seq: int = 0
@@ -155,6 +164,9 @@ class PartitionOwner(Generic[S]):
             (``(value, topic, partition, offset) -> LogBatch``).
         clock: Returns "now" (aware UTC); tests may offset it.
         worker_id: This process's id, recorded in ``OwnershipClaimed``.
+        encode_batch: Seals and encodes a `LogBatch` given as its Avro dict in one serialization, returning the
+            record value and the batch digest (`settled.schemas.Codec.encode_batch_dict`); ``None`` seals with
+            `LogBatch.seal` and encodes with ``encode`` (two serializations).
         epoch: The logical owner epoch (of the latest claim folded).
         genesis: The partition's genesis event, once restored.
         committed: The decider's state folded from committed batches only.
@@ -170,6 +182,7 @@ class PartitionOwner(Generic[S]):
     decode_batch: Callable[[bytes, str, int, int], LogBatch]
     clock: Callable[[], datetime]
     worker_id: str
+    encode_batch: Callable[[dict[str, Any]], tuple[bytes, str]] | None = None
     epoch: int = field(default=0, init=False)
     genesis: Genesis | None = field(default=None, init=False)
     committed: S = field(init=False)
@@ -244,7 +257,12 @@ class PartitionOwner(Generic[S]):
         self.committed = state
         self._overlay = state
 
-    def _fold_committed(self, state: S, batch: LogBatch, offset: int) -> S:
+    def _fold_committed(self, state: S, batch: LogBatch, offset: int, *, fold: bool = True) -> S:
+        """Book a committed batch (repeat guard, genesis, claims, chain head, decided inputs) and fold it.
+
+        With ``fold`` false the caller already holds the folded state (the pending overlay) and ``state`` is
+        returned as is. The listeners are told last.
+        """
         self._guard.check(batch.batch_id, offset)
         if self.genesis is None and isinstance(batch.events[0], Genesis):
             self.genesis = batch.events[0]
@@ -262,7 +280,8 @@ class PartitionOwner(Generic[S]):
             ref = getattr(event, "input_ref", None)
             if isinstance(ref, InputRef) and ref.partition == self.partition and ref.topic == self.input_topic:
                 self._decided.add(ref.offset)
-        state = self.decider.fold(state, batch)
+        if fold:
+            state = self.decider.fold(state, batch)
         for listener in self.committed_listeners:
             listener(batch)
         return state
@@ -292,8 +311,14 @@ class PartitionOwner(Generic[S]):
     def stage(self, decision: Decision) -> None:
         """Stage a decision that is not an inbox input's (an attempt start, a settlement) for the next checkpoint.
 
+        All or nothing: when the decider's fold refuses the batch, the error propagates and nothing is staged.
+
         Args:
             decision: One conversation's events and side records; ``inputs`` empty.
+
+        Raises:
+            Exception: Whatever the decider's fold raises for the sealed batch (e.g. the protocol's
+                ``ProtocolError``); the pending state is unchanged.
         """
         self._stage(decision, epoch=self.epoch)
 
@@ -303,25 +328,49 @@ class PartitionOwner(Generic[S]):
 
     def _stage(self, decision: Decision, epoch: int) -> None:
         head = self._pending_heads.get(decision.conversation_id) or self._heads.get(decision.conversation_id, _Head())
-        batch = self._seal(decision, head, epoch)
+        batch, encoded = self._seal(decision, head, epoch)
+        overlay = self.decider.fold(self._overlay, batch)  # may raise: then nothing is staged
         self._pending_heads[decision.conversation_id] = _Head(batch.last_event_seq, batch.batch_digest)
-        self._overlay = self.decider.fold(self._overlay, batch)
-        self._pending.append((self._encode_batch(batch, decision), decision, batch))
+        self._overlay = overlay
+        self._pending.append((encoded, decision, batch))
 
-    def _seal(self, decision: Decision, head: _Head, epoch: int) -> LogBatch:
+    def _seal(self, decision: Decision, head: _Head, epoch: int) -> tuple[LogBatch, AppendBatch]:
+        """Seal the decision's batch on ``head`` and encode it with its side records.
+
+        With ``encode_batch`` the envelope is serialized once, its digest computed from those bytes (the codec's
+        sealing); otherwise `LogBatch.seal` computes the digest and ``encode`` serializes it again.
+        """
         first = head.last_event_seq + 1
-        return LogBatch.seal(
-            conversation_id=decision.conversation_id,
-            batch_id=f"{decision.conversation_id}:{first}",
-            first_event_seq=first,
-            owner_epoch=epoch,
-            prev_batch_digest=head.last_digest,
-            recorded_at=self.clock(),
-            events=decision.events,
-            submission_id=decision.submission_id,
-        )
+        fields: dict[str, Any] = {
+            "conversation_id": decision.conversation_id,
+            "batch_id": f"{decision.conversation_id}:{first}",
+            "first_event_seq": first,
+            "owner_epoch": epoch,
+            "prev_batch_digest": head.last_digest,
+            "recorded_at": self.clock(),
+            "submission_id": decision.submission_id,
+        }
+        if self.encode_batch is None:
+            batch = LogBatch.seal(events=decision.events, **fields)
+            return batch, self._encode_batch(batch, decision, self.encode(batch))
+        events = tuple(decision.events)
+        if not events:
+            raise ValueError(f"a decision for conversation {decision.conversation_id!r} holds no events")
+        # The hot path (each effect a run records is one batch). Built without re-validating its events (each was
+        # validated when it was made; that is most of what a validating constructor costs), and its Avro dict built
+        # once (`LogBatch.to_avro` converts the events twice): the envelope's fields are computed right here,
+        # ``recorded_at`` normalized as the schema does, a field the schema gains fails loudly (KeyError), and
+        # fastavro writes the dict strictly. tests/unit/test_partition_stage.py checks the bytes and the model equal
+        # `LogBatch.seal`'s.
+        fields["recorded_at"] = _utc_millis(fields["recorded_at"])
+        values = {"schema_version": SCHEMA_VERSION, "last_event_seq": first + len(events) - 1, **fields}
+        datum = {name: values[name] for name in LogBatch.model_fields if name not in ("batch_digest", "events")}
+        datum["events"] = [(type(e).AVRO_NAME, e.to_avro()) for e in events]
+        value, digest = self.encode_batch(datum)
+        batch = LogBatch.model_construct(batch_digest=digest, events=events, **values)
+        return batch, self._encode_batch(batch, decision, value)
 
-    def _encode_batch(self, batch: LogBatch, decision: Decision) -> AppendBatch:
+    def _encode_batch(self, batch: LogBatch, decision: Decision, value: bytes) -> AppendBatch:
         key = decision.conversation_id.encode()
         side: list[OutRecord] = []
         side += [OutRecord(self.settings.topic("receipts"), key, self.encode(r)) for r in decision.receipts]
@@ -330,7 +379,7 @@ class PartitionOwner(Generic[S]):
         return AppendBatch(
             batch_id=batch.batch_id,
             conversation_id=decision.conversation_id,
-            log_record=OutRecord(self.log_topic, key, self.encode(batch)),
+            log_record=OutRecord(self.log_topic, key, value),
             side_records=tuple(side),
             inputs=decision.inputs,
         )
@@ -359,9 +408,17 @@ class PartitionOwner(Generic[S]):
         )
         # Replacements were appended to _pending after their originals, so they win for a shared batch id.
         sealed = {batch.batch_id: (batch, decision, log_batch) for batch, decision, log_batch in self._pending}
+        # When every pending batch committed as staged, the overlay already is their fold on the committed state (the
+        # appender orders them by conversation; conversations fold independently): it becomes the committed state
+        # without folding them again (the common case, on the hot path).
+        whole = not result.replaced and not result.deferred and len(result.committed) == len(self._pending)
+        whole = whole and {id(b) for b in result.committed} == {id(b) for b, _, _ in self._pending}
+        overlay = self._overlay
         for batch in result.committed:
-            self.committed = self._fold_committed(self.committed, sealed[batch.batch_id][2], -1)
+            self.committed = self._fold_committed(self.committed, sealed[batch.batch_id][2], -1, fold=not whole)
             self._decided |= batch.inputs
+        if whole:
+            self.committed = overlay
         # Deferred batches (an abort with no batch to blame) stay pending, on top of the committed state.
         self._pending = [sealed[b.batch_id] for b in result.deferred]
         self._overlay = self.committed
@@ -392,9 +449,8 @@ class PartitionOwner(Generic[S]):
         head = self._heads.get(run[0].conversation_id, _Head())
         out: list[AppendBatch] = []
         for decision in replaced:
-            batch = self._seal(decision, head, self.epoch)
+            batch, encoded = self._seal(decision, head, self.epoch)
             head = _Head(batch.last_event_seq, batch.batch_digest)
-            encoded = self._encode_batch(batch, decision)
             out.append(encoded)
             self._pending.append((encoded, decision, batch))
         return tuple(out)

@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
+from settled.processors._conductor import ResumeGate
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.producers import (
     AppenderFatalError,
@@ -89,7 +90,10 @@ class WorkerConfig:
     """Tuning of the worker loop.
 
     Attributes:
-        poll_timeout_s: How long one poll waits for records, in seconds.
+        poll_timeout_s: How long one poll waits for records, in seconds, while no run is in flight.
+        busy_wait_s: While runs are in flight, the loop polls without waiting and then waits at most this long
+            for a run to hand over a record or end (it wakes at once when one does), so inbox records are still
+            read within about this bound.
         max_poll_records: Most records taken per poll (and so per group-commit transaction per partition).
         max_input_bytes: settled's hard size limit for one inbox record value, in bytes; larger ones are quarantined.
         max_record_bytes: Largest record the appender produces, in bytes; ``None`` (the default) takes the smallest
@@ -104,6 +108,7 @@ class WorkerConfig:
     """
 
     poll_timeout_s: float = 0.05
+    busy_wait_s: float = 0.005
     max_poll_records: int = 500
     max_input_bytes: int = 1_000_000
     max_record_bytes: int | None = None
@@ -151,6 +156,15 @@ class DrainingConductor(PartitionConductor, Protocol):
         ...
 
 
+@runtime_checkable
+class ProcessMember(Protocol):
+    """A conductor that shares the worker process's wake-up and death gate (see `settled.processors.Conductor`)."""
+
+    def join_process(self, wake: Callable[[], None], gate: ResumeGate) -> None:
+        """Wake the loop through ``wake`` when there is work; share ``gate`` with the process's other conductors."""
+        ...
+
+
 @dataclass
 class Worker(Generic[S]):
     """A settled worker process: consumes the inbox, owns partitions, appends canonical batches.
@@ -182,6 +196,8 @@ class Worker(Generic[S]):
     _skip_below: dict[int, int] = field(default_factory=dict, init=False)
     _record_limit: int = field(default=1_000_000, init=False)
     _partition_count: int = field(default=0, init=False)
+    _wake: threading.Event = field(default_factory=threading.Event, init=False)  # set by conductors with work
+    _gate: ResumeGate = field(default_factory=ResumeGate, init=False)  # shared by this process's conductors
 
     @property
     def partition_count(self) -> int:
@@ -246,10 +262,17 @@ class Worker(Generic[S]):
         """One turn: claim new partitions, poll, decide, checkpoint."""
         consumer = self._consumer
         assert consumer is not None  # run() sets it
-        # While runs are in flight a finished one should not wait out a whole poll: wait briefly instead.
         busy = any(getattr(c, "busy", False) for c in self.conductors.values())
-        timeout_s = min(self.config.poll_timeout_s, 0.005) if busy else self.config.poll_timeout_s
-        msgs = consume_promptly(consumer, self.config.max_poll_records, timeout_s)
+        if busy:
+            # Runs are in flight: a record one hands over (or its end) is staged as soon as it comes, not at the
+            # next poll. Poll without waiting, then wait for a run's wake-up, bounded so the inbox is still read
+            # within `WorkerConfig.busy_wait_s`. A wake-up arriving after the clear below is seen next turn.
+            msgs = consume_promptly(consumer, self.config.max_poll_records, 0)
+            if not msgs:
+                self._wake.wait(min(self.config.poll_timeout_s, self.config.busy_wait_s))
+        else:
+            msgs = consume_promptly(consumer, self.config.max_poll_records, self.config.poll_timeout_s)
+        self._wake.clear()
         # Claims happen after the poll that may have revoked a partition (rebalance callbacks run inside it).
         for p in sorted(self._to_claim):
             if time.monotonic() >= self._claim_not_before.get(p, 0.0):
@@ -299,12 +322,15 @@ class Worker(Generic[S]):
                 max_record_bytes=self._record_limit,
             ),
             encode=self.codec.encode,
+            encode_batch=self.codec.encode_batch_dict,
             decode_batch=self._decode_batch,
             clock=self.clock,
             worker_id=self.worker_id,
         )
         # Built before the claim, so it sees the restored batches (the conductor's journals, issue 6).
         conductor = self.conductor_factory(owner) if self.conductor_factory is not None else None
+        if isinstance(conductor, ProcessMember):
+            conductor.join_process(self._wake.set, self._gate)
         try:
             owner.claim()
         except ProducerFencedError:
