@@ -7,17 +7,25 @@ The scripted provider writes every prompt to the world database, so the tests re
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from settled._settings import Settings
-from settled.schemas import ModelResponseCompleted, ModelResponseDelta, SettlementOutcome, canonical_json
+from settled.schemas import (
+    ModelResponseCompleted,
+    ModelResponseDelta,
+    RecoveryDecisionKind,
+    SettlementOutcome,
+    canonical_json,
+)
 from tests._promise import promise
 from tests.integration.engine._helpers import (
     TIMEOUT_S,
     abort_command,
+    decisions,
     events_of,
     invocations,
     killed,
@@ -26,7 +34,7 @@ from tests.integration.engine._helpers import (
 )
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.engine.model_app import prompts
-from tests.integration.helpers import proposal, wait_for
+from tests.integration.helpers import CODEC, proposal, read_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -68,9 +76,24 @@ def test_a_stream_cut_by_a_kill_is_retried_and_its_deltas_never_reach_a_prompt(
     assert len(done) == 1 and done[0].attempt_id != cut[0].attempt_id and done[0].text == "Hello"
 
 
-def test_a_committed_response_resumes_from_its_declaration_without_a_new_model_call(
+def batch_shapes(s: Settings, submission_id: str) -> list[list[str]]:
+    """The log's batches of one submission, as lists of event type names."""
+    out = []
+    for r in read_topic(s, "log"):
+        assert r.value is not None
+        batch = CODEC.decode_batch(r.value, offset=r.offset).batch
+        if batch.submission_id == submission_id:
+            out.append([type(e).__name__ for e in batch.events])
+    return out
+
+
+def test_a_kill_at_the_merged_response_and_prepared_commit_retries_the_call_without_a_new_model_call(
     topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
 ) -> None:
+    """Rows "after model item commit, before tool preparation" and "after tool prepared, before invocation" share
+    one commit (docs/architecture.md "Commits per tool call"): killed right after it, the response and the first
+    call's prepared record are canonical, the tool never ran; recovery retries the idempotent call under its key and
+    the committed response is not asked for again."""
     s = topics
     value = script([{"calls": [["c1", "charge_idem", {"amount": 3}]]}], [{"answer": "paid"}])
     sub = proposal("conv-r", value=value)
@@ -78,6 +101,8 @@ def test_a_committed_response_resumes_from_its_declaration_without_a_new_model_c
     send(s, sub)
     killed(a, tmp_path / "a.log")
     assert invocations(world_db, "charge_idem") == 0, "no tool ran before the kill"
+    merged = ["ModelResponseCompleted", "ToolCallPrepared"]
+    assert merged in batch_shapes(s, sub.submission_id), batch_shapes(s, sub.submission_id)
     spawn_worker("b", app=MODEL_APP)
     wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the settlement")
     result = settled(s, sub.submission_id)
@@ -85,6 +110,26 @@ def test_a_committed_response_resumes_from_its_declaration_without_a_new_model_c
     positions = [pos for _, pos, _ in prompts(str(world_db))]
     assert positions == [0, 1], f"the committed response was asked for again: {positions}"
     assert invocations(world_db, "charge_idem") == 1
+    assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.SAFE_RETRY]
+
+
+def test_a_kill_at_the_merged_response_and_prepared_commit_makes_a_non_idempotent_call_unknown(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
+) -> None:
+    """The merged boundary with a tool that is neither idempotent nor reconcilable: nothing proves the call never
+    started, so it is Unknown and never runs (DUR-009), exactly as at ``engine.after_prepared_commit``."""
+    s = topics
+    value = script([{"calls": [["c1", "charge_once", {"amount": 3}]]}], [{"answer": "paid"}])
+    sub = proposal("conv-n", value=value)
+    a = spawn_worker("a", app=MODEL_APP, failpoints="engine.after_response_commit=1*kill")
+    send(s, sub)
+    killed(a, tmp_path / "a.log")
+    spawn_worker("b", app=MODEL_APP)
+    wait_for(lambda: bool(decisions(s, sub.submission_id)), TIMEOUT_S, "a recovery decision")
+    time.sleep(2.0)  # long enough for a wrong re-execution to show
+    assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.UNKNOWN]
+    assert invocations(world_db, "charge_once") == 0 and settled(s, sub.submission_id) is None
+    assert [pos for _, pos, _ in prompts(str(world_db))] == [0]
 
 
 def test_later_prompts_hold_no_orphan_call_or_result_of_an_aborted_run(

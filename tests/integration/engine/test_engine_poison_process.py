@@ -1,0 +1,86 @@
+"""A poison submission on one partition, healthy ones on another, one worker process (issue 6; DESIGN.md §5).
+
+"A death is charged only to an attempt that ran alone: after an unexplained death the new owner resumes the
+interrupted attempts one at a time" — in the whole worker process, not per partition (`ResumeGate`): a worker owning
+both partitions must not resume a healthy attempt of one partition while the poison one of the other runs, or the
+poison's next death is charged to the healthy attempt too (with ``max_attempts`` 3 it would dead-letter it).
+
+Two partitions, one worker at a time, restarted by the test after every death like a supervisor would.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+from datetime import UTC, datetime
+
+import pytest
+
+from settled._settings import Settings
+from settled.processors import partition_for_key
+from settled.producers import provision_topics
+from settled.schemas import SettlementOutcome
+from tests._promise import promise
+from tests.integration.engine._helpers import plan, send, settled, settlements
+from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.helpers import CODEC, proposal
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+
+@pytest.fixture
+def topics(settings: Settings) -> Settings:
+    """Two partitions: the healthy conversations on one, the poison one on the other."""
+    s = settings.model_copy(update={"partitions": 2})
+    provision_topics(s, CODEC, datetime.now(UTC))
+    return s
+
+
+def on_partition(prefix: str, partition: int, n: int) -> list[str]:
+    found = [f"{prefix}-{i}" for i in range(200) if partition_for_key(f"{prefix}-{i}".encode(), 2) == partition]
+    return found[:n]
+
+
+def test_a_poison_submission_resumes_alone_in_the_process_and_its_neighbours_on_another_partition_complete(
+    topics: Settings, spawn_worker: SpawnWorker
+) -> None:
+    s = topics
+    healthy = [proposal(c, value=plan({"sleep_s": 1.0})) for c in on_partition("conv-h", 0, 2)]
+    (poison_conv,) = on_partition("conv-p", 1, 1)
+    poison = proposal(poison_conv, value=plan({"sleep_s": 0.5}, {"exit": 1}))
+    everyone = [*healthy, poison]
+    send(s, *everyone)  # all four run at once on the first worker, which the poison one kills
+    deaths = 0
+    deadline = time.monotonic() + 200
+    worker: subprocess.Popen[bytes] | None = None
+    while time.monotonic() < deadline:
+        if all(settled(s, p.submission_id) is not None for p in everyone):
+            break
+        if worker is None or worker.poll() is not None:
+            if worker is not None:
+                assert worker.returncode == 1, f"worker ended with {worker.returncode}"
+                deaths += 1
+            assert deaths <= 5, f"{deaths} deaths: the poison submission is crash-looping the process"
+            worker = spawn_worker(f"w{deaths}")
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"not everything settled after {deaths} deaths: {settlements(s)}")
+    result = settled(s, poison.submission_id)
+    assert result is not None
+    promise(
+        "DUR-014.poison-fails",
+        result.outcome is SettlementOutcome.FAILED and result.attempt_count == 3,
+        f"the poison submission: {result}",
+    )
+    for p in healthy:
+        r = settled(s, p.submission_id)
+        # Charged once: for the first death, which interrupted every attempt then running (DESIGN.md §5).
+        promise(
+            "DUR-014.neighbours-complete",
+            r is not None and r.outcome is SettlementOutcome.COMPLETED and r.attempt_count == 2,
+            f"a healthy submission on the other partition: {r}",
+        )
+    assert deaths == 3, f"{deaths} deaths: one per poison attempt"
+    counts = Counter(r.submission_id for r in settlements(s))
+    assert counts == Counter({p.submission_id: 1 for p in everyone}), counts
