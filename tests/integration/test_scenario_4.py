@@ -16,9 +16,10 @@ partition's live claim epoch, no attempt is left running or in recovery, the att
 ``interrupted``), the projector resumes from its stored offsets after the PostgreSQL restart, and the projection
 equals a rebuild and the reference fold of the log (``check``).
 
-The broker is private (``private_broker``) so the shared dev broker is not disturbed. The test takes ~45-75 s (the
-private services' start, a takeover, the broker restart, and the interrupted runs resumed one at a time), hence the
-chaos suite.
+The broker is private (``private_broker``) so the shared dev broker is not disturbed. The test takes ~45-60 s (the
+private services' start, a takeover, the broker restart, and the interrupted runs resumed one at a time): it runs
+in the integration suite, which has the room (the chaos suite holds scenario 17's 20 repetitions). The worker-only
+part on the shared broker is ``tests/integration/engine/test_engine_scenarios.py``'s scenario 4 test.
 """
 
 from __future__ import annotations
