@@ -71,9 +71,17 @@ def test_scenario_7_a_run_killed_between_steps_resumes_at_step_3_and_the_lane_fo
     topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
 ) -> None:
     s = topics
+    # Some agent work between steps 2 and 3: a settlement lingers a few milliseconds for the run's next record and
+    # shares its commit with it (docs/architecture.md, "Commits per tool call"); without the work, step 3's prepared
+    # record would commit with step 2's settlement and the boundary "settled, next not prepared" would not exist.
     a_sub = proposal(
         "conv-7",
-        value=plan(*({"tool": "charge_idem", "args": {"amount": n}} for n in (1, 2, 3))),
+        value=plan(
+            {"tool": "charge_idem", "args": {"amount": 1}},
+            {"tool": "charge_idem", "args": {"amount": 2}},
+            {"sleep_s": 0.05},
+            {"tool": "charge_idem", "args": {"amount": 3}},
+        ),
     )
     b_sub = proposal("conv-7", value=plan({"tool": "charge_idem", "args": {"amount": 20}}))
     d_sub = proposal("conv-7", value=plan({"uuid": True}))
@@ -106,7 +114,8 @@ def test_scenario_7_a_run_killed_between_steps_resumes_at_step_3_and_the_lane_fo
     )
     result = settled(s, a_sub.submission_id)
     assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
-    assert result.reply_json == canonical_json({"results": [{"charged": n, "tool": "charge_idem"} for n in (1, 2, 3)]})
+    charged = [{"charged": n, "tool": "charge_idem"} for n in (1, 2, 3)]
+    assert result.reply_json == canonical_json({"results": [*charged[:2], 0.05, charged[2]]})
     assert result.attempt_count == 3, result
     for sub in (b_sub, d_sub):
         r = settled(s, sub.submission_id)
