@@ -8,12 +8,15 @@
 * `TABLES` (`_tables`): the tables, their keys and per-column merge rules; the SQL migrations under
   ``settled/projections/sql/`` mirror them (`migrate`, `check_layout`, `ProjectionNames` in `_schema`).
 * `rebuild` and `check` (`_rebuild`): replay from offset 0 into a new schema version and switch atomically; compare
-  live, a fresh rebuild and the reference fold at identical offsets.
+  live, a fresh rebuild and the reference fold at identical offsets. The replay (`_bulk`) folds whole partitions in
+  memory and writes their final rows once with COPY, one process per share of the partitions (`ReplayTimings` says
+  where its time went), then catches up through projectors seeded with the folded states.
 * `ProjectionReader` (`_queries`): queries that accept ``after=<receipt>`` (read-your-writes).
 
 Never imports `settled.processors`: the worker and the projections are independent (import-linter contract).
 """
 
+from settled.projections._bulk import RebuildWorkerError, ReplayTimings
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
 from settled.projections._queries import ProjectionReader, ReadYourWritesTimeout
@@ -74,6 +77,8 @@ __all__ = [
     "ReadYourWritesTimeout",
     "RebuildProgress",
     "RebuildResult",
+    "RebuildWorkerError",
+    "ReplayTimings",
     "RowSet",
     "TableMode",
     "TableSpec",

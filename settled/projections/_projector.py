@@ -139,6 +139,7 @@ class Projector:
     _wanted: tuple[int, ...] = field(default=(), init=False)
     _next_lock_try: float = field(default=0.0, init=False)
     _repositioned: set[int] = field(default_factory=set, init=False)
+    _seeds: dict[int, tuple[ProjectionState, int]] = field(default_factory=dict, init=False)
     conflicts: int = field(default=0, init=False)
     """Chunks rolled back because another writer had moved the offset (tests read it)."""
 
@@ -174,6 +175,20 @@ class Projector:
         self._writer = ProjectionWriter(self.config.target, self.topic)
         self._fast = FastBatchDecoder(self.codec)
         self._acquire()
+
+    def seed(self, partition: int, state: ProjectionState, next_offset: int) -> None:
+        """Start a partition from a folded state instead of re-reading it from offset 0 (a rebuild's bulk replay).
+
+        Used when the partition is taken (`open`, or a later lock retry): if its stored next offset is
+        ``next_offset``, the projector goes on from there with ``state``; otherwise (another writer moved it) the
+        seed is dropped and the partition is restored from offset 0 as usual.
+
+        Args:
+            partition: The log partition.
+            state: Its committed projection state, folded from offset 0 up to ``next_offset``.
+            next_offset: The next offset after the records folded into ``state`` (as stored in the offset row).
+        """
+        self._seeds[partition] = (state, next_offset)
 
     def close(self) -> None:
         """Close the consumer and the connection (which releases the advisory locks)."""
@@ -445,8 +460,13 @@ class Projector:
         stored = self._stored(taken)
         consumer = self._require_consumer()
         for p in taken:
-            self._parts[p] = _Part(p, ProjectionState.empty(p), pos=0, silent_until=stored[p])
-            consumer.incremental_assign([TopicPartition(self.topic, p, 0)])
+            seed = self._seeds.pop(p, None)
+            if seed is not None and seed[1] == stored[p]:  # folded up to its stored offset already (`seed`)
+                self._parts[p] = _Part(p, seed[0], pos=seed[1], silent_until=seed[1])
+                consumer.incremental_assign([TopicPartition(self.topic, p, seed[1])])
+            else:
+                self._parts[p] = _Part(p, ProjectionState.empty(p), pos=0, silent_until=stored[p])
+                consumer.incremental_assign([TopicPartition(self.topic, p, 0)])
             _log.info("partition taken", extra={"partition": p, "stored_next_offset": stored[p]})
 
     def _stored(self, partitions: list[int]) -> dict[int, int]:

@@ -1,8 +1,10 @@
 """Rebuild a projection from offset 0 and switch atomically; check live = rebuild = reference fold (DESIGN.md §6).
 
 `rebuild`: replay the whole log into a fresh schema version (``<base>__next``: its tables and its offset rows
-together), catch up to the live position (at least the log's end offsets, and every live offset row), then switch in
-one transaction: lock the live version's tables (waiting out readers and the live projector's open transaction),
+together) — a bulk replay that folds each partition in memory up to the log's end offsets and writes its final rows
+once with COPY (`settled.projections._bulk`, one process per share of the partitions) — catch up to the live position
+(at least the log's end offsets, and every live offset row) through projectors seeded with the folded states, then
+switch in one transaction: lock the live version's tables (waiting out readers and the live projector's open transaction),
 check that the new version is at or past every live offset, and rename ``<base>`` → ``<base>__retired`` and
 ``<base>__next`` → ``<base>``. A reader sees the old version or the new one, never a mix; the live projector's next
 transaction finds the new version's offsets ahead of it, folds the records in between without writing them, and goes
@@ -29,7 +31,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
 from settled._settings import Settings
-from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
+from settled.projections._bulk import ReplayTimings, SharePool, default_workers
 from settled.projections._rows import FOLD_COLUMNS, ProjectionState, RowSet, fold_reference, project_batch
 from settled.projections._schema import (
     PROJECTION_NAME,
@@ -94,6 +96,12 @@ class RebuildResult:
         events: Events applied.
         elapsed_s: Seconds, replay and switch together.
         switch_attempts: Switch transactions tried (a busy live projector or reader can make one time out).
+        workers: Processes that replayed (1: in the calling process).
+        phases: Wall-clock seconds per phase: ``setup`` (schema, end offsets, starting the workers), ``replay``
+            (the bulk replay up to the end offsets, its write included), ``catch_up`` (up to the live position),
+            ``switch`` (the switch transactions).
+        work: Where the replaying processes spent their time (summed over processes: consume, decode, fold, row
+            building, Postgres write, catch-up).
     """
 
     schema: str
@@ -103,6 +111,9 @@ class RebuildResult:
     events: int
     elapsed_s: float
     switch_attempts: int
+    workers: int = 1
+    phases: Mapping[str, float] = field(default_factory=dict)
+    work: ReplayTimings = field(default_factory=ReplayTimings)
 
 
 def log_end_offsets(settings: Settings, timeout_s: float) -> dict[int, int]:
@@ -145,43 +156,35 @@ def _connect(settings: Settings) -> Conn:
     return conn
 
 
-@dataclass
-class _Replay:
-    """Drives a `Projector` on a non-live schema until targets are reached, reporting progress."""
+class _Behind(Exception):
+    pass
 
-    projector: Projector
+
+@dataclass
+class _Relay:
+    """Turns the shares' progress into `RebuildProgress` reports."""
+
     total: int
     progress: Callable[[RebuildProgress], None] | None
     started: float = field(default_factory=time.monotonic)
-    batches: int = 0
-    events: int = 0
 
-    def on_chunk(self, chunk: ChunkApplied) -> None:
-        self.batches += chunk.records
-        self.events += chunk.events
+    def __call__(self, nexts: dict[int, int], records: int, events: int) -> None:
         if self.progress is not None:
-            self.report()
+            done = min(sum(nexts.values()), self.total)
+            self.progress(RebuildProgress(done, self.total, records, events, time.monotonic() - self.started))
 
-    def report(self, *, caught_up: bool = False) -> None:
-        if self.progress is None:
-            return
+    def caught_up(self, records: int, events: int) -> None:
         # Caught up means done, though the last offsets may be transaction markers no record sits at.
-        done = self.total if caught_up else sum(self.projector.positions().values())
-        self.progress(RebuildProgress(min(done, self.total), self.total, self.batches, self.events, self.elapsed_s))
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
-    def until(self, targets: Mapping[int, int], deadline: float) -> None:
-        while not self.projector.caught_up(targets):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replay did not reach {dict(targets)} in time (at {self.projector.positions()})")
-            self.projector.step()
+        if self.progress is not None:
+            self.progress(RebuildProgress(self.total, self.total, records, events, time.monotonic() - self.started))
 
 
-class _Behind(Exception):
-    pass
+def _workers(requested: int | None, targets: Mapping[int, int], parallel_min_records: int) -> int:
+    if requested is not None:
+        return max(1, requested)
+    if sum(targets.values()) < parallel_min_records:
+        return 1  # a child process costs more than it saves on a short log
+    return default_workers()
 
 
 def rebuild(
@@ -193,19 +196,28 @@ def rebuild(
     timeout_s: float = 3600.0,
     switch_attempts: int = 20,
     lock_timeout_s: float = 5.0,
-    max_records: int = 5000,
+    max_records: int = 10_000,
+    workers: int | None = None,
+    parallel_min_records: int = 20_000,
 ) -> RebuildResult:
     """Replay the log from offset 0 into a new schema version and switch to it atomically (module doc).
+
+    The replay folds each partition in memory and writes its final rows once (`settled.projections` bulk replay,
+    one process per share of the partitions), then catches up to the live position through projectors seeded with
+    the folded states.
 
     Args:
         settings: Namespace, Kafka and Postgres.
         names: The projection's schema names.
-        progress: Called after each committed chunk of the replay.
+        progress: Called as the replay advances.
         keep_retired: Keep the replaced version as ``<base>__retired`` (else drop it in the switch).
         timeout_s: Bound on the whole rebuild, in seconds.
         switch_attempts: Switch transactions to try before giving up.
         lock_timeout_s: ``lock_timeout`` of one switch transaction, in seconds.
         max_records: Records consumed per poll.
+        workers: Processes replaying (None: one per core when the log holds at least ``parallel_min_records``
+            records, else 1, which replays in this process).
+        parallel_min_records: See ``workers``.
 
     Returns:
         What was rebuilt.
@@ -213,10 +225,12 @@ def rebuild(
     Raises:
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
-        settled.protocol.ProtocolError: The fold refused a batch.
+        settled.protocol.ProtocolError: The fold refused a batch (replaying in this process).
+        RebuildWorkerError: A replaying child process failed (it names the error, e.g. a ``ProtocolError``).
     """
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
+    phases: dict[str, float] = {}
     conn = _connect(settings)
     topic = settings.topic("log")
     try:
@@ -225,32 +239,54 @@ def rebuild(
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
         migrate(conn, names.building, generation=generation)
         targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
-        projector = Projector(
+        relay = _Relay(sum(targets.values()), progress)
+        pool = SharePool(
             settings,
-            ProjectorConfig(names=names, schema=names.building, notify=False, max_records=max_records),
+            names,
+            names.building,
+            targets,
+            workers=_workers(workers, targets, parallel_min_records),
+            max_records=max_records,
+            timeout_s=timeout_s,
+            progress=relay,
         )
-        replay = _Replay(projector, sum(targets.values()), progress)
-        projector.on_chunk = replay.on_chunk
-        projector.open()
+        phases["setup"] = time.monotonic() - started
         try:
-            replay.until(targets, deadline)
-            replay.report(caught_up=True)
+            mark = time.monotonic()
+            pool.bulk(deadline)
+            phases["replay"] = time.monotonic() - mark
+            work = pool.timings()
+            relay.caught_up(work.records, work.events)
+            mark = time.monotonic()
             for attempt in range(1, switch_attempts + 1):
                 live = read_offsets(conn, names.live, topic) if live_exists else {}
                 ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
-                replay.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
+                catch_up = time.monotonic()
+                pool.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
+                phases["catch_up"] = phases.get("catch_up", 0.0) + time.monotonic() - catch_up
                 try:
                     offsets = _switch(conn, names, topic, live_exists, keep_retired, lock_timeout_s)
                 except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
                     _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
                     continue
+                phases["switch"] = time.monotonic() - mark - phases["catch_up"]
                 _log.info("projection switched", extra={"schema": names.live, "generation": generation})
+                work = pool.timings()
                 return RebuildResult(
-                    names.live, generation, offsets, replay.batches, replay.events, time.monotonic() - started, attempt
+                    names.live,
+                    generation,
+                    offsets,
+                    work.records,
+                    work.events,
+                    time.monotonic() - started,
+                    attempt,
+                    workers=pool.workers,
+                    phases=phases,
+                    work=work,
                 )
             raise TimeoutError(f"the switch to the rebuilt projection failed {switch_attempts} times")
         finally:
-            projector.close()
+            pool.close()
     finally:
         conn.close()
 
@@ -391,17 +427,21 @@ def check(
     progress: Callable[[RebuildProgress], None] | None = None,
     keep_scratch: bool = False,
     timeout_s: float = 3600.0,
-    max_records: int = 5000,
+    max_records: int = 10_000,
+    workers: int | None = None,
+    parallel_min_records: int = 20_000,
 ) -> CheckReport:
     """Compare live, a fresh rebuild and the reference fold of the log at identical offsets (module doc).
 
     Args:
         settings: Namespace, Kafka and Postgres.
         names: The projection's schema names.
-        progress: Called after each committed chunk of the scratch rebuild.
+        progress: Called as the scratch rebuild advances.
         keep_scratch: Keep ``<base>__check`` afterwards (else it is dropped).
         timeout_s: Bound on the whole check, in seconds.
         max_records: Records consumed per poll.
+        workers: Processes replaying the scratch rebuild (see `rebuild`).
+        parallel_min_records: See `rebuild`.
 
     Returns:
         The report (`CheckReport.ok` when nothing differs).
@@ -409,6 +449,7 @@ def check(
     Raises:
         LookupError: The live projection or the log topic does not exist.
         TimeoutError: The check did not finish in time.
+        RebuildWorkerError: A replaying child process failed.
     """
     deadline = time.monotonic() + timeout_s
     topic = settings.topic("log")
@@ -421,16 +462,20 @@ def check(
         first = {p: first.get(p, 0) for p in partitions}
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.scratch)))
         migrate(conn, names.scratch)
-        projector = Projector(
-            settings, ProjectorConfig(names=names, schema=names.scratch, notify=False, max_records=max_records)
+        relay = _Relay(sum(first.values()), progress)
+        pool = SharePool(
+            settings,
+            names,
+            names.scratch,
+            first,
+            workers=_workers(workers, first, parallel_min_records),
+            max_records=max_records,
+            timeout_s=timeout_s,
+            progress=relay,
         )
-        replay = _Replay(projector, sum(first.values()), progress)
-        projector.on_chunk = replay.on_chunk
         reference = _Reference(settings, partitions)
-        projector.open()
         try:
-            projector.set_limits(first)
-            replay.until(first, deadline)
+            pool.bulk(deadline)  # exactly the records below `first`
             reference.extend(first, deadline)
             with _connect(settings) as pause, pause.transaction():
                 # Hold the live offset rows: the live projector waits, so the live tables stay at these offsets.
@@ -441,14 +486,14 @@ def check(
                     (PROJECTION_NAME, topic),
                 ).fetchall()
                 at = {p: 0 for p in partitions} | {int(p): int(o) for p, o in rows}
-                projector.set_limits(at)
-                replay.total = sum(at.values())
-                replay.until(at, deadline)
-                replay.report(caught_up=True)
+                relay.total = sum(at.values())
+                pool.until(at, deadline, exact=True)
+                work = pool.timings()
+                relay.caught_up(work.records, work.events)
                 reference.extend(at, deadline)
                 snapshot = _snapshot(settings, names, topic)
         finally:
-            projector.close()
+            pool.close()
             reference.close()
         if not keep_scratch:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.scratch)))

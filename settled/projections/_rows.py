@@ -19,7 +19,7 @@ the live and rebuilt tables with.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -49,6 +49,7 @@ from settled.protocol import (
     apply_traced,
 )
 from settled.schemas import (
+    LOG_EVENT_TYPES,
     AbortRecorded,
     AttemptStarted,
     CommandRejected,
@@ -81,6 +82,7 @@ __all__ = [
 ]
 
 S = SubmissionState
+_UPSERT, _APPEND = TableMode.UPSERT, TableMode.APPEND
 Row = tuple[Any, ...]
 CallKey = tuple[str, str]
 
@@ -170,11 +172,15 @@ class RowSet:
         tables: Table name → key → row.
         batches: Batches projected into it.
         events: Events in those batches.
+        clock: A clock (e.g. ``time.perf_counter``) to time the protocol fold with; None: not timed.
+        fold_s: Time spent in the protocol fold (`settled.protocol.apply_traced`) by `clock`, for benchmarks.
     """
 
     tables: dict[str, dict[tuple[Any, ...], Row]] = field(default_factory=lambda: {name: {} for name in TABLES})
     batches: int = 0
     events: int = 0
+    clock: Callable[[], float] | None = None
+    fold_s: float = 0.0
 
     def add(self, spec: TableSpec, row: Row) -> None:
         """Merge one row into the set.
@@ -191,9 +197,9 @@ class RowSet:
         old = rows.get(key)
         if old is None:
             rows[key] = row
-        elif spec.mode is TableMode.UPSERT:
+        elif spec.mode is _UPSERT:
             rows[key] = merge_rows(spec, old, row)
-        elif spec.mode is TableMode.APPEND:
+        elif spec.mode is _APPEND:
             raise DuplicateRowError(spec.name, key)
         # TableMode.FIRST: the first row stays (ON CONFLICT DO NOTHING).
 
@@ -233,7 +239,7 @@ class ProjectionState:
     Attributes:
         partition: The log partition.
         head: The folded partition-level fields (claim epoch, claimed by, partition count, quarantined inputs);
-            its ``conversations`` is empty.
+            its ``conversations`` are not read (the last batch's, or none).
         base: The committed conversations, by id.
         overlay: Conversations changed by this working copy, by id.
         calls: ``(submission id, call id)`` → the ``tool_calls`` row of each call still prepared or Unknown.
@@ -323,20 +329,46 @@ def _value(enum_value: Any) -> Any:
     return None if enum_value is None else enum_value.value
 
 
+def _fields_of(name: str) -> frozenset[type[Any]]:
+    """The log event types with a field ``name``."""
+    return frozenset(cls for cls in LOG_EVENT_TYPES if name in cls.model_fields)
+
+
+_HAS_SUBMISSION_ID = _fields_of("submission_id")
+_HAS_REASON = _fields_of("reason")
+_CALL_I = {column: i for i, column in enumerate(TOOL_CALLS.columns)}
+_CALL_TOOL_I = _CALL_I["tool"]
+_CALL_STATUS_I = _CALL_I["status"]
+_CALL_PREPARED_I = _CALL_I["prepared_at"]
+_CALL_UPDATED_I = _CALL_I["updated_at"]
+_CALL_OFFSET_I = _CALL_I["last_offset"]
+_NO_COMMANDS: Mapping[str, str] = MappingProxyType({})
+
+
 class _BatchProjector:
     """Derives one batch's rows; holds the batch's working copies."""
+
+    __slots__ = (
+        "add", "after", "applied_before", "applied_here", "batch", "calls", "cid", "conv", "offset", "p", "rows",
+        "state", "t", "touched", "trace",
+    )  # fmt: skip
 
     def __init__(self, state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> None:
         self.state = state
         self.batch = batch
         self.offset = offset
         self.rows = rows
+        self.add = rows.add
         self.p = state.partition
         self.t = batch.recorded_at
         self.cid = batch.conversation_id
         self.calls: dict[CallKey, Row] | None = None
         self.after: PartitionState = state.head
         self.trace: tuple[Transition, ...] = ()
+        self.touched: dict[str, list[str]] = {}
+        self.conv: ConversationState | None = None
+        self.applied_before: Mapping[str, str] = _NO_COMMANDS
+        self.applied_here: set[str] = set()
 
     # -- tool calls in flight ------------------------------------------------------------------------------------
 
@@ -349,71 +381,92 @@ class _BatchProjector:
         return self.state.calls if self.calls is None else self.calls
 
     def call_row(self, spec_values: dict[str, Any]) -> Row:
-        return tuple(spec_values.get(column) for column in TOOL_CALLS.columns)
+        return tuple(map(spec_values.get, TOOL_CALLS.columns))
 
     def update_call(self, key: CallKey, **changes: Any) -> Row:
         old = self.current_calls().get(key)
         if old is None:
             raise ValueError(f"tool call {key!r} is not in flight in partition {self.p} at offset {self.offset}")
-        values = dict(zip(TOOL_CALLS.columns, old, strict=True))
-        values.update(changes, updated_at=self.t, last_offset=self.offset)
-        return self.call_row(values)
+        row = list(old)
+        for column, value in changes.items():
+            row[_CALL_I[column]] = value
+        row[_CALL_UPDATED_I] = self.t
+        row[_CALL_OFFSET_I] = self.offset
+        return tuple(row)
 
     # -- the batch -----------------------------------------------------------------------------------------------
 
     def run(self) -> ProjectionState:
         events = self.batch.events
-        claimed = any(isinstance(e, OwnershipClaimed) for e in events)
+        types = {type(e) for e in events}
+        claimed = OwnershipClaimed in types
         state = self.state
+        cid = self.cid
         if claimed:  # a claim changes every conversation of the partition (owner epoch, running → recovery)
             before = state.fold
         else:  # anything else changes only its own conversation: fold it alone
-            conv = state.conversation(self.cid)
-            convs = _NO_CONVERSATIONS if conv is None else MappingProxyType({self.cid: conv})
+            conv = state.conversation(cid)
+            convs = _NO_CONVERSATIONS if conv is None else MappingProxyType({cid: conv})
             before = _with_conversations(state.head, convs)
-        self.after, self.trace = apply_traced(before, self.batch)
-        self.rows.batches += 1
-        self.rows.events += len(events)
-        if claimed or any(isinstance(e, Genesis) for e in events):
-            self.partition_row()
-        conv_before = before.conversations.get(self.cid)
-        conv_after = self.after.conversations.get(self.cid)
-        applied_before = conv_before.applied_commands if conv_before is not None else MappingProxyType({})
-        self.event_rows(conv_after, applied_before)
-        if claimed:
-            touched_convs: Iterable[str] = self.after.conversations
+        rows = self.rows
+        clock = rows.clock
+        if clock is None:
+            after, self.trace = apply_traced(before, self.batch)
         else:
-            touched_convs = (self.cid,)
-        touched_subs = self.touched_submissions()
+            started = clock()
+            after, self.trace = apply_traced(before, self.batch)
+            rows.fold_s += clock() - started
+        self.after = after
+        rows.batches += 1
+        rows.events += len(events)
+        if claimed or Genesis in types:
+            self.partition_row()
+        before_convs, after_convs = before.conversations, after.conversations
+        conv_before = before_convs.get(cid)
+        conv_after = after_convs.get(cid)
+        self.event_rows(conv_after, conv_before.applied_commands if conv_before is not None else _NO_COMMANDS)
+        touched_convs: Iterable[str] = after_convs if claimed else (cid,)
+        touched_subs = self.touched = self.touched_submissions()
+        add = self.add
         for conversation_id in touched_convs:
             if is_partition_conversation(conversation_id):
                 continue
-            conv = self.after.conversations[conversation_id]
-            old = before.conversations.get(conversation_id)
+            conv = after_convs[conversation_id]
+            old = before_convs.get(conversation_id)
             if old is conv:
                 continue
-            self.rows.add(CONVERSATIONS, self.conversation_row(conv))
+            add(CONVERSATIONS, self.conversation_row(conv))
+            subs = conv.submissions
+            old_subs = None if old is None else old.submissions
             for sid in touched_subs.get(conversation_id, ()):
-                sub = conv.submissions.get(sid)
-                if sub is None or (old is not None and old.submissions.get(sid) is sub):
+                sub = subs.get(sid)
+                if sub is None or (old_subs is not None and old_subs.get(sid) is sub):
                     continue
-                self.rows.add(SUBMISSIONS, self.submission_row(conversation_id, sub))
+                add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
         self.attempt_rows(before)
         calls = state.calls if self.calls is None else MappingProxyType(self.calls)
-        state.overlay.update(self.after.conversations)
-        head = _with_conversations(self.after, _NO_CONVERSATIONS)
-        return ProjectionState(self.p, head, state.base, state.overlay, calls)
+        state.overlay.update(after_convs)
+        # The fold's state after the batch is the next head: only its partition-level fields are read (the
+        # conversations it holds are in the overlay, where `ProjectionState` reads them).
+        return ProjectionState(self.p, after, state.base, state.overlay, calls)
 
     def touched_submissions(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
+        """Conversation → the submissions the batch's events name, then those its transitions moved (deduplicated)."""
+        own: list[str] = []
         for event in self.batch.events:
-            sid = getattr(event, "submission_id", None)
-            if isinstance(sid, str):
-                out.setdefault(self.cid, []).append(sid)
+            if type(event) in _HAS_SUBMISSION_ID:
+                sid = getattr(event, "submission_id", None)  # a field of this type: no pydantic __getattr__
+                if isinstance(sid, str):
+                    own.append(sid)
+        out: dict[str, list[str]] = {self.cid: own} if own else {}
         for tr in self.trace:
-            out.setdefault(tr.conversation_id, []).append(tr.submission_id)
-        return {cid: list(dict.fromkeys(sids)) for cid, sids in out.items()}
+            found = out.get(tr.conversation_id)
+            if found is None:
+                out[tr.conversation_id] = [tr.submission_id]
+            else:
+                found.append(tr.submission_id)
+        return {conversation_id: list(dict.fromkeys(sids)) for conversation_id, sids in out.items()}
 
     # -- rows ------------------------------------------------------------------------------------------------------
 
@@ -423,13 +476,12 @@ class _BatchProjector:
             if isinstance(event, OwnershipClaimed):
                 claimed_at = event.claimed_at
         f = self.after
-        self.rows.add(
-            PARTITIONS,
-            (self.p, f.partition_count, f.claim_epoch, f.claimed_by, claimed_at, self.t, self.offset),
-        )
+        self.add(PARTITIONS, (self.p, f.partition_count, f.claim_epoch, f.claimed_by, claimed_at, self.t, self.offset))
 
     def conversation_row(self, conv: ConversationState) -> Row:
-        unknown = sum(1 for sid in conv.queue if conv.submissions[sid].state is S.UNKNOWN)
+        subs = conv.submissions
+        unknown = sum(1 for sid in conv.queue if subs[sid].state is S.UNKNOWN)
+        t = self.t
         return (
             conv.conversation_id,
             self.p,
@@ -440,12 +492,14 @@ class _BatchProjector:
             conv.last_submission_seq,
             conv.last_event_seq,
             conv.owner_epoch,
-            self.t,
-            self.t,
+            t,
+            t,
             self.offset,
         )
 
     def submission_row(self, conversation_id: str, sub: Submission) -> Row:
+        t = self.t
+        outcome, reserved = sub.outcome, sub.reserved_outcome
         return (
             sub.submission_id,
             conversation_id,
@@ -456,21 +510,21 @@ class _BatchProjector:
             sub.payload_digest,
             list(sub.tools_offered),
             sub.state.value,
-            _value(sub.outcome),
+            None if outcome is None else outcome.value,
             "admitted",
             sub.attempt_count,
             sub.attempt_id,
             sub.input_applied,
-            sub.abort_requested,
+            bool(sub.abort_command_ids),
             sub.abort_reason,
-            _value(sub.reserved_outcome),
+            None if reserved is None else reserved.value,
             len(sub.open_calls),
             len(sub.unknown_calls),
-            self.t,
+            t,
             self.offset,
-            self.t if sub.attempt_count > 0 else None,
-            self.t if sub.state in TERMINAL_STATES else None,
-            self.t,
+            t if sub.attempt_count > 0 else None,
+            t if sub.state in TERMINAL_STATES else None,
+            t,
             self.offset,
         )
 
@@ -478,83 +532,83 @@ class _BatchProjector:
         """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order)."""
         steps: dict[str, str] = {}
         for event in self.batch.events:
-            attempt_id = getattr(event, "attempt_id", None)
-            if not isinstance(attempt_id, str):
-                continue
             if isinstance(event, StepRecorded):
-                steps[attempt_id] = f"step:{event.name}"
+                steps[event.attempt_id] = f"step:{event.name}"
             elif isinstance(event, ToolCallPrepared):
-                steps[attempt_id] = f"tool:{event.tool}"
+                steps[event.attempt_id] = f"tool:{event.tool}"
             elif isinstance(event, ModelResponseCompleted):
-                steps[attempt_id] = f"model_response:{event.response_ordinal}"
-        current: dict[str, str | None] = {}
+                steps[event.attempt_id] = f"model_response:{event.response_ordinal}"
+        add = self.add
         emitted: set[str] = set()
-
-        def current_attempt(conversation_id: str, sid: str) -> str | None:
-            if sid not in current:
-                conv = before.conversations.get(conversation_id)
-                sub = conv.submissions.get(sid) if conv is not None else None
-                current[sid] = sub.attempt_id if sub is not None else None
-            return current[sid]
-
-        for tr in self.trace:
-            cause = tr.event
-            if isinstance(cause, AttemptStarted):
-                current[tr.submission_id] = cause.attempt_id
-                self.rows.add(
+        if self.trace:
+            current: dict[str, str | None] = {}
+            after_convs = self.after.conversations
+            for tr in self.trace:
+                cause = tr.event
+                sid = tr.submission_id
+                if isinstance(cause, AttemptStarted):
+                    started = cause
+                    current[sid] = started.attempt_id
+                    add(
+                        ATTEMPTS,
+                        self.attempt_row(
+                            tr.conversation_id,
+                            sid,
+                            started.attempt_id,
+                            started.attempt,
+                            started.owner_epoch,
+                            "running",
+                            None,
+                            None,
+                            steps.get(started.attempt_id),
+                        ),
+                    )
+                    emitted.add(started.attempt_id)
+                    continue
+                if sid in current:
+                    attempt_id = current[sid]
+                else:
+                    conv = before.conversations.get(tr.conversation_id)
+                    old = conv.submissions.get(sid) if conv is not None else None
+                    attempt_id = current[sid] = old.attempt_id if old is not None else None
+                if attempt_id is None:
+                    continue
+                end_reason = None
+                if tr.edge.source is S.RUNNING:  # the attempt stops running: why
+                    reason = cause.reason if type(cause) in _HAS_REASON else None  # type: ignore[attr-defined]
+                    end_reason = tr.edge.label if not isinstance(reason, str) else f"{tr.edge.label}: {reason}"
+                    if isinstance(cause, OwnershipClaimed):
+                        end_reason = f"{tr.edge.label}: owner epoch {cause.owner_epoch} claimed by {cause.worker_id}"
+                moved = after_convs[tr.conversation_id].submissions[sid]
+                add(
                     ATTEMPTS,
                     self.attempt_row(
                         tr.conversation_id,
-                        tr.submission_id,
-                        cause.attempt_id,
-                        cause.attempt,
-                        cause.owner_epoch,
-                        "running",
+                        sid,
+                        attempt_id,
+                        moved.attempt_count,
                         None,
-                        None,
-                        steps.get(cause.attempt_id),
+                        _ATTEMPT_STATUS[tr.edge.target],
+                        end_reason,
+                        moved,
+                        steps.get(attempt_id),
                     ),
                 )
-                emitted.add(cause.attempt_id)
-                continue
-            attempt_id = current_attempt(tr.conversation_id, tr.submission_id)
-            if attempt_id is None:
-                continue
-            end_reason = None
-            if tr.edge.source is S.RUNNING:  # the attempt stops running: why
-                reason = getattr(cause, "reason", None)
-                end_reason = tr.edge.label if not isinstance(reason, str) else f"{tr.edge.label}: {reason}"
-                if isinstance(cause, OwnershipClaimed):
-                    end_reason = f"{tr.edge.label}: owner epoch {cause.owner_epoch} claimed by {cause.worker_id}"
-            moved = self.after.conversations[tr.conversation_id].submissions[tr.submission_id]
-            self.rows.add(
-                ATTEMPTS,
-                self.attempt_row(
-                    tr.conversation_id,
-                    tr.submission_id,
-                    attempt_id,
-                    moved.attempt_count,
-                    None,
-                    _ATTEMPT_STATUS[tr.edge.target],
-                    end_reason,
-                    moved,
-                    steps.get(attempt_id),
-                ),
-            )
-            emitted.add(attempt_id)
+                emitted.add(attempt_id)
         # The final row of each touched submission's current attempt (in-state changes: steps, calls).
         conv = self.after.conversations.get(self.cid)
         if conv is None:
             return
-        for sids in self.touched_submissions().values():
+        subs = conv.submissions
+        for sids in self.touched.values():
             for sid in sids:
-                touched = conv.submissions.get(sid)
+                touched = subs.get(sid)
                 if touched is None or touched.attempt_id is None or touched.attempt_id in emitted:
                     continue
                 status = _ATTEMPT_STATUS.get(touched.state)
                 if status is None:
                     continue
-                self.rows.add(
+                add(
                     ATTEMPTS,
                     self.attempt_row(
                         self.cid,
@@ -585,12 +639,13 @@ class _BatchProjector:
         if status == "waiting" and sub is not None:
             waiting_kind = "unknown_resolution"
             names = sorted(
-                str(row[TOOL_CALLS.columns.index("tool")])
+                str(row[_CALL_TOOL_I])
                 for (call_sid, call_id), row in self.current_calls().items()
                 if call_sid == sid and call_id in sub.unknown_calls
             )
             waiting_name = ",".join(names) if names else None
             waiting_since = self.t
+        t = self.t
         return (
             attempt_id,
             sid,
@@ -604,281 +659,275 @@ class _BatchProjector:
             None,  # waiting_deadline: no schema v1 event sets a deadline
             step,
             end_reason,
-            self.t,
-            None if status == "running" else self.t,
-            self.t,
+            t,
+            None if status == "running" else t,
+            t,
             self.offset,
         )
 
     def abandon_calls(self, sub: Submission) -> None:
         """Calls the fold no longer holds open or Unknown, with no event of their own: recovery dropped them."""
-        status_i = TOOL_CALLS.columns.index("status")
-        for key, row in list(self.current_calls().items()):
-            if key[0] != sub.submission_id:
+        calls = self.current_calls()
+        if not calls:
+            return
+        sid = sub.submission_id
+        for key, row in list(calls.items()):
+            if key[0] != sid:
                 continue
-            status = row[status_i]
+            status = row[_CALL_STATUS_I]
             if (status == "prepared" and key[1] in sub.open_calls) or (
                 status == "unknown" and key[1] in sub.unknown_calls
             ):
                 continue
-            self.rows.add(TOOL_CALLS, self.update_call(key, status="abandoned", ended_at=self.t))
+            self.add(TOOL_CALLS, self.update_call(key, status="abandoned", ended_at=self.t))
             del self.call_rows()[key]
+
+    # -- events ----------------------------------------------------------------------------------------------------
 
     def event_rows(self, conv: ConversationState | None, applied_before: Mapping[str, str]) -> None:
         """Receipts, settlements, tool calls and the transcript, event by event."""
-        cid, t, off = self.cid, self.t, self.offset
-        applied_here: set[str] = set()
-
-        def transcript(
-            i: int,
-            sid: str | None,
-            attempt_id: str | None,
-            kind: str,
-            role: str,
-            name: str | None,
-            call_id: str | None,
-            content: str | None,
-        ) -> None:
-            self.rows.add(
-                TRANSCRIPT,
-                (cid, self.batch.first_event_seq + i, sid, attempt_id, kind, role, name, call_id, content, t, off),
-            )
-
-        def first_application(command_id: str) -> bool:
-            if command_id in applied_before or command_id in applied_here:
-                return False
-            applied_here.add(command_id)
-            return True
-
-        tool_i = TOOL_CALLS.columns.index("tool")
-        prepared_i = TOOL_CALLS.columns.index("prepared_at")
+        self.conv = conv
+        self.applied_before = applied_before
+        self.applied_here = set()
         for i, event in enumerate(self.batch.events):
-            if isinstance(event, SubmissionAdmitted):
-                self.receipt(
-                    event.submission_id, "submission", "admitted", None, event.submission_id, event.submission_seq
-                )
-                transcript(i, event.submission_id, None, "input", "user", None, None, event.input_json)
-            elif isinstance(event, SubmissionDuplicate):
-                original = conv.submissions.get(event.original_submission_id) if conv is not None else None
-                self.receipt(
-                    event.submission_id,
-                    "submission",
-                    "duplicate",
-                    None,
-                    event.original_submission_id,
-                    None if original is None else original.submission_seq,
-                )
-            elif isinstance(event, SubmissionRejected):
-                field_part = f" (field {event.field})" if event.field else ""
-                self.receipt(
-                    event.submission_id,
-                    "submission",
-                    "rejected",
-                    f"{event.reason.value}{field_part}: {event.detail}",
-                    None,
-                    None,
-                )
-            elif isinstance(event, AbortRecorded):
-                if first_application(event.command_id):
-                    transcript(i, event.submission_id, None, "abort", "user", None, None, event.reason)
-                self.receipt(event.command_id, "command", "applied", event.reason, event.submission_id, None)
-            elif isinstance(event, CommandRejected):
-                self.receipt(
-                    event.command_id,
-                    "command",
-                    "rejected",
-                    f"{event.reason.value}: {event.detail}",
-                    event.submission_id,
-                    None,
-                )
-            elif isinstance(event, ModelResponseCompleted):
-                transcript(
-                    i,
-                    event.submission_id,
-                    event.attempt_id,
-                    "model_response",
-                    "assistant",
-                    event.model,
-                    None,
-                    event.text,
-                )
-            elif isinstance(event, ToolCallPrepared):
-                row = self.call_row(
-                    {
-                        "submission_id": event.submission_id,
-                        "call_id": event.call_id,
-                        "conversation_id": cid,
-                        "attempt_id": event.attempt_id,
-                        "run_id": event.run_id,
-                        "ordinal": event.ordinal,
-                        "tool": event.tool,
-                        "args_digest": event.args_digest,
-                        "idempotency_key": event.idempotency_key,
-                        "owner_epoch": event.owner_epoch,
-                        "status": "prepared",
-                        "prepared_at": t,
-                        "updated_at": t,
-                        "last_offset": off,
-                    }
-                )
-                self.call_rows()[(event.submission_id, event.call_id)] = row
-                self.rows.add(TOOL_CALLS, row)
-                transcript(
-                    i,
-                    event.submission_id,
-                    event.attempt_id,
-                    "tool_call",
-                    "assistant",
-                    event.tool,
-                    event.call_id,
-                    event.args_json,
-                )
-            elif isinstance(event, ToolCallSettled):
-                key = (event.submission_id, event.call_id)
-                old = self.current_calls().get(key)
-                prepared_at = None if old is None else old[prepared_i]
-                error = event.error
-                row = self.update_call(
-                    key,
-                    status="error" if error is not None else "settled",
-                    result_digest=event.result_digest,
-                    error_type=None if error is None else error.type,
-                    error_message=None if error is None else error.message,
-                    ended_at=t,
-                    duration_ms=_ms(t, prepared_at),
-                )
-                del self.call_rows()[key]
-                self.rows.add(TOOL_CALLS, row)
-                content = event.result_json
-                if error is not None:
-                    content = canonical_json(
-                        {"error": {"type": error.type, "message": error.message, "non_retryable": error.non_retryable}}
-                    )
-                transcript(
-                    i,
-                    event.submission_id,
-                    event.attempt_id,
-                    "tool_result",
-                    "tool",
-                    str(row[tool_i]),
-                    event.call_id,
-                    content,
-                )
-            elif isinstance(event, ToolCallRefused):
-                self.rows.add(
-                    TOOL_CALLS,
-                    self.call_row(
-                        {
-                            "submission_id": event.submission_id,
-                            "call_id": event.call_id,
-                            "conversation_id": cid,
-                            "attempt_id": event.attempt_id,
-                            "tool": event.tool,
-                            "args_digest": event.args_digest,
-                            "status": "refused",
-                            "reason": event.reason,
-                            "ended_at": t,
-                            "updated_at": t,
-                            "last_offset": off,
-                        }
-                    ),
-                )
-                transcript(
-                    i,
-                    event.submission_id,
-                    event.attempt_id,
-                    "tool_refused",
-                    "tool",
-                    event.tool,
-                    event.call_id,
-                    event.reason,
-                )
-            elif isinstance(event, ToolCallUnknown):
-                key = (event.submission_id, event.call_id)
-                row = self.update_call(key, status="unknown", reason=event.reason, unknown_since=t)
-                self.call_rows()[key] = row
-                self.rows.add(TOOL_CALLS, row)
-                transcript(
-                    i,
-                    event.submission_id,
-                    None,
-                    "tool_unknown",
-                    "system",
-                    str(row[tool_i]),
-                    event.call_id,
-                    event.reason,
-                )
-            elif isinstance(event, UnknownResolved):
-                if first_application(event.command_id):
-                    key = (event.submission_id, event.call_id)
-                    row = self.update_call(
-                        key,
-                        status="resolved",
-                        resolution_kind=event.kind.value,
-                        resolution_outcome=_value(event.outcome),
-                        result_digest=event.result_digest,
-                        ended_at=t,
-                    )
-                    del self.call_rows()[key]
-                    self.rows.add(TOOL_CALLS, row)
-                    content = event.result_json
-                    if content is None:
-                        content = canonical_json({"kind": event.kind.value, "outcome": _value(event.outcome)})
-                    transcript(
-                        i, event.submission_id, None, "resolution", "operator", str(row[tool_i]), event.call_id, content
-                    )
-                self.receipt(event.command_id, "command", "applied", event.kind.value, event.submission_id, None)
-            elif isinstance(event, StepRecorded):
-                transcript(
-                    i,
-                    event.submission_id,
-                    event.attempt_id,
-                    "step",
-                    "system",
-                    event.name,
-                    event.step_id,
-                    event.result_json,
-                )
-            elif isinstance(event, Settlement):
-                sub = conv.submissions.get(event.submission_id) if conv is not None else None
-                seq = -1 if sub is None else sub.submission_seq
-                self.rows.add(
-                    SETTLEMENTS,
-                    (
-                        event.submission_id,
-                        cid,
-                        self.p,
-                        seq,
-                        event.outcome.value,
-                        event.reply_json,
-                        event.reply_digest,
-                        event.reply_ref,
-                        event.error_type,
-                        event.error_reason,
-                        event.attempt_count,
-                        event.settled_at,
-                        off,
-                    ),
-                )
-                if event.outcome is SettlementOutcome.COMPLETED:
-                    transcript(
-                        i,
-                        event.submission_id,
-                        None,
-                        "reply",
-                        "assistant",
-                        None,
-                        None,
-                        event.reply_json if event.reply_json is not None else event.reply_ref,
-                    )
-                else:
-                    detail = ": ".join(x for x in (event.outcome.value, event.error_type, event.error_reason) if x)
-                    transcript(i, event.submission_id, None, "settlement", "system", None, None, detail)
+            handler = _EVENT_ROWS.get(type(event))
+            if handler is not None:
+                handler(self, i, event)
+
+    def transcript(
+        self,
+        i: int,
+        sid: str | None,
+        attempt_id: str | None,
+        kind: str,
+        role: str,
+        name: str | None,
+        call_id: str | None,
+        content: str | None,
+    ) -> None:
+        self.add(
+            TRANSCRIPT,
+            (self.cid, self.batch.first_event_seq + i, sid, attempt_id, kind, role, name, call_id, content, self.t,
+             self.offset),
+        )  # fmt: skip
+
+    def first_application(self, command_id: str) -> bool:
+        if command_id in self.applied_before or command_id in self.applied_here:
+            return False
+        self.applied_here.add(command_id)
+        return True
 
     def receipt(
         self, request_id: str, kind: str, outcome: str, reason: str | None, sid: str | None, seq: int | None
     ) -> None:
-        self.rows.add(RECEIPTS, (request_id, kind, self.cid, outcome, reason, sid, seq, self.t, self.offset))
+        self.add(RECEIPTS, (request_id, kind, self.cid, outcome, reason, sid, seq, self.t, self.offset))
+
+    def on_admitted(self, i: int, event: SubmissionAdmitted) -> None:
+        self.receipt(event.submission_id, "submission", "admitted", None, event.submission_id, event.submission_seq)
+        self.transcript(i, event.submission_id, None, "input", "user", None, None, event.input_json)
+
+    def on_duplicate(self, i: int, event: SubmissionDuplicate) -> None:
+        conv = self.conv
+        original = conv.submissions.get(event.original_submission_id) if conv is not None else None
+        self.receipt(
+            event.submission_id,
+            "submission",
+            "duplicate",
+            None,
+            event.original_submission_id,
+            None if original is None else original.submission_seq,
+        )
+
+    def on_rejected(self, i: int, event: SubmissionRejected) -> None:
+        field_part = f" (field {event.field})" if event.field else ""
+        self.receipt(
+            event.submission_id, "submission", "rejected", f"{event.reason.value}{field_part}: {event.detail}", None,
+            None,
+        )  # fmt: skip
+
+    def on_abort(self, i: int, event: AbortRecorded) -> None:
+        if self.first_application(event.command_id):
+            self.transcript(i, event.submission_id, None, "abort", "user", None, None, event.reason)
+        self.receipt(event.command_id, "command", "applied", event.reason, event.submission_id, None)
+
+    def on_command_rejected(self, i: int, event: CommandRejected) -> None:
+        self.receipt(
+            event.command_id, "command", "rejected", f"{event.reason.value}: {event.detail}", event.submission_id, None
+        )
+
+    def on_response(self, i: int, event: ModelResponseCompleted) -> None:
+        self.transcript(
+            i, event.submission_id, event.attempt_id, "model_response", "assistant", event.model, None, event.text
+        )
+
+    def on_prepared(self, i: int, event: ToolCallPrepared) -> None:
+        t = self.t
+        row = self.call_row(
+            {
+                "submission_id": event.submission_id,
+                "call_id": event.call_id,
+                "conversation_id": self.cid,
+                "attempt_id": event.attempt_id,
+                "run_id": event.run_id,
+                "ordinal": event.ordinal,
+                "tool": event.tool,
+                "args_digest": event.args_digest,
+                "idempotency_key": event.idempotency_key,
+                "owner_epoch": event.owner_epoch,
+                "status": "prepared",
+                "prepared_at": t,
+                "updated_at": t,
+                "last_offset": self.offset,
+            }
+        )
+        self.call_rows()[(event.submission_id, event.call_id)] = row
+        self.add(TOOL_CALLS, row)
+        self.transcript(
+            i, event.submission_id, event.attempt_id, "tool_call", "assistant", event.tool, event.call_id,
+            event.args_json,
+        )  # fmt: skip
+
+    def on_tool_settled(self, i: int, event: ToolCallSettled) -> None:
+        key = (event.submission_id, event.call_id)
+        old = self.current_calls().get(key)
+        prepared_at = None if old is None else old[_CALL_PREPARED_I]
+        error = event.error
+        row = self.update_call(
+            key,
+            status="error" if error is not None else "settled",
+            result_digest=event.result_digest,
+            error_type=None if error is None else error.type,
+            error_message=None if error is None else error.message,
+            ended_at=self.t,
+            duration_ms=_ms(self.t, prepared_at),
+        )
+        del self.call_rows()[key]
+        self.add(TOOL_CALLS, row)
+        content = event.result_json
+        if error is not None:
+            content = canonical_json(
+                {"error": {"type": error.type, "message": error.message, "non_retryable": error.non_retryable}}
+            )
+        self.transcript(
+            i, event.submission_id, event.attempt_id, "tool_result", "tool", str(row[_CALL_TOOL_I]), event.call_id,
+            content,
+        )  # fmt: skip
+
+    def on_tool_refused(self, i: int, event: ToolCallRefused) -> None:
+        t = self.t
+        self.add(
+            TOOL_CALLS,
+            self.call_row(
+                {
+                    "submission_id": event.submission_id,
+                    "call_id": event.call_id,
+                    "conversation_id": self.cid,
+                    "attempt_id": event.attempt_id,
+                    "tool": event.tool,
+                    "args_digest": event.args_digest,
+                    "status": "refused",
+                    "reason": event.reason,
+                    "ended_at": t,
+                    "updated_at": t,
+                    "last_offset": self.offset,
+                }
+            ),
+        )
+        self.transcript(
+            i, event.submission_id, event.attempt_id, "tool_refused", "tool", event.tool, event.call_id, event.reason
+        )
+
+    def on_tool_unknown(self, i: int, event: ToolCallUnknown) -> None:
+        key = (event.submission_id, event.call_id)
+        row = self.update_call(key, status="unknown", reason=event.reason, unknown_since=self.t)
+        self.call_rows()[key] = row
+        self.add(TOOL_CALLS, row)
+        self.transcript(
+            i, event.submission_id, None, "tool_unknown", "system", str(row[_CALL_TOOL_I]), event.call_id, event.reason
+        )
+
+    def on_unknown_resolved(self, i: int, event: UnknownResolved) -> None:
+        if self.first_application(event.command_id):
+            key = (event.submission_id, event.call_id)
+            row = self.update_call(
+                key,
+                status="resolved",
+                resolution_kind=event.kind.value,
+                resolution_outcome=_value(event.outcome),
+                result_digest=event.result_digest,
+                ended_at=self.t,
+            )
+            del self.call_rows()[key]
+            self.add(TOOL_CALLS, row)
+            content = event.result_json
+            if content is None:
+                content = canonical_json({"kind": event.kind.value, "outcome": _value(event.outcome)})
+            self.transcript(
+                i, event.submission_id, None, "resolution", "operator", str(row[_CALL_TOOL_I]), event.call_id, content
+            )
+        self.receipt(event.command_id, "command", "applied", event.kind.value, event.submission_id, None)
+
+    def on_step(self, i: int, event: StepRecorded) -> None:
+        self.transcript(
+            i, event.submission_id, event.attempt_id, "step", "system", event.name, event.step_id, event.result_json
+        )
+
+    def on_settlement(self, i: int, event: Settlement) -> None:
+        conv = self.conv
+        sub = conv.submissions.get(event.submission_id) if conv is not None else None
+        seq = -1 if sub is None else sub.submission_seq
+        self.add(
+            SETTLEMENTS,
+            (
+                event.submission_id,
+                self.cid,
+                self.p,
+                seq,
+                event.outcome.value,
+                event.reply_json,
+                event.reply_digest,
+                event.reply_ref,
+                event.error_type,
+                event.error_reason,
+                event.attempt_count,
+                event.settled_at,
+                self.offset,
+            ),
+        )
+        if event.outcome is SettlementOutcome.COMPLETED:
+            self.transcript(
+                i,
+                event.submission_id,
+                None,
+                "reply",
+                "assistant",
+                None,
+                None,
+                event.reply_json if event.reply_json is not None else event.reply_ref,
+            )
+        else:
+            detail = ": ".join(x for x in (event.outcome.value, event.error_type, event.error_reason) if x)
+            self.transcript(i, event.submission_id, None, "settlement", "system", None, None, detail)
+
+
+_EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = MappingProxyType(
+    {
+        SubmissionAdmitted: _BatchProjector.on_admitted,
+        SubmissionDuplicate: _BatchProjector.on_duplicate,
+        SubmissionRejected: _BatchProjector.on_rejected,
+        AbortRecorded: _BatchProjector.on_abort,
+        CommandRejected: _BatchProjector.on_command_rejected,
+        ModelResponseCompleted: _BatchProjector.on_response,
+        ToolCallPrepared: _BatchProjector.on_prepared,
+        ToolCallSettled: _BatchProjector.on_tool_settled,
+        ToolCallRefused: _BatchProjector.on_tool_refused,
+        ToolCallUnknown: _BatchProjector.on_tool_unknown,
+        UnknownResolved: _BatchProjector.on_unknown_resolved,
+        StepRecorded: _BatchProjector.on_step,
+        Settlement: _BatchProjector.on_settlement,
+    }
+)
+"""The rows of each event type that has any (the others only move the fold)."""
 
 
 def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> ProjectionState:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -65,6 +66,7 @@ class TableSpec:
     key: tuple[str, ...]
     mode: TableMode
     rules: Mapping[str, MergeRule] = field(default_factory=lambda: MappingProxyType({}))
+    _key: Callable[[Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Check that the key and the rules name columns of the table.
@@ -75,6 +77,7 @@ class TableSpec:
         for name in (*self.key, *self.rules):
             if name not in self.columns:
                 raise ValueError(f"table {self.name}: {name!r} is not one of its columns {self.columns}")
+        object.__setattr__(self, "_key", _key_getter(tuple(self.columns.index(k) for k in self.key)))
 
     @functools.cached_property
     def rule_indexes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -97,7 +100,7 @@ class TableSpec:
         Returns:
             The key values.
         """
-        return tuple(row[i] for i in self.key_indexes)
+        return self._key(row)
 
     def rule(self, column: str) -> MergeRule:
         """Return a column's merge rule.
@@ -109,6 +112,15 @@ class TableSpec:
             Its rule (`MergeRule.OVERWRITE` unless listed in `rules`).
         """
         return self.rules.get(column, MergeRule.OVERWRITE)
+
+
+def _key_getter(indexes: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A row's key as a tuple, without a generator per row (the projector calls it for every row)."""
+    if len(indexes) == 1:
+        (i,) = indexes
+        return lambda row: (row[i],)
+    getter = operator.itemgetter(*indexes)
+    return lambda row: tuple(getter(row))
 
 
 def merge_rows(spec: TableSpec, old: Sequence[Any], new: Sequence[Any]) -> tuple[Any, ...]:

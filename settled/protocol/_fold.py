@@ -41,6 +41,7 @@ from settled.protocol._states import (
     TERMINAL_STATES,
     Edge,
     SubmissionState,
+    cause_qualifier,
     find_edge,
     outcome_state,
 )
@@ -415,6 +416,60 @@ def _name(event: AvroRecord) -> str:
     return type(event).__name__
 
 
+_RUNNING = frozenset({S.RUNNING})
+_RECOVERY = frozenset({S.RECOVERY})
+_UNKNOWN = frozenset({S.UNKNOWN})
+_RUNNING_OR_RECOVERY = frozenset({S.RUNNING, S.RECOVERY})
+
+
+def _make_replace() -> Callable[..., Submission]:
+    """Build `_replace`: ``dataclasses.replace`` for `Submission`, without its per-call field introspection.
+
+    Generated once (as dataclasses generates ``__init__``): a new instance whose slots are set from the changes or
+    copied from the original; the same fields ``dataclasses.replace`` would pass to ``__init__`` (no field has
+    ``init=False`` and there is no ``__post_init__``, checked here), so the result is equal.
+    """
+    fields = dataclasses.fields(Submission)
+    if any(not f.init for f in fields) or hasattr(Submission, "__post_init__"):  # pragma: no cover - guard
+        raise TypeError("Submission gained init=False fields or __post_init__: _replace must follow")
+    names = [f.name for f in fields]
+    lines = [
+        "def replace(sub, **changes):",
+        "    if not changes.keys() <= NAMES:",
+        "        return slow(sub, **changes)",  # an unknown field: dataclasses.replace raises the usual TypeError
+        "    new = NEW(Submission)",
+        "    get = changes.get",
+    ]
+    for name in names:
+        lines.append(f"    SET(new, {name!r}, get({name!r}, sub.{name}))")
+    lines.append("    return new")
+    scope: dict[str, Any] = {
+        "NAMES": frozenset(names),
+        "NEW": object.__new__,
+        "SET": object.__setattr__,
+        "Submission": Submission,
+        "slow": dataclasses.replace,
+    }
+    exec("\n".join(lines), scope)  # the source is generated from the dataclass's own field names
+    replace: Callable[..., Submission] = scope["replace"]
+    return replace
+
+
+_replace = _make_replace()
+
+_EDGES: dict[tuple[SubmissionState, SubmissionState, type[AvroRecord], str | None], Edge | None] = {}
+
+
+def _edge(source: SubmissionState, target: SubmissionState, event: AvroRecord) -> Edge | None:
+    """`find_edge`, remembered per (source, target, event type, qualifier): all an edge's ``admits`` reads."""
+    key = (source, target, type(event), cause_qualifier(event))
+    try:
+        return _EDGES[key]
+    except KeyError:
+        found = _EDGES[key] = find_edge(source, target, event)
+        return found
+
+
 class _ConvBuilder:
     """Mutable working copy of a `ConversationState`; maps are copied on first write."""
 
@@ -502,13 +557,13 @@ class _ConvBuilder:
 
     def move(self, sub: Submission, target: SubmissionState, event: AvroRecord, **changes: Any) -> Submission:
         """Take the table edge ``sub.state -> target`` caused by ``event``, or raise `IllegalTransition`."""
-        edge = find_edge(sub.state, target, event)
+        edge = _edge(sub.state, target, event)
         if edge is None:
             raise IllegalTransition(
                 sub.submission_id, sub.state, target, _name(event), "not an edge of the state table (spec §3)"
             )
         self.trace.append(Transition(self.cid, sub.submission_id, edge, event))
-        moved = dataclasses.replace(sub, state=target, **changes)
+        moved = _replace(sub, state=target, **changes)
         self.put(moved)
         return moved
 
@@ -641,7 +696,7 @@ class _ConvBuilder:
             changes["abort_reason"] = event.reason
         if sub.state is S.TERMINALIZING:
             changes["reserved_outcome"] = SettlementOutcome.ABORTED
-        self.put(dataclasses.replace(sub, **changes))
+        self.put(_replace(sub, **changes))
         self.add_command(event.command_id, event.submission_id)
 
     def on_attempt_started(self, event: AttemptStarted, batch_epoch: int) -> None:
@@ -678,7 +733,7 @@ class _ConvBuilder:
 
     def on_interrupted(self, event: AttemptInterrupted, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt is interrupted")
+        self.require(sub, _RUNNING, event, "only a running attempt is interrupted")
         self.require_attempt(sub, event.attempt_id, event)
         revoked = sub.revoked_count + (1 if event.reason == GRACEFUL_REVOKE else 0)
         if sub.open_calls or sub.unknown_calls:
@@ -688,11 +743,11 @@ class _ConvBuilder:
 
     def on_input_applied(self, event: InputApplied, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.RUNNING}), event, "input is applied by a running attempt (spec §4)")
+        self.require(sub, _RUNNING, event, "input is applied by a running attempt (spec §4)")
         self.require_attempt(sub, event.attempt_id, event)
         if sub.input_json is not None and event.input_digest != json_digest(sub.input_json):
             raise self.fail(event, "input_digest", event.input_digest, "not the digest of the admitted input")
-        self.put(dataclasses.replace(sub, input_applied=True))
+        self.put(_replace(sub, input_applied=True))
 
     def on_running_record(
         self,
@@ -700,23 +755,25 @@ class _ConvBuilder:
         batch_epoch: int,
     ) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt appends history")
-        self.require_attempt(sub, event.attempt_id, event)
+        if sub.state is not S.RUNNING:  # the checks of require / require_attempt, inlined: the commonest events
+            self.require(sub, _RUNNING, event, "only a running attempt appends history")
+        if sub.attempt_id != event.attempt_id:
+            self.require_attempt(sub, event.attempt_id, event)
 
     def on_prepared(self, event: ToolCallPrepared, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.RUNNING}), event, "only a running attempt prepares calls")
+        self.require(sub, _RUNNING, event, "only a running attempt prepares calls")
         self.require_attempt(sub, event.attempt_id, event)
         if event.call_id in sub.open_calls or event.call_id in sub.unknown_calls:
             raise self.fail(event, "call_id", event.call_id, "the call is already prepared and not settled")
-        self.put(dataclasses.replace(sub, open_calls=sub.open_calls | {event.call_id}))
+        self.put(_replace(sub, open_calls=sub.open_calls | {event.call_id}))
 
     def on_tool_settled(self, event: ToolCallSettled, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.RUNNING, S.RECOVERY}), event, "a call settles in its run or by reconciliation")
+        self.require(sub, _RUNNING_OR_RECOVERY, event, "a call settles in its run or by reconciliation")
         if event.call_id not in sub.open_calls:
             raise self.fail(event, "call_id", event.call_id, "no prepared, unsettled call with this id (DUR-009)")
-        self.put(dataclasses.replace(sub, open_calls=sub.open_calls - {event.call_id}))
+        self.put(_replace(sub, open_calls=sub.open_calls - {event.call_id}))
 
     def on_tool_unknown(self, event: ToolCallUnknown, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
@@ -729,12 +786,12 @@ class _ConvBuilder:
         if sub.state is S.RUNNING:
             self.move(sub, S.RECOVERY, event, **changes)
         else:
-            self.require(sub, frozenset({S.RECOVERY}), event, "a call is marked Unknown by its run or by recovery")
-            self.put(dataclasses.replace(sub, **changes))
+            self.require(sub, _RECOVERY, event, "a call is marked Unknown by its run or by recovery")
+            self.put(_replace(sub, **changes))
 
     def on_recovery_decision(self, event: RecoveryDecision, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.RECOVERY}), event, "the classifier decides a submission in recovery (DUR-013)")
+        self.require(sub, _RECOVERY, event, "the classifier decides a submission in recovery (DUR-013)")
         if event.decision is RecoveryDecisionKind.UNKNOWN:
             if not sub.unknown_calls:
                 raise self.fail(event, "decision", event.decision.value, "no call is marked Unknown (ToolCallUnknown)")
@@ -763,7 +820,7 @@ class _ConvBuilder:
                 )
             return
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, frozenset({S.UNKNOWN}), event, "only an Unknown submission is resolved")
+        self.require(sub, _UNKNOWN, event, "only an Unknown submission is resolved")
         if event.call_id not in sub.unknown_calls:
             raise self.fail(event, "call_id", event.call_id, "the call is not Unknown")
         remaining = sub.unknown_calls - {event.call_id}
@@ -773,7 +830,7 @@ class _ConvBuilder:
             reserved = SettlementOutcome.ABORTED if sub.abort_requested else event.outcome
             self.move(sub, S.TERMINALIZING, event, unknown_calls=remaining, reserved_outcome=reserved)
         elif remaining:
-            self.put(dataclasses.replace(sub, unknown_calls=remaining))
+            self.put(_replace(sub, unknown_calls=remaining))
         else:
             self.move(sub, S.READY, event, unknown_calls=remaining, open_calls=frozenset())
         self.add_command(event.command_id, event.submission_id)
@@ -890,21 +947,22 @@ class _PartitionBuilder:
             raise ChainBroken(cid, "first_event_seq", conv.last_event_seq + 1, batch.first_event_seq)
         if batch.prev_batch_digest != conv.last_batch_digest:
             raise ChainBroken(cid, "prev_batch_digest", conv.last_batch_digest, batch.prev_batch_digest)
+        rules = _RULES
         for event in events:
-            if isinstance(event, OwnershipClaimed):
+            kind = type(event)
+            rule = rules.get(kind)
+            if rule is not None:
+                rule(conv, event, epoch)
+                if kind is InputQuarantined and event.input_ref is not None:  # type: ignore[union-attr]
+                    if self._quarantined is None:
+                        self._quarantined = set(self.base.quarantined_inputs)
+                    self._quarantined.add(input_key(event.input_ref))  # type: ignore[union-attr]
+            elif isinstance(event, OwnershipClaimed):
                 self.claim(cid, epoch, event)
-                continue
-            if isinstance(event, Genesis):
+            elif isinstance(event, Genesis):
                 self.genesis(cid, event)
-                continue
-            rule = _RULES.get(type(event))
-            if rule is None:  # pragma: no cover - _RULES covers LOG_EVENT_TYPES, a unit test checks it
+            else:  # pragma: no cover - _RULES covers LOG_EVENT_TYPES, a unit test checks it
                 raise LogInconsistency(cid, _name(event), "type", _name(event), "not a settled log event")
-            rule(conv, event, epoch)
-            if isinstance(event, InputQuarantined) and event.input_ref is not None:
-                if self._quarantined is None:
-                    self._quarantined = set(self.base.quarantined_inputs)
-                self._quarantined.add(input_key(event.input_ref))
         if epoch != self.claim_epoch:
             raise StaleEpoch(
                 cid, epoch, self.claim_epoch, "the batch's epoch was never claimed (DESIGN.md §3 claim order)"

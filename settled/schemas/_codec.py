@@ -70,6 +70,8 @@ CONFLUENT_MAGIC: Final = b"\x00"
 """First byte of a Confluent Schema Registry framed record."""
 
 _SINGLE_OBJECT_HEADER_BYTES = 10
+_CONFLUENT_FIRST = CONFLUENT_MAGIC[0]
+_SINGLE_OBJECT_FIRST, _SINGLE_OBJECT_SECOND = SINGLE_OBJECT_MAGIC[0], SINGLE_OBJECT_MAGIC[1]
 _CONFLUENT_HEADER_BYTES = 5
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -307,6 +309,7 @@ class Codec:
             self._add_writer(named, version)
         self._schema_ids: dict[str, int] = {}
         self._by_schema_id: dict[int, _Writer] = {}
+        self._current_readers: dict[str, tuple[bytes, Any]] = {}
 
     def _add_writer(self, named: NamedSchema, version: int) -> None:
         known = self._by_fingerprint.get(named.fingerprint)
@@ -492,6 +495,7 @@ class Codec:
         partition: int = -1,
         offset: int = -1,
         expected: Iterable[str] | None = None,
+        body_digest: bool = True,
     ) -> Decoded:
         """Decode a Kafka record value into a dict, without building a model (hot path; no model rules checked).
 
@@ -501,6 +505,8 @@ class Codec:
             partition: Its partition (named in errors).
             offset: Its offset (named in errors).
             expected: Full Avro names accepted here, or None for any.
+            body_digest: For a `LogBatch`, compute `Decoded.body_digest` (a SHA-256 of the body; the projections,
+                which do not verify chains, skip it).
 
         Returns:
             The decoded dict and its provenance.
@@ -509,7 +515,49 @@ class Codec:
             DecodeError: If the value cannot be decoded or is of an unexpected type.
             SchemaRegistryUnavailableError: As in `decode`.
         """
-        return self._decode(value, topic, partition, offset, None if expected is None else set(expected))
+        if expected is not None and not isinstance(expected, frozenset | set):
+            expected = frozenset(expected)
+        return self._decode(value, topic, partition, offset, expected, body_digest)
+
+    def read_current(self, value: bytes, avro_name: str) -> dict[str, Any] | None:
+        """Hot path: decode a single-object record written with the current schema of ``avro_name``, else None.
+
+        The common case of `decode_dict` without its provenance: the value starts with the type's current
+        single-object header, its body reads completely and needs no upcasting. Anything else (another framing,
+        another type or version, a body that does not read) returns None: `decode_dict` then decodes it or names
+        what is wrong.
+
+        Args:
+            value: The record value.
+            avro_name: The expected record's full name.
+
+        Returns:
+            The record as a dict, or None.
+        """
+        fast = self._current_readers.get(avro_name)
+        if fast is None:
+            fast = self._current_readers[avro_name] = self._current_reader(avro_name)
+        header, parsed = fast
+        if not header or not value.startswith(header):
+            return None
+        body = memoryview(value)[len(header) :]
+        try:
+            datum, used = read_body(body, parsed)
+        except _READ_ERRORS:
+            return None
+        if used != len(body):
+            return None
+        return datum  # type: ignore[no-any-return]
+
+    def _current_reader(self, avro_name: str) -> tuple[bytes, Any]:
+        try:
+            named = self._current.get(avro_name)
+        except KeyError:
+            return b"", None
+        writer = self._by_fingerprint.get(named.fingerprint)
+        if writer is None or not named.is_record or writer.version < self._versions[-1]:
+            return b"", None  # records of this schema are upcast on read: the full path only
+        return SINGLE_OBJECT_MAGIC + named.fingerprint_bytes, named.parsed
 
     def decode_batch(self, value: bytes | None, *, topic: str = "", partition: int = -1, offset: int) -> ChainEntry:
         """Decode a ``settled.log`` record into a `settled.schemas.ChainEntry` for `settled.schemas.verify_chain`.
@@ -535,7 +583,13 @@ class Codec:
         return ChainEntry(offset, batch, decoded.body_digest)
 
     def _decode(
-        self, value: bytes | None, topic: str, partition: int, offset: int, expected: set[str] | None
+        self,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        expected: frozenset[str] | set[str] | None,
+        body_digest: bool = True,
     ) -> Decoded:
         def fail(reason: DecodeFailure, detail: str) -> DecodeError:
             return DecodeError(topic, partition, offset, reason, detail)
@@ -543,12 +597,13 @@ class Codec:
         if not value:
             raise fail(DecodeFailure.EMPTY, "the record has no value")
         view = memoryview(value)
-        if bytes(view[:1]) == CONFLUENT_MAGIC:
+        first = view[0]
+        if first == _CONFLUENT_FIRST:
             if len(view) < _CONFLUENT_HEADER_BYTES:
                 raise fail(DecodeFailure.TRUNCATED, f"{len(view)} bytes, a Confluent header takes 5")
             writer = self._writer_for_schema_id(int.from_bytes(view[1:5], "big"), fail)
             wire_format, body = WireFormat.CONFLUENT, view[_CONFLUENT_HEADER_BYTES:]
-        elif bytes(view[:2]) == SINGLE_OBJECT_MAGIC:
+        elif first == _SINGLE_OBJECT_FIRST and len(view) >= 2 and view[1] == _SINGLE_OBJECT_SECOND:
             if len(view) < _SINGLE_OBJECT_HEADER_BYTES:
                 raise fail(DecodeFailure.TRUNCATED, f"{len(view)} bytes, a single-object header takes 10")
             fp = int.from_bytes(view[2:10], "little")
@@ -556,7 +611,7 @@ class Codec:
             if found is None:
                 raise fail(DecodeFailure.UNKNOWN_FINGERPRINT, f"fingerprint {fp:016x} is no settled schema")
             writer, wire_format, body = found, WireFormat.SINGLE_OBJECT, view[_SINGLE_OBJECT_HEADER_BYTES:]
-        elif bytes(view[:1]) == SINGLE_OBJECT_MAGIC[:1] and len(view) < 2:
+        elif first == _SINGLE_OBJECT_FIRST and len(view) < 2:
             raise fail(DecodeFailure.TRUNCATED, "1 byte, a single-object header takes 10")
         else:
             raise fail(DecodeFailure.BAD_MAGIC, f"starts with {bytes(view[:2]).hex()}, expected c301 or 00")
@@ -567,7 +622,7 @@ class Codec:
             raise fail(DecodeFailure.UNEXPECTED_TYPE, f"{name} is not a record")
         datum = self._read(body, writer, fail)
         digest = None
-        if name == LogBatch.AVRO_NAME:
+        if body_digest and name == LogBatch.AVRO_NAME:
             try:
                 digest = body_batch_digest(body)
             except ValueError as exc:
@@ -576,7 +631,6 @@ class Codec:
 
     def _read(self, body: memoryview, writer: _Writer, fail: Callable[[DecodeFailure, str], DecodeError]) -> Any:
         name = writer.schema.full_name
-        later = [kept for kept in self._versions if kept > writer.version]
         try:
             datum, used = read_body(body, writer.schema.parsed)
         except _READ_ERRORS as exc:
@@ -585,6 +639,9 @@ class Codec:
             raise fail(DecodeFailure.INVALID, f"the {name} body is invalid: {exc!r}") from exc
         if used != len(body):
             raise fail(DecodeFailure.INVALID, f"{len(body) - used} bytes trail the {name} body")
+        if writer.version >= self._versions[-1]:
+            return datum  # written with the latest schema: nothing to upcast
+        later = [kept for kept in self._versions if kept > writer.version]
         version, schema = writer.version, writer.schema
         for kept in later:
             target = self._schemas_of(kept).schemas.get(name)
