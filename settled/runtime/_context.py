@@ -10,7 +10,7 @@ scoped to one run (one submission), so two submissions calling the same tool wit
 each other.
 
 * ``await ctx.tool(name, args)`` (DESIGN.md §5, spec §10): ``ToolCallPrepared`` committed → the tool runs with its
-  idempotency key and the owner epoch → ``ToolCallSettled`` (result or typed application error) committed. A call
+  idempotency key and the owner epoch → ``ToolCallSettled`` (result or typed application error) handed over. A call
   in doubt (transport error, timeout) is retried under the same key when the tool is idempotent or reconcilable;
   otherwise it is marked ``ToolCallUnknown`` and the run stops (DUR-009): recovery records the Unknown decision and
   the run holds no pool slot until a signed resolution.
@@ -18,15 +18,25 @@ each other.
   (or before the reply); identical on replay (DESIGN.md §3).
 * ``await ctx.step(name, fn, *args, version=...)``: an at-least-once body under a stable step id; exactly one
   recorded success (``StepRecorded``); a failure is not recorded and re-executes on the next attempt (DUR-010).
+* ``await ctx.model(provider, messages)``: the completed response is committed before anything acts on it (DUR-008).
 
-Each record reaches the log through the conductor (`settled.processors.AgentRun.record`): the run waits until the
-checkpoint holding it commits. A superseded attempt's late work fails with `AttemptSuperseded` and appends nothing.
+Each record reaches the log through the conductor (`settled.processors.AgentRun.record`), in one of three ways
+(DESIGN.md §3; docs/architecture.md "Commits per tool call"): *awaited* (prepared, refused, Unknown, step, deltas:
+the run goes on once the checkpoint holding it commits, so a tool never runs before its prepared record commits);
+*riding along* (``now``/``uuid`` values and a completed model response, committed with the next awaited record: a
+response and the first call it declares — a parallel-safe group's calls — share one commit); *posted* (a tool's
+settlement: the run goes on to its next model call while it commits; it lingers `RunOptions.settle_linger_s` for the
+run's next record; an error recording it surfaces at the next awaited record or at the run's end, and nothing after
+it is recorded). A superseded attempt's late work fails with `AttemptSuperseded` and appends nothing. Runs execute on
+one event loop per worker process (`_RunLoop`); agent code must not block it.
 
 Failpoints at the crash-matrix boundaries (spec §15): ``engine.after_prepared_commit`` (prepared, not invoked),
-``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit``,
-``engine.step_returned``, ``engine.after_step_commit``, ``engine.after_delta_commit`` (mid-provider stream),
-``engine.after_response_commit`` (model item committed, no tool prepared) and ``engine.run_returned`` (the reply
-is decided, the settlement not staged). "During invocation" is inside the tool: a test tool hits its own failpoint
+``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit`` (hit in the conductor's
+thread right after the transaction holding the settlement commits), ``engine.step_returned``,
+``engine.after_step_commit``, ``engine.after_delta_commit`` (mid-provider stream), ``engine.after_response_commit``
+(the model item committed — with the prepared record of the first call it declares, which is the merged boundary
+"after model item commit" / "after tool prepared, before invocation") and ``engine.run_returned`` (the reply is
+decided, the settlement not staged). "During invocation" is inside the tool: a test tool hits its own failpoint
 there. "After claim, before canonical input" and "before Attempt start" share one transaction with the claim's
 scheduling (``AttemptStarted`` and ``InputApplied`` are one batch): ``worker.before_checkpoint`` covers them.
 """
@@ -35,12 +45,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import inspect
 import json
 import logging
+import threading
 import time
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -69,7 +82,7 @@ from settled.runtime._model import (
     ToolArgumentsDelta,
     ToolDeclaration,
 )
-from settled.runtime._tools import ToolCall, ToolRegistry, ToolSpec, invoke, still_unknown
+from settled.runtime._tools import ToolCall, ToolRegistry, ToolSpec, invoke, start, still_unknown
 from settled.schemas import (
     RESULT_TOO_LARGE,
     CanonicalJsonError,
@@ -359,19 +372,22 @@ class RunContext:
 
             committed.add_done_callback(after_commit)
         waiter = tick.done
+        loop = asyncio.get_running_loop()
 
-        def copy(source: asyncio.Future[None]) -> None:
+        def copy(source: Future[None]) -> None:  # on the run's loop
             if waiter.done():
                 return
-            exc = None if source.cancelled() else source.exception()
-            if source.cancelled():
-                waiter.set_exception(AttemptSuperseded("the record's commit was cancelled"))
-            elif exc is not None:
+            exc = AttemptSuperseded("the record's commit was cancelled") if source.cancelled() else source.exception()
+            if exc is not None:
                 waiter.set_exception(exc)
             else:
                 waiter.set_result(None)
 
-        asyncio.wrap_future(committed).add_done_callback(copy)
+        def resolved(source: Future[None]) -> None:  # in the conductor's thread: one wake-up of the run's loop
+            with contextlib.suppress(RuntimeError):  # the loop closed: the run is over
+                loop.call_soon_threadsafe(copy, source)
+
+        committed.add_done_callback(resolved)
 
     def _raise_failed_posts(self) -> None:
         if self._refusal is not None:
@@ -643,10 +659,13 @@ class RunContext:
         tools: Sequence[ToolDeclaration] = (),
         model: str = "default",
     ) -> Coroutine[Any, Any, ModelResponse]:
-        """Call a model durably: the completed response is committed before it is returned (DUR-008, spec §9).
+        """Call a model durably: the completed response is committed before anything acts on it (DUR-008, spec §9).
 
-        The ordinal is taken when this is called. A committed response at this ordinal is returned without calling
-        the provider (a response whose tool batch has no prepared records resumes from its declaration). A stream
+        The response is returned at once and committed with the run's next awaited record: the prepared record of
+        the first call it declares (one commit before that tool runs, DESIGN.md §3), else before the next prompt, a
+        step's body or the reply. The ordinal is taken when this is called. A committed response at this ordinal is
+        returned without calling the provider (a response whose tool batch has no prepared records resumes from its
+        declaration). A stream
         cut mid-way left only deltas: they stay in the log as audit content, and the call is made again as a new
         response. Text and reasoning deltas are recorded as they arrive (`RunOptions.delta_flush_every`);
         tool-argument deltas never are. Retryable provider errors are retried within `RunOptions.model_retries`.
@@ -806,7 +825,11 @@ class RunContext:
         delay_s = self._options.retry_backoff_s
         while True:
             try:
-                value = await asyncio.wait_for(invoke(spec.fn, dict(args), call), spec.timeout_s)
+                started = time.monotonic()
+                value = await asyncio.wait_for(start(spec.fn, dict(args), call), spec.timeout_s)
+                if inspect.isawaitable(value):  # a sync tool returned an awaitable: within the same timeout
+                    left_s = max(spec.timeout_s - (time.monotonic() - started), 0.0)
+                    value = await asyncio.wait_for(value, left_s)
             except FailpointError:
                 raise
             except IN_DOUBT_ERRORS as exc:
@@ -877,7 +900,82 @@ def _after_settled_commit() -> None:
 AgentFunction = Callable[[RunContext], Awaitable[Any]]
 
 
+#: The tasks a run created (directly or not): cancelled when the run ends, as `asyncio.run` would (`_RunLoop`).
+_RUN_TASKS: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars.ContextVar(
+    "settled_run_tasks", default=None
+)
+
+
+class _RunLoop:
+    """The worker process's one event loop for runs, on a daemon thread, started at the first run.
+
+    A loop per run (``asyncio.run`` on each pool thread) made every wake-up — a record committed, a tool returned —
+    a thread of its own contending for the GIL: with 50 runs in flight the worker loop waited behind them after each
+    commit (``bench/engine.py``). One loop serves every run's coroutine; the pool threads that call `execute` only
+    wait for their run, so the pool size is still the worker's concurrency permit count. Agent code must not block
+    the loop (blocking work belongs in a tool or a ``ctx.step``, which run on threads). A run's leftover tasks are
+    cancelled when it ends, and a ``SystemExit`` or ``KeyboardInterrupt`` raised by agent code ends only its run.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._thread is None or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                loop.set_task_factory(_track_run_task)
+                loop.set_default_executor(ThreadPoolExecutor(max_workers=256, thread_name_prefix="settled-run-io"))
+                self._thread = threading.Thread(target=loop.run_forever, name="settled-runs", daemon=True)
+                self._thread.start()
+                self._loop = loop
+            return self._loop
+
+
+def _track_run_task(
+    loop: asyncio.AbstractEventLoop, coro: Any, context: contextvars.Context | None = None
+) -> asyncio.Task[Any]:
+    task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
+    tasks = _RUN_TASKS.get() if context is None else context.get(_RUN_TASKS)
+    if tasks is not None:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    return task
+
+
+_RUN_LOOP = _RunLoop()
+
+
+async def _guarded(coro: Coroutine[Any, Any, str]) -> tuple[str | None, BaseException | None]:
+    """Run a run's coroutine; hand back (instead of raising on the loop) what would stop the shared loop."""
+    try:
+        return await coro, None
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return None, exc
+
+
+async def _end_leftovers(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks the run left behind and wait for them (what `asyncio.run` does when its loop ends)."""
+    me = asyncio.current_task()
+    left = [t for t in tasks if t is not me and not t.done()]
+    for t in left:
+        t.cancel()
+    if left:
+        await asyncio.gather(*left, return_exceptions=True)
+
+
 async def _main(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, options: RunOptions) -> str:
+    tasks: set[asyncio.Task[Any]] = set()
+    _RUN_TASKS.set(tasks)  # this task's context: the tasks the run creates register here
+    try:
+        return await _attempt(agent, run, tools, options)
+    finally:
+        await _end_leftovers(tasks)
+
+
+async def _attempt(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, options: RunOptions) -> str:
     ctx = RunContext(run, tools, options)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -911,7 +1009,9 @@ async def _main(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, option
 
 
 def execute(agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run: AgentRun) -> str:
-    """Run one attempt of an async agent on its own event loop (the conductor calls this on a pool thread).
+    """Run one attempt of an async agent on the process's run loop and wait for it (on a conductor's pool thread).
+
+    The run's coroutine runs on the loop `_RunLoop` keeps; this thread only waits for it.
 
     Args:
         agent: The agent.
@@ -927,4 +1027,10 @@ def execute(agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run:
         ReplayDivergence: The code diverged from the record.
         Exception: Whatever the agent raised (the conductor retries within ``max_attempts``).
     """
-    return asyncio.run(_main(agent, run, tools, options))
+    reply, stop = asyncio.run_coroutine_threadsafe(
+        _guarded(_main(agent, run, tools, options)), _RUN_LOOP.get()
+    ).result()
+    if stop is not None:
+        raise stop
+    assert reply is not None  # _guarded returns a reply or what stopped the run
+    return reply

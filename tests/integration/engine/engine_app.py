@@ -81,7 +81,10 @@ def _charge(tool: str, args: dict[str, Any], call: ToolCall, *, dedupe: bool) ->
     return {"charged": int(args["amount"]), "tool": tool}
 
 
-OPTIONS = RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05)
+#: The plan agent's settlements are handed over at once (no linger, DESIGN.md §3): its kill tests count the crash
+#: boundaries of back-to-back calls as separate commits ("after tool result commit" before the next call is
+#: prepared). The model app (`model_app`) keeps the default linger, where a settlement may share the next commit.
+OPTIONS = RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=0)
 app = App(
     agent=lambda ctx: _agent(ctx, {}),
     resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},

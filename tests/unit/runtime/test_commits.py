@@ -14,6 +14,7 @@ The recorder here stands where the conductor stands (`AgentRun.record`) and can 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -238,3 +239,57 @@ def test_a_tool_never_runs_before_its_prepared_record_commits() -> None:
     assert rec.held and invoked == [], "the tool ran before its prepared record committed"
     rec.release()
     assert done.wait(5) and result == ['"done"'] and invoked == ["charge"]
+
+
+# ------------------------------------------------------------------------------------------- the shared run loop
+
+
+def test_a_runs_leftover_tasks_are_cancelled_when_it_ends() -> None:
+    ended = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            ended.set()
+            raise
+
+    async def agent(ctx: RunContext) -> Any:
+        asyncio.get_running_loop().create_task(forever())
+        await asyncio.sleep(0)
+        return "done"
+
+    assert run(App(agent=agent), attempt(Recorder())) == '"done"'
+    assert ended.wait(5), "a task the run left behind still runs after the run ended"
+
+
+def test_system_exit_in_agent_code_ends_its_run_only() -> None:
+    async def leaves(ctx: RunContext) -> Any:
+        raise SystemExit(3)
+
+    async def fine(ctx: RunContext) -> Any:
+        return "ok"
+
+    with pytest.raises(SystemExit):
+        run(App(agent=leaves), attempt(Recorder()))
+    assert run(App(agent=fine), attempt(Recorder())) == '"ok"'
+
+
+def test_runs_share_the_loop_without_waiting_for_each_other() -> None:
+    release = threading.Event()
+
+    async def slow(ctx: RunContext) -> Any:
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return "slow"
+
+    async def quick(ctx: RunContext) -> Any:
+        return "quick"
+
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(run(App(agent=slow), attempt(Recorder()))))
+    t.start()
+    assert run(App(agent=quick), attempt(Recorder())) == '"quick"'
+    release.set()
+    t.join(5)
+    assert result == ['"slow"']
