@@ -1,6 +1,7 @@
 """Benchmark: the durable engine's overhead per tool call vs a bare transactional commit (issue 6).
 
-    .venv/bin/python bench/engine.py [--calls 20] [--conversations 50] [--bare 200] [--bootstrap HOST:PORT] [--keep]
+    .venv/bin/python bench/engine.py [--calls 20] [--rounds 5] [--conversations 50] [--bare 200]
+                                     [--bootstrap HOST:PORT] [--keep]
 
 One process, one fresh namespace (one partition per topic), one in-process `settled` worker (`build_worker`) running
 the model-driven agent (`ModelAgent` over a `ScriptedProvider`) that calls an instant idempotent tool ``--calls``
@@ -9,14 +10,16 @@ times per submission, one call per model response, then answers. Measured in the
 * **bare**: a confluent-kafka transactional producer (``settled.producers.producer_config``): ``begin_transaction``,
   one ~300-byte record, ``commit_transaction``; latency of one commit.
 * **no durability**: the same scripted model and the same tool called directly in-process, in a loop.
-* **settled**: per tool call = the time between consecutive invocations of the tool within one submission (one model
-  call, its ``ModelResponseCompleted`` + ``ToolCallPrepared`` commit, the tool, its ``ToolCallSettled`` commit);
-  calls/s with 1 conversation and with ``--conversations`` conversations in flight at once.
+* **settled**: per tool call = the time between consecutive invocations of the tool within one submission (the
+  tool's ``ToolCallSettled`` handed over, one model call, the commit holding ``ModelResponseCompleted`` and the next
+  ``ToolCallPrepared`` — with an instant model also that settlement, which lingers for it — the tool); calls/s with 1
+  conversation and with ``--conversations`` conversations in flight at once. Submissions are waited for through one
+  shared reader of ``settled.settlements`` (`SettlementWatcher`), not `Client.wait` per submission.
 
-Each with an instant model and with a scripted 100 ms model. The worker's transactions are counted (a wrapper around
-`TransactionalAppender.checkpoint`), so the commits per call DESIGN.md §3 predicts (≈2 with an instant model) are
-printed next to the ratios against issue 6's targets. The ratios are figures, not gates: exit 0 unless the
-measurement broke.
+Each with an instant model and with a scripted 100 ms model; "beyond the model" subtracts the no-durability loop's
+time per call (the same model and tool without durability) and, for reference, the nominal 100 ms. The worker's
+transactions are counted (a wrapper around `TransactionalAppender.checkpoint`) and printed per call next to the
+ratios against issue 6's targets. The ratios are figures, not gates: exit 0 unless the measurement broke.
 """
 
 from __future__ import annotations
@@ -53,10 +56,16 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from settled._settings import Settings
 from settled.client import Client
-from settled.producers import TransactionalAppender, consumer_config, producer_config, provision_topics
+from settled.producers import (
+    TransactionalAppender,
+    consume_promptly,
+    consumer_config,
+    producer_config,
+    provision_topics,
+)
 from settled.runtime import App, ModelAgent, ModelRequest, ModelResponse, ScriptedProvider, ToolCall, declared_call
 from settled.runtime._model import ScriptStep
-from settled.schemas import Codec, SettlementOutcome
+from settled.schemas import Codec, SettlementOutcome, SettlementRecord
 from settled.services._worker_service import build_worker
 
 _MODEL_S: dict[str, float] = {"instant": 0.0, "100 ms": 0.1}
@@ -157,7 +166,54 @@ def no_durability(calls: int, model_s: float, rounds: int) -> list[float]:
     return out
 
 
-def settled_round(client: Client, conversations: int, calls: int, model_s: float) -> tuple[list[float], float, int]:
+class SettlementWatcher:
+    """One reader of ``settled.settlements`` for the whole benchmark (what a client serving many waiters would run).
+
+    `Client.wait` opens a consumer per call and decodes every settlement from the receipt's time on, so 50 waiters
+    in this process decode ~50² records while the worker beside them is measured; one shared reader decodes each
+    settlement once.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._codec = Codec()
+        self._consumer = Consumer(consumer_config(settings, f"{settings.namespace}.bench-settlements"))
+        topic = settings.topic("settlements")
+        _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+        self._consumer.assign([TopicPartition(topic, 0, high)])
+        self._done: dict[str, SettlementRecord] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="bench-settlements", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            for m in consume_promptly(self._consumer, 500, 0.05):
+                if m.error() is not None or m.value() is None:
+                    continue
+                record = self._codec.decode(m.value())
+                if isinstance(record, SettlementRecord):
+                    with self._cond:
+                        self._done[record.submission_id] = record
+                        self._cond.notify_all()
+
+    def wait(self, submission_id: str, timeout_s: float) -> SettlementRecord:
+        """Return the submission's settlement once it is read (RuntimeError after ``timeout_s``)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: submission_id in self._done, timeout_s):
+                raise RuntimeError(f"submission {submission_id} did not settle within {timeout_s} s")
+            return self._done.pop(submission_id)
+
+    def close(self) -> None:
+        """Stop reading."""
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
+
+
+def settled_round(
+    client: Client, watcher: SettlementWatcher, conversations: int, calls: int, model_s: float
+) -> tuple[list[float], float, int]:
     """Run ``conversations`` submissions at once; return per-call gaps (s), calls/s, and commits per tool call."""
     tag = "seq" if conversations == 1 else "grp"
     keys = [f"{tag}{'0' if model_s == 0 else '1'}-{uuid.uuid4().hex[:10]}" for _ in range(conversations)]
@@ -165,7 +221,7 @@ def settled_round(client: Client, conversations: int, calls: int, model_s: float
 
     def go(k: str) -> None:
         receipt = client.submit(f"conv-{k}", {"k": k, "calls": calls, "model_s": model_s}, timeout_s=60)
-        record = client.wait(receipt, timeout_s=300)
+        record = watcher.wait(receipt.original_submission_id or receipt.request_id, timeout_s=300)
         if record.outcome is not SettlementOutcome.COMPLETED:
             raise RuntimeError(f"{k}: settled {record.outcome.value}: {record.error_reason}")
 
@@ -205,6 +261,10 @@ def batch_shapes(settings: Settings, conversation_prefix: str) -> list[tuple[str
     return sorted(shapes.items(), key=lambda kv: -kv[1])
 
 
+def _met(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20, help="tool calls per submission")
@@ -229,9 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     thread.start()
     client = Client(settings, default_timeout_s=60)
+    watcher = SettlementWatcher(settings)
     try:
-        settled_round(client, 1, 2, 0.0)  # warm-up: the worker holds its partition
-        settled_round(client, 5, 2, 0.0)
+        settled_round(client, watcher, 1, 2, 0.0)  # warm-up: the worker holds its partition
+        settled_round(client, watcher, 5, 2, 0.0)
         bare = bare_commits(settings, args.bare)
         bare_p50 = percentile(bare, 50)
         rows: list[list[str]] = []
@@ -242,11 +303,11 @@ def main(argv: list[str] | None = None) -> int:
             seq_commits = 0
             t0 = time.perf_counter()
             for _ in range(args.rounds):
-                gaps, _rate, commits = settled_round(client, 1, args.calls, model_s)
+                gaps, _rate, commits = settled_round(client, watcher, 1, args.calls, model_s)
                 seq += gaps
                 seq_commits += commits
             seq_rate = args.rounds * args.calls / (time.perf_counter() - t0)
-            _gaps, group_rate, group_commits = settled_round(client, args.conversations, args.calls, model_s)
+            _gaps, group_rate, group_commits = settled_round(client, watcher, args.conversations, args.calls, model_s)
             nd_rate = 1 / (sum(nd) / len(nd))
             s50, s99 = percentile(seq, 50), percentile(seq, 99)
             rows.append(
@@ -255,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{percentile(nd, 50) * 1e3:.2f}",
                     f"{s50 * 1e3:.2f}",
                     f"{s99 * 1e3:.2f}",
-                    f"{(s50 - model_s) * 1e3:.2f}",
+                    f"{(s50 - percentile(nd, 50)) * 1e3:.2f}",
                     f"{nd_rate:,.0f}",
                     f"{seq_rate:,.1f}",
                     f"{group_rate:,.1f}",
@@ -263,14 +324,26 @@ def main(argv: list[str] | None = None) -> int:
                     f"{group_commits / (args.conversations * args.calls):.2f}",
                 ]
             )
-            overhead = (s50 - model_s) / bare_p50
-            target = 2.2 if model_s == 0 else 1.2
-            what = "per call / bare p50" if model_s == 0 else "(per call - model) / bare p50"
-            ratios.append([name, what, f"{overhead:.2f}", f"<= {target}", "yes" if overhead <= target else "NO"])
+            if model_s == 0:
+                overhead = s50 / bare_p50
+                ratios.append([name, "per call / bare p50", f"{overhead:.2f}", "<= 2.2", _met(overhead <= 2.2)])
+            else:
+                # "Beyond the model time": the model's time as measured by the no-durability loop (the same scripted
+                # model and tool, its sleep's overshoot included), and as its nominal duration for reference.
+                overhead = (s50 - percentile(nd, 50)) / bare_p50
+                ratios.append(
+                    [
+                        name,
+                        "(per call - no-dur per call) / bare p50",
+                        f"{overhead:.2f}",
+                        "<= 1.2",
+                        _met(overhead <= 1.2),
+                    ]
+                )
+                nominal = (s50 - model_s) / bare_p50
+                ratios.append([name, "(per call - 100 ms) / bare p50", f"{nominal:.2f}", "(reference)", ""])
             g = group_rate / seq_rate
-            ratios.append(
-                [name, f"calls/s {args.conversations} convs / 1 conv", f"{g:.1f}", ">= 5", "yes" if g >= 5 else "NO"]
-            )
+            ratios.append([name, f"calls/s {args.conversations} convs / 1 conv", f"{g:.1f}", ">= 5", _met(g >= 5)])
         info = describe_broker(bootstrap, settings.topic("log"))
         print(f"broker {bootstrap} ({where}); {info.durability_class()}; {client_versions()}; Kafka {info.version}")
         print(f"load {load_average()}; {args.calls} calls/submission, {args.rounds} sequential submissions per model")
@@ -285,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                     "no-dur ms/call",
                     "settled p50 ms",
                     "p99 ms",
-                    "p50 - model ms",
+                    "p50 - no-dur ms",
                     "no-dur calls/s",
                     "1 conv calls/s",
                     f"{args.conversations} convs calls/s",
@@ -303,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         thread.join(30)
+        watcher.close()
         client.close()
         if not args.keep:
             delete_namespace(settings, [worker.group_id])
