@@ -46,7 +46,9 @@ def _converter(annotation: Any) -> Converter | None:
             return tuple
         return lambda v: tuple(item(x) for x in v)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return annotation
+        members = {member.value: member for member in annotation}
+        cls = annotation  # a value that names no member: the enum's own ValueError
+        return lambda v: members[v] if v in members else cls(v)
     if isinstance(annotation, type) and issubclass(annotation, AvroRecord):
         build = _builder(annotation)
         return build

@@ -39,6 +39,7 @@ from confluent_kafka.admin import AdminClient
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled._settings import Settings
+from settled.producers import consume_promptly
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._rows import ProjectionState, RowSet, project_batch
 from settled.projections._schema import ProjectionNames, check_layout, migrate
@@ -286,7 +287,8 @@ class Projector:
         if not self._parts:
             time.sleep(self.config.poll_timeout_s)
             return 0
-        msgs = consumer.consume(num_messages=self.config.max_records, timeout=self.config.poll_timeout_s)
+        # Promptly: a batch consume would wait out its timeout for a full batch (~100 ms of lag per chunk).
+        msgs = consume_promptly(consumer, self.config.max_records, self.config.poll_timeout_s)
         by_part: dict[int, list[Message]] = {}
         for msg in msgs:
             err = msg.error()

@@ -4,11 +4,11 @@
 together) — a bulk replay that folds each partition in memory up to the log's end offsets and writes its final rows
 once with COPY (`settled.projections._bulk`, one process per share of the partitions) — catch up to the live position
 (at least the log's end offsets, and every live offset row) through projectors seeded with the folded states, then
-switch in one transaction: lock the live version's tables (waiting out readers and the live projector's open transaction),
-check that the new version is at or past every live offset, and rename ``<base>`` → ``<base>__retired`` and
-``<base>__next`` → ``<base>``. A reader sees the old version or the new one, never a mix; the live projector's next
-transaction finds the new version's offsets ahead of it, folds the records in between without writing them, and goes
-on writing the new version.
+switch in one transaction: lock the live version's tables (waiting out readers and the live projector's open
+transaction), check that the new version is at or past every live offset, and rename ``<base>`` → ``<base>__retired``
+and ``<base>__next`` → ``<base>``. A reader sees the old version or the new one, never a mix; the live projector's
+next transaction finds the new version's offsets ahead of it, folds the records in between without writing them, and
+goes on writing the new version.
 
 `check`: compares three projections of the same log prefix — the live tables, a fresh rebuild into
 ``<base>__check``, and the reference computed in memory from an independent read of the log (the rows of

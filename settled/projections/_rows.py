@@ -337,6 +337,14 @@ def _fields_of(name: str) -> frozenset[type[Any]]:
 _HAS_SUBMISSION_ID = _fields_of("submission_id")
 _HAS_REASON = _fields_of("reason")
 _CALL_I = {column: i for i, column in enumerate(TOOL_CALLS.columns)}
+_STEPS: Mapping[type[Any], Callable[[Any], tuple[str, str]]] = MappingProxyType(
+    {
+        StepRecorded: lambda e: (e.attempt_id, f"step:{e.name}"),
+        ToolCallPrepared: lambda e: (e.attempt_id, f"tool:{e.tool}"),
+        ModelResponseCompleted: lambda e: (e.attempt_id, f"model_response:{e.response_ordinal}"),
+    }
+)
+"""The event types that are an attempt's current step: attempt id and step, per type."""
 _CALL_TOOL_I = _CALL_I["tool"]
 _CALL_STATUS_I = _CALL_I["status"]
 _CALL_PREPARED_I = _CALL_I["prepared_at"]
@@ -532,12 +540,10 @@ class _BatchProjector:
         """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order)."""
         steps: dict[str, str] = {}
         for event in self.batch.events:
-            if isinstance(event, StepRecorded):
-                steps[event.attempt_id] = f"step:{event.name}"
-            elif isinstance(event, ToolCallPrepared):
-                steps[event.attempt_id] = f"tool:{event.tool}"
-            elif isinstance(event, ModelResponseCompleted):
-                steps[event.attempt_id] = f"model_response:{event.response_ordinal}"
+            step = _STEPS.get(type(event))
+            if step is not None:
+                of_attempt, name = step(event)
+                steps[of_attempt] = name
         add = self.add
         emitted: set[str] = set()
         if self.trace:

@@ -422,40 +422,39 @@ _UNKNOWN = frozenset({S.UNKNOWN})
 _RUNNING_OR_RECOVERY = frozenset({S.RUNNING, S.RECOVERY})
 
 
-def _make_replace() -> Callable[..., Submission]:
-    """Build `_replace`: ``dataclasses.replace`` for `Submission`, without its per-call field introspection.
+_SUBMISSION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Submission))
+if any(not f.init for f in dataclasses.fields(Submission)) or hasattr(Submission, "__post_init__"):  # pragma: no cover
+    raise TypeError("Submission gained init=False fields or __post_init__: _replace must follow")
+_REPLACERS: dict[tuple[str, ...], Callable[..., Submission]] = {}
 
-    Generated once (as dataclasses generates ``__init__``): a new instance whose slots are set from the changes or
-    copied from the original; the same fields ``dataclasses.replace`` would pass to ``__init__`` (no field has
-    ``init=False`` and there is no ``__post_init__``, checked here), so the result is equal.
+
+def _replacer(changed: tuple[str, ...]) -> Callable[..., Submission]:
+    """Generate a replace for one set of changed fields (as dataclasses generates ``__init__``).
+
+    The function copies every other slot from the original and sets the changed ones: the fields
+    ``dataclasses.replace`` would pass to ``__init__`` (no field has ``init=False``, there is no ``__post_init__``,
+    checked above), so the result is equal to its.
     """
-    fields = dataclasses.fields(Submission)
-    if any(not f.init for f in fields) or hasattr(Submission, "__post_init__"):  # pragma: no cover - guard
-        raise TypeError("Submission gained init=False fields or __post_init__: _replace must follow")
-    names = [f.name for f in fields]
-    lines = [
-        "def replace(sub, **changes):",
-        "    if not changes.keys() <= NAMES:",
-        "        return slow(sub, **changes)",  # an unknown field: dataclasses.replace raises the usual TypeError
-        "    new = NEW(Submission)",
-        "    get = changes.get",
-    ]
-    for name in names:
-        lines.append(f"    SET(new, {name!r}, get({name!r}, sub.{name}))")
+    lines = [f"def replace(sub, {', '.join(changed)}):", "    new = NEW(Submission)"]
+    for name in _SUBMISSION_FIELDS:
+        lines.append(f"    SET(new, {name!r}, {name if name in changed else f'sub.{name}'})")
     lines.append("    return new")
-    scope: dict[str, Any] = {
-        "NAMES": frozenset(names),
-        "NEW": object.__new__,
-        "SET": object.__setattr__,
-        "Submission": Submission,
-        "slow": dataclasses.replace,
-    }
+    scope: dict[str, Any] = {"NEW": object.__new__, "SET": object.__setattr__, "Submission": Submission}
     exec("\n".join(lines), scope)  # the source is generated from the dataclass's own field names
     replace: Callable[..., Submission] = scope["replace"]
     return replace
 
 
-_replace = _make_replace()
+def _replace(sub: Submission, **changes: Any) -> Submission:
+    """``dataclasses.replace`` for `Submission`, without its per-call field introspection (the fold's hot path)."""
+    key = tuple(changes)
+    replace = _REPLACERS.get(key)
+    if replace is None:
+        if not set(key) <= set(_SUBMISSION_FIELDS):
+            return dataclasses.replace(sub, **changes)  # an unknown field: the usual TypeError
+        replace = _REPLACERS[key] = _replacer(key)
+    return replace(sub, **changes)
+
 
 _EDGES: dict[tuple[SubmissionState, SubmissionState, type[AvroRecord], str | None], Edge | None] = {}
 
