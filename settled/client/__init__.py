@@ -3,45 +3,62 @@
 ``Client(settings)`` holds one idempotent inbox producer and one receipts reader shared by all its threads;
 ``submit()`` returns only after reading the owner's receipt and raises `SubmissionOutcomeUnknown` — naming the
 idempotency key to submit again with — when none comes in time, never a false success.
+``resolve_unknown()`` sends a signed resolution of an Unknown tool call (DUR-009); `load_signing_key` reads the
+resolver's Ed25519 key.
 """
 
-from settled.client._client import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PRINCIPAL, Client
+from settled.client._client import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PRINCIPAL, NO_RESULT, Client
 from settled.client._errors import (
     AbortOutcomeUnknown,
     AbortRejected,
     BrokerUnavailable,
     ClientError,
+    CommandOutcomeUnknown,
+    CommandRejection,
     IdempotencyConflict,
     InboxProduceError,
     OutcomeUnknown,
     PayloadTooLarge,
+    ResolveOutcomeUnknown,
+    ResolveRejected,
     SettlementTimeout,
+    SigningKeyError,
     SubmissionOutcomeUnknown,
     SubmissionRejected,
     UnexpectedReceipt,
     reason_parts,
 )
+from settled.client._keys import load_signing_key, public_key_b64, write_signing_key
 from settled.client._settlements import SettlementStream
 from settled.producers._partitioner import murmur2, partition_for_key
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_PRINCIPAL",
+    "NO_RESULT",
     "AbortOutcomeUnknown",
     "AbortRejected",
     "BrokerUnavailable",
     "Client",
     "ClientError",
+    "CommandOutcomeUnknown",
+    "CommandRejection",
     "IdempotencyConflict",
     "InboxProduceError",
     "OutcomeUnknown",
     "PayloadTooLarge",
+    "ResolveOutcomeUnknown",
+    "ResolveRejected",
     "SettlementStream",
     "SettlementTimeout",
+    "SigningKeyError",
     "SubmissionOutcomeUnknown",
     "SubmissionRejected",
     "UnexpectedReceipt",
+    "load_signing_key",
     "murmur2",
     "partition_for_key",
+    "public_key_b64",
     "reason_parts",
+    "write_signing_key",
 ]

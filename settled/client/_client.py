@@ -15,9 +15,10 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from settled._settings import Settings
 from settled.client._errors import (
@@ -29,6 +30,8 @@ from settled.client._errors import (
     InboxProduceError,
     OutcomeUnknown,
     PayloadTooLarge,
+    ResolveOutcomeUnknown,
+    ResolveRejected,
     SubmissionOutcomeUnknown,
     SubmissionRejected,
     UnexpectedReceipt,
@@ -44,6 +47,9 @@ from settled.schemas import (
     Receipt,
     ReceiptOutcome,
     RequestKind,
+    ResolutionKind,
+    ResolveUnknown,
+    SettlementOutcome,
     SettlementRecord,
     SubmissionPayload,
     SubmissionProposed,
@@ -51,7 +57,7 @@ from settled.schemas import (
     payload_digest,
 )
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_PRINCIPAL", "Client"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "DEFAULT_PRINCIPAL", "NO_RESULT", "Client"]
 
 _log = logging.getLogger(__name__)
 
@@ -78,8 +84,39 @@ _PERMANENT = frozenset(
 _MAX_PERMANENT_TRIES = 3
 
 
+class _NoResult:
+    """The type of `NO_RESULT`."""
+
+    def __repr__(self) -> str:
+        return "NO_RESULT"
+
+
+NO_RESULT: Any = _NoResult()
+"""``Client.resolve_unknown``'s default ``result``: none given (``None`` is the JSON null result)."""
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+_E = TypeVar("_E", ResolutionKind, SettlementOutcome)
+
+
+def _enum_value(enum_type: type[_E], value: _E | str, name: str) -> _E:
+    """``value`` as a member of ``enum_type``; a clear ``ValueError`` naming the field and the choices otherwise."""
+    try:
+        return enum_type(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in enum_type)
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
+
+
+def _json_field(value: Any, name: str) -> str:
+    """``value`` as canonical JSON (RFC 8785); a ``ValueError`` naming the field when it is not JSON-compatible."""
+    try:
+        return canonical_json(value)
+    except CanonicalJsonError as exc:
+        raise ValueError(f"{name} is not JSON-compatible: {exc.reason}") from exc
 
 
 class Client:
@@ -324,6 +361,144 @@ class Client:
         if receipt.outcome is ReceiptOutcome.REJECTED:
             raise AbortRejected(receipt)
         raise UnexpectedReceipt(receipt)
+
+    # ------------------------------------------------------------------------------------------- resolve
+
+    def resolve_unknown(
+        self,
+        conversation_id: str,
+        submission_id: str,
+        call_id: str,
+        *,
+        kind: ResolutionKind | str,
+        signing_key: Ed25519PrivateKey,
+        key_id: str,
+        result: Any = NO_RESULT,
+        outcome: SettlementOutcome | str | None = None,
+        reply: Any = None,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Resolve an Unknown tool call with a signed `ResolveUnknown` and return the owner's reply (DUR-009).
+
+        A call interrupted between ``ToolCallPrepared`` and ``ToolCallSettled`` whose tool is neither idempotent nor
+        reconcilable is Unknown: its run stops and its conversation waits until an authorized resolution decides it
+        (DESIGN.md §5). The command is signed with ``signing_key`` (Ed25519 over `ResolveUnknown.signing_bytes`); the
+        owner verifies it against the workers' ``App.resolver_keys[key_id]`` before deciding anything.
+
+        Args:
+            conversation_id: The conversation.
+            submission_id: The submission whose call is Unknown.
+            call_id: The Unknown call (``settled unknown list`` shows it).
+            kind: ``call_outcome`` (``result`` is the call's result: the run continues with it),
+                ``safe_to_retry`` (the call never took effect: it is prepared again under its key and runs), or
+                ``outcome_for_submission`` (``outcome`` settles the submission; ``reply`` is its reply when
+                completed).
+            signing_key: The resolver's Ed25519 private key (see `load_signing_key`).
+            key_id: The id the workers know the matching public key by.
+            result: For ``call_outcome`` only, and required there: the call's result, a JSON-compatible value
+                (``None`` is the JSON null result).
+            outcome: For ``outcome_for_submission`` only, and required there: ``completed``, ``failed`` or
+                ``aborted`` (an abort already recorded for the submission settles it aborted whatever this says).
+            reply: For ``outcome_for_submission`` with outcome ``completed`` only: the submission's reply, a
+                JSON-compatible value (``None``: no reply).
+            principal: Who resolves (default: the client's); recorded, and part of what is signed.
+            command_id: The command's id; a new UUID when ``None`` (pass the id of an earlier resolution whose
+                outcome is unknown to send it again: it is answered as a duplicate if it was applied).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command.
+
+        Raises:
+            ValueError: If an argument is invalid or a field does not fit ``kind`` (the field is named); nothing was
+                sent.
+            TypeError: If ``signing_key`` is not an ``Ed25519PrivateKey``; nothing was sent.
+            PayloadTooLarge: If the encoded command exceeds ``max_payload_bytes``; nothing was sent.
+            ResolveRejected: The owner rejected it (``unauthorized``: unsigned, unknown key id or bad signature;
+                ``not_unknown``; ``unknown_target``; ``already_terminal``; ``invalid``).
+            ResolveOutcomeUnknown: No reply within the deadline; names the command id to send again.
+            BrokerUnavailable: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        timeout = self._timeout(timeout_s)
+        deadline = time.monotonic() + timeout
+        for name, text in (
+            ("conversation_id", conversation_id),
+            ("submission_id", submission_id),
+            ("call_id", call_id),
+            ("key_id", key_id),
+        ):
+            if not text.strip():
+                raise ValueError(f"{name} must not be empty, got {text!r}")
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        if not cid.strip():
+            raise ValueError(f"command_id must not be empty, got {cid!r}")
+        if not isinstance(signing_key, Ed25519PrivateKey):
+            raise TypeError(
+                f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
+                f"{type(signing_key).__name__}"
+            )
+        resolution_kind = _enum_value(ResolutionKind, kind, "kind")
+        settles = None if outcome is None else _enum_value(SettlementOutcome, outcome, "outcome")
+        result_json = self._resolution_json(resolution_kind, settles, result, reply)
+        fields: dict[str, Any] = {
+            "command_id": cid,
+            "principal": self._principal(principal),
+            "conversation_id": conversation_id,
+            "submission_id": submission_id,
+            "call_id": call_id,
+            "kind": resolution_kind,
+            "outcome": settles,
+            "result_json": result_json,
+            "key_id": key_id,
+            "requested_at": self._clock(),
+        }
+        unsigned = ResolveUnknown(**fields, signature=b"")
+        command = ResolveUnknown(**fields, signature=signing_key.sign(unsigned.signing_bytes()))
+        encoded = self._codec.encode(command)
+        if len(encoded) > self._max_payload_bytes:
+            raise PayloadTooLarge(conversation_id, len(encoded), self._max_payload_bytes, request="resolution")
+        receipt = self._request(
+            conversation_id,
+            cid,
+            encoded,
+            deadline,
+            lambda: ResolveOutcomeUnknown(cid, conversation_id, submission_id, call_id, timeout),
+        )
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceipt(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise ResolveRejected(receipt)
+        raise UnexpectedReceipt(receipt)
+
+    @staticmethod
+    def _resolution_json(
+        kind: ResolutionKind, outcome: SettlementOutcome | None, result: Any, reply: Any
+    ) -> str | None:
+        """Check the kind-specific fields of a resolution and return its ``result_json`` (DESIGN.md §5)."""
+        if kind is ResolutionKind.OUTCOME_FOR_SUBMISSION:
+            if outcome is None:
+                raise ValueError("outcome is required when kind is outcome_for_submission (completed, failed, aborted)")
+            if result is not NO_RESULT:
+                raise ValueError("result is only for kind call_outcome; outcome_for_submission takes reply")
+            if reply is not None and outcome is not SettlementOutcome.COMPLETED:
+                raise ValueError(f"reply is only recorded with outcome completed, got outcome {outcome.value}")
+            return None if reply is None else _json_field(reply, "reply")
+        if outcome is not None:
+            raise ValueError(f"outcome is only for kind outcome_for_submission, got kind {kind.value}")
+        if reply is not None:
+            raise ValueError(f"reply is only for kind outcome_for_submission, got kind {kind.value}")
+        if kind is ResolutionKind.CALL_OUTCOME:
+            if result is NO_RESULT:
+                raise ValueError("result is required when kind is call_outcome (the call's result)")
+            return _json_field(result, "result")
+        if result is not NO_RESULT:
+            raise ValueError("result is only for kind call_outcome; safe_to_retry carries no result")
+        return None
 
     # ------------------------------------------------------------------------------------------ settlements
 

@@ -14,11 +14,16 @@ __all__ = [
     "AbortRejected",
     "BrokerUnavailable",
     "ClientError",
+    "CommandOutcomeUnknown",
+    "CommandRejection",
     "IdempotencyConflict",
     "InboxProduceError",
     "OutcomeUnknown",
     "PayloadTooLarge",
+    "ResolveOutcomeUnknown",
+    "ResolveRejected",
     "SettlementTimeout",
+    "SigningKeyError",
     "SubmissionOutcomeUnknown",
     "SubmissionRejected",
     "UnexpectedReceipt",
@@ -121,7 +126,48 @@ class SubmissionOutcomeUnknown(OutcomeUnknown):
         )
 
 
-class AbortOutcomeUnknown(OutcomeUnknown):
+class CommandOutcomeUnknown(OutcomeUnknown):
+    """No reply to an inbox command (an abort, a resolution) was read within the deadline (DESIGN.md §4).
+
+    Sending the command again with the same command id is safe: the owner answers a command id it already applied
+    as a duplicate (DUR-012).
+
+    Attributes:
+        command_id: The command id to send the command again with.
+        conversation_id: The conversation.
+        submission_id: The submission the command targets.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    #: What the command is called in messages ("abort", "resolution").
+    command_name = "command"
+
+    def __init__(
+        self, command_id: str, conversation_id: str, submission_id: str, timeout_s: float, *, target: str = ""
+    ) -> None:
+        """Build the error.
+
+        Args:
+            command_id: The command id to send the command again with.
+            conversation_id: The conversation.
+            submission_id: The submission the command targets.
+            timeout_s: The deadline that passed, in seconds.
+            target: What the command targets, for the message (default: ``"submission <id>"``).
+        """
+        self.command_id = command_id
+        self.conversation_id = conversation_id
+        self.submission_id = submission_id
+        self.timeout_s = timeout_s
+        what = self.command_name
+        super().__init__(
+            f"no reply within {timeout_s:g} s to {what} command {command_id} for "
+            f"{target or f'submission {submission_id}'} of conversation {conversation_id!r}: its outcome is unknown. "
+            f"Sending the {what} again with the same command id {command_id!r} is answered as a duplicate if the "
+            "first one was applied."
+        )
+
+
+class AbortOutcomeUnknown(CommandOutcomeUnknown):
     """No reply to an abort was read within the deadline (DUR-012).
 
     Attributes:
@@ -131,34 +177,59 @@ class AbortOutcomeUnknown(OutcomeUnknown):
         timeout_s: The deadline that passed, in seconds.
     """
 
-    def __init__(self, command_id: str, conversation_id: str, submission_id: str, timeout_s: float) -> None:
+    command_name = "abort"
+
+
+class ResolveOutcomeUnknown(CommandOutcomeUnknown):
+    """No reply to a `ResolveUnknown` was read within the deadline (DUR-009, DESIGN.md §5).
+
+    ``Client.resolve_unknown(..., command_id=err.command_id)`` sends it again; a resolution already applied is
+    answered as a duplicate.
+
+    Attributes:
+        command_id: The command id to send the resolution again with.
+        conversation_id: The conversation.
+        submission_id: The submission whose call is Unknown.
+        call_id: The Unknown call.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "resolution"
+
+    def __init__(
+        self, command_id: str, conversation_id: str, submission_id: str, call_id: str, timeout_s: float
+    ) -> None:
         """Build the error.
 
         Args:
-            command_id: The command id to send the abort again with.
+            command_id: The command id to send the resolution again with.
             conversation_id: The conversation.
-            submission_id: The submission to abort.
+            submission_id: The submission whose call is Unknown.
+            call_id: The Unknown call.
             timeout_s: The deadline that passed, in seconds.
         """
-        self.command_id = command_id
-        self.conversation_id = conversation_id
-        self.submission_id = submission_id
-        self.timeout_s = timeout_s
+        self.call_id = call_id
         super().__init__(
-            f"no reply within {timeout_s:g} s to abort command {command_id} for submission {submission_id} of "
-            f"conversation {conversation_id!r}: its outcome is unknown. Sending the abort again with the same "
-            f"command id {command_id!r} is answered as a duplicate if the first one was applied."
+            command_id,
+            conversation_id,
+            submission_id,
+            timeout_s,
+            target=f"call {call_id} of submission {submission_id}",
         )
 
 
-class AbortRejected(ClientError):
-    """The owner rejected an abort (e.g. ``unknown_target``, or ``already_terminal`` naming the outcome that won).
+class CommandRejection(ClientError):
+    """The owner rejected an inbox command (receipt outcome ``rejected``, request kind ``command``; DESIGN.md §4).
 
     Attributes:
         receipt: The rejection receipt (request kind ``command``).
-        reason_code: The reason code.
-        detail: The owner's detail (for ``already_terminal``, the winning outcome).
+        reason_code: The reason code (e.g. ``unknown_target``, ``already_terminal``, ``not_unknown``,
+            ``unauthorized``).
+        detail: The owner's detail.
     """
+
+    #: What the command is called in messages ("abort", "resolution").
+    command_name = "command"
 
     def __init__(self, receipt: Receipt) -> None:
         """Build the error from its receipt.
@@ -169,9 +240,56 @@ class AbortRejected(ClientError):
         self.receipt = receipt
         self.reason_code, self.detail = reason_parts(receipt.reason)
         super().__init__(
-            f"abort command {receipt.request_id} in conversation {receipt.conversation_id!r} was rejected: "
-            f"{self.reason_code or 'no reason given'}" + (f": {self.detail}" if self.detail else "")
+            f"{self.command_name} command {receipt.request_id} in conversation {receipt.conversation_id!r} was "
+            f"rejected: {self.reason_code or 'no reason given'}" + (f": {self.detail}" if self.detail else "")
         )
+
+
+class AbortRejected(CommandRejection):
+    """The owner rejected an abort (e.g. ``unknown_target``, or ``already_terminal`` naming the outcome that won).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail (for ``already_terminal``, the winning outcome).
+    """
+
+    command_name = "abort"
+
+
+class ResolveRejected(CommandRejection):
+    """The owner rejected a `ResolveUnknown` (DUR-009, DESIGN.md §4, §5).
+
+    Reason codes the worker uses: ``unauthorized`` (unsigned, a key id not among the workers' resolver keys, or a
+    signature that does not verify — the detail says which), ``not_unknown`` (the call is not Unknown),
+    ``unknown_target`` (no such submission), ``already_terminal`` (the submission settled first), ``invalid`` (the
+    command id was applied to another submission).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "resolution"
+
+
+class SigningKeyError(ClientError, ValueError):
+    """A resolver signing key file cannot be read or is not an Ed25519 private key (DESIGN.md §4).
+
+    Attributes:
+        path: The key file.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        """Build the error.
+
+        Args:
+            path: The key file.
+            problem: What is wrong with it.
+        """
+        self.path = path
+        super().__init__(f"signing key file {path!r}: {problem}")
 
 
 class UnexpectedReceipt(ClientError):
@@ -195,25 +313,27 @@ class UnexpectedReceipt(ClientError):
 
 
 class PayloadTooLarge(ClientError, ValueError):
-    """The encoded proposal exceeds the inbox's hard size limit; nothing was produced (DESIGN.md §4).
+    """The encoded record exceeds the inbox's hard size limit; nothing was produced (DESIGN.md §4).
 
     Attributes:
         size_bytes: The encoded record's size.
         limit_bytes: The limit.
     """
 
-    def __init__(self, conversation_id: str, size_bytes: int, limit_bytes: int) -> None:
+    def __init__(self, conversation_id: str, size_bytes: int, limit_bytes: int, *, request: str = "submission") -> None:
         """Build the error.
 
         Args:
             conversation_id: The conversation.
             size_bytes: The encoded record's size.
             limit_bytes: The limit.
+            request: What was refused, for the message (``"submission"``, ``"resolution"``).
         """
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
+        record = "proposal" if request == "submission" else "command"
         super().__init__(
-            f"submission to conversation {conversation_id!r} refused before producing: the encoded proposal is "
+            f"{request} to conversation {conversation_id!r} refused before producing: the encoded {record} is "
             f"{size_bytes} bytes, over the inbox limit of {limit_bytes} bytes (max_payload_bytes); nothing was sent"
         )
 
