@@ -1,4 +1,6 @@
-"""``settled submit``, ``settled abort``, ``settled settlements tail``: the client API as commands (issue 5 item 8).
+"""``settled submit|abort``, ``settled settlements tail``, ``settled unknown resolve|keygen``: the client as commands.
+
+Issue 5 item 8; ``unknown resolve`` sends a signed ``ResolveUnknown`` (DUR-009, DESIGN.md §5).
 
 Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
 come), and its errors on stderr with a distinct exit code: 1 rejected (the rejection receipt is still printed on
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from pydantic import BaseModel
 
 from settled._settings import Settings
 from settled.client import (
+    NO_RESULT,
     AbortRejected,
     BrokerUnavailable,
     Client,
@@ -25,13 +28,19 @@ from settled.client import (
     InboxProduceError,
     OutcomeUnknown,
     PayloadTooLarge,
+    ResolveRejected,
     SettlementTimeout,
+    SigningKeyError,
     SubmissionRejected,
+    load_signing_key,
+    public_key_b64,
+    write_signing_key,
 )
+from settled.schemas import ResolutionKind
 from settled.services._cli_dev import stack_from_settings
 
-__all__ = ["EXIT_NO_SETTLEMENT", "EXIT_REJECTED", "EXIT_UNAVAILABLE", "EXIT_UNKNOWN", "abort", "settlements_app",
-           "submit"]  # fmt: skip
+__all__ = ["EXIT_NO_SETTLEMENT", "EXIT_REJECTED", "EXIT_UNAVAILABLE", "EXIT_UNKNOWN", "abort", "keygen",
+           "resolve_unknown", "settlements_app", "submit"]  # fmt: skip
 
 EXIT_REJECTED = 1
 """Exit code: the owner rejected the request (the receipt is printed)."""
@@ -126,6 +135,99 @@ def abort(
         except (ValueError, BrokerUnavailable, InboxProduceError) as exc:
             _fail(EXIT_UNAVAILABLE, str(exc))
         _print(receipt)
+
+
+#: ``--kind`` values: the resolution kinds, with ``outcome`` short for ``outcome_for_submission``.
+_KINDS = {
+    "safe_to_retry": ResolutionKind.SAFE_TO_RETRY,
+    "call_outcome": ResolutionKind.CALL_OUTCOME,
+    "outcome": ResolutionKind.OUTCOME_FOR_SUBMISSION,
+    "outcome_for_submission": ResolutionKind.OUTCOME_FOR_SUBMISSION,
+}
+
+
+def _json_option(name: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(EXIT_UNAVAILABLE, f"{name} is not JSON: {exc}")
+
+
+def resolve_unknown(
+    submission: str = typer.Argument(..., metavar="SUBMISSION_ID", help="The submission whose call is Unknown."),
+    call: str = typer.Argument(..., metavar="CALL_ID", help="The Unknown call (`settled unknown list`)."),
+    conversation: str = typer.Option(..., "--conversation", help="The submission's conversation id."),
+    kind: str = typer.Option(
+        ...,
+        "--kind",
+        help="safe_to_retry (the call never took effect: run it again), call_outcome (--result is its result), "
+        "or outcome (--outcome settles the submission).",
+    ),
+    result: str | None = typer.Option(None, "--result", metavar="JSON", help="call_outcome: the call's result."),
+    outcome: str | None = typer.Option(
+        None, "--outcome", help="outcome: completed, failed or aborted (an abort already recorded wins)."
+    ),
+    reply: str | None = typer.Option(None, "--reply", metavar="JSON", help="outcome completed: the reply."),
+    key_file: str = typer.Option(
+        ..., "--key-file", help="The resolver's Ed25519 private key: PEM, or base64 of the raw 32 bytes."
+    ),
+    key_id: str = typer.Option(..., "--key-id", help="The key's id in the workers' App.resolver_keys."),
+    principal: str | None = typer.Option(None, "--principal", help="Who resolves (default: the client's)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier resolution again (same id)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
+) -> None:
+    """Resolve an Unknown tool call with a signed ResolveUnknown; print the reply (a command receipt) as a JSON line."""
+    resolution = _KINDS.get(kind)
+    if resolution is None:
+        _fail(EXIT_UNAVAILABLE, f"--kind must be one of safe_to_retry, call_outcome, outcome; got {kind!r}")
+    result_value = NO_RESULT if result is None else _json_option("--result", result)
+    reply_value = _json_option("--reply", reply)
+    try:
+        key = load_signing_key(key_file)
+    except SigningKeyError as exc:
+        _fail(EXIT_UNAVAILABLE, str(exc))
+    settings = _settings()
+    with Client(settings, default_timeout_s=timeout_s) as client:
+        try:
+            receipt = client.resolve_unknown(
+                conversation,
+                submission,
+                call,
+                kind=resolution,
+                signing_key=key,
+                key_id=key_id,
+                result=result_value,
+                outcome=outcome,
+                reply=reply_value,
+                principal=principal,
+                command_id=command_id,
+            )
+        except ResolveRejected as exc:
+            _print(exc.receipt)
+            _fail(EXIT_REJECTED, str(exc))
+        except OutcomeUnknown as exc:
+            _fail(EXIT_UNKNOWN, str(exc))
+        except (ValueError, BrokerUnavailable, InboxProduceError) as exc:
+            _fail(EXIT_UNAVAILABLE, str(exc))
+        _print(receipt)
+
+
+def keygen(
+    out: str = typer.Option(..., "--out", help="The private key file to create (PEM, mode 0600; never overwritten)."),
+) -> None:
+    """Create a resolver signing key; print its base64 public key, the value to put in App.resolver_keys."""
+    try:
+        key = write_signing_key(out)
+    except SigningKeyError as exc:
+        _fail(EXIT_UNAVAILABLE, str(exc))
+    sys.stdout.write(public_key_b64(key) + "\n")
+    sys.stdout.flush()
+    sys.stderr.write(
+        f"settled: wrote the private key to {out}; configure the public key above in the workers' "
+        'App(resolver_keys={"<key id>": "<public key>"}) and resolve with --key-file and that --key-id\n'
+    )
 
 
 @settlements_app.command("tail")

@@ -2,6 +2,8 @@
 
 * ``settled runs list [--incomplete] [--conversation C]`` and ``settled runs show SUBMISSION_ID`` (attempts, calls);
 * ``settled unknown list``: the calls in doubt an operator must resolve, with their age (DUR-009);
+  ``settled unknown resolve`` and ``settled unknown keygen`` (in `settled.services._cli_client`: they talk to Kafka,
+  not to the projection) resolve one with a signed ``ResolveUnknown`` and make the resolver's key;
 * ``settled submissions show SUBMISSION_ID``: the ledger row;
 * ``settled conversations show CONVERSATION_ID``: run state and the transcript in event order.
 
@@ -26,6 +28,7 @@ from rich.table import Table
 
 from settled.projections import ProjectionReader, ReadYourWritesTimeout
 from settled.schemas import Receipt
+from settled.services._cli_client import keygen, resolve_unknown
 from settled.services._cli_projections import SCHEMA_ENV_VAR, projection_names, projection_settings
 
 __all__ = ["EXIT_NOT_FOUND", "EXIT_NOT_PROJECTED", "conversations_app", "runs_app", "submissions_app", "unknown_app"]
@@ -202,6 +205,10 @@ def unknown_list(
         ("conversation_id", "submission_id", "call_id", "tool", "idempotency_key", "submission_state", "reason",
          "unknown_since", "age"),
     )  # fmt: skip
+
+
+unknown_app.command("resolve")(resolve_unknown)
+unknown_app.command("keygen")(keygen)
 
 
 @submissions_app.command("show")
