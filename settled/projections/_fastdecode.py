@@ -1,10 +1,13 @@
-"""Pydantic off the projector's hot path: build `LogBatch` models from `Codec.decode_dict` without validating them.
+"""Pydantic off the projector's hot path: build `LogBatch` models from the decoded Avro without validating them.
 
 The log is written only by partition owners, which build every batch from validated models; re-validating each
 record on the way into Postgres costs about half of the projector's decoding time. `FastBatchDecoder` decodes the
-Avro body (`settled.schemas.Codec.decode_dict`, same framing and upcasting checks) and assembles the models with
-``model_construct``, converting only what the fold relies on: enums to their members, nested records to models,
-arrays to tuples. The result equals `Codec.decode_batch`'s model for every record a correct owner writes (a unit test
+Avro body — a record written with the current `LogBatch` schema (`settled.schemas.Codec.current_header`) through a
+reader compiled from that schema (`settled.projections._avroread`, fastavro's values without its per-value dispatch),
+anything else, or a body that reader cannot read, through `settled.schemas.Codec.decode_dict` (same framing and
+upcasting checks, and the precise `DecodeError`) — and assembles the models as ``model_construct`` does (generated
+constructors), converting only what the fold relies on: enums to their members, nested records to models, arrays to
+tuples. The result equals `Codec.decode_batch`'s model for every record a correct owner writes (a unit test
 checks every event type); `settled projections check` reads the log through the validating decoder, so a difference
 would show there. Pass ``validate_records=True`` to the projector to validate anyway.
 """
@@ -16,6 +19,7 @@ import types
 from collections.abc import Callable
 from typing import Annotated, Any, Union, get_args, get_origin
 
+from settled.projections._avroread import READ_ERRORS, UnsupportedSchema, compile_reader
 from settled.schemas import LOG_EVENT_TYPES, AvroRecord, Codec, DecodeError, DecodeFailure, LogBatch
 
 __all__ = ["FastBatchDecoder"]
@@ -122,6 +126,13 @@ class FastBatchDecoder:
         self.codec = codec
         self._events = {name: _builder(cls) for name, cls in _EVENTS.items()}
         self._batch = _builder(LogBatch)
+        self._header = codec.current_header(_BATCH_NAME)
+        self._read: Callable[[bytes, int], dict[str, Any]] | None = None
+        if self._header:
+            try:
+                self._read = compile_reader(codec.schema(_BATCH_NAME).parsed)
+            except UnsupportedSchema:
+                self._read = None  # fastavro reads it
 
     def decode(self, value: bytes | None, *, topic: str, partition: int, offset: int) -> LogBatch:
         """Decode one log record.
@@ -138,7 +149,13 @@ class FastBatchDecoder:
         Raises:
             DecodeError: The value is not a decodable `LogBatch`, or an event names a type that is not a log event.
         """
-        datum = None if value is None else self.codec.read_current(value, _BATCH_NAME)
+        datum = None
+        read = self._read
+        if read is not None and value is not None and value.startswith(self._header):
+            try:
+                datum = read(value, len(self._header))
+            except READ_ERRORS:
+                datum = None
         if datum is None:  # another framing or version, or a broken record: the full path decodes it or says why
             datum = self.codec.decode_dict(
                 value, topic=topic, partition=partition, offset=offset, expected=_BATCH_NAMES, body_digest=False

@@ -46,6 +46,7 @@ from settled.protocol import (
     Submission,
     SubmissionState,
     Transition,
+    apply_conversation,
     apply_traced,
 )
 from settled.schemas import (
@@ -307,18 +308,6 @@ class ProjectionState:
         return ProjectionState(self.partition, self.head, self.base, {}, self.calls)
 
 
-def _with_conversations(state: PartitionState, conversations: Mapping[str, ConversationState]) -> PartitionState:
-    # dataclasses.replace, without its per-call field introspection (twice per batch on the hot path)
-    return PartitionState(
-        partition=state.partition,
-        conversations=conversations,
-        claim_epoch=state.claim_epoch,
-        claimed_by=state.claimed_by,
-        partition_count=state.partition_count,
-        quarantined_inputs=state.quarantined_inputs,
-    )
-
-
 def _ms(later: datetime, earlier: datetime | None) -> int | None:
     if earlier is None:
         return None
@@ -357,8 +346,8 @@ class _BatchProjector:
     """Derives one batch's rows; holds the batch's working copies."""
 
     __slots__ = (
-        "add", "after", "applied_before", "applied_here", "batch", "calls", "cid", "conv", "offset", "p", "rows",
-        "state", "t", "touched", "trace",
+        "add", "after_convs", "applied_before", "applied_here", "batch", "before_convs", "calls", "cid", "conv", "head",
+        "offset", "p", "rows", "state", "t", "touched", "trace",
     )  # fmt: skip
 
     def __init__(self, state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> None:
@@ -371,7 +360,9 @@ class _BatchProjector:
         self.t = batch.recorded_at
         self.cid = batch.conversation_id
         self.calls: dict[CallKey, Row] | None = None
-        self.after: PartitionState = state.head
+        self.head: PartitionState = state.head
+        self.before_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
+        self.after_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
         self.trace: tuple[Transition, ...] = ()
         self.touched: dict[str, list[str]] = {}
         self.conv: ConversationState | None = None
@@ -410,29 +401,30 @@ class _BatchProjector:
         claimed = OwnershipClaimed in types
         state = self.state
         cid = self.cid
-        if claimed:  # a claim changes every conversation of the partition (owner epoch, running → recovery)
-            before = state.fold
-        else:  # anything else changes only its own conversation: fold it alone
-            conv = state.conversation(cid)
-            convs = _NO_CONVERSATIONS if conv is None else MappingProxyType({cid: conv})
-            before = _with_conversations(state.head, convs)
         rows = self.rows
         clock = rows.clock
-        if clock is None:
+        started = 0.0 if clock is None else clock()
+        before_convs: Mapping[str, ConversationState]
+        after_convs: Mapping[str, ConversationState]
+        if claimed:  # a claim changes every conversation of the partition (owner epoch, running → recovery)
+            before = state.fold
             after, self.trace = apply_traced(before, self.batch)
-        else:
-            started = clock()
-            after, self.trace = apply_traced(before, self.batch)
+            before_convs, after_convs, head = before.conversations, after.conversations, after
+        else:  # anything else changes only its own conversation: fold it alone
+            conv_before = state.conversation(cid)
+            head, conv_after, self.trace = apply_conversation(state.head, conv_before, self.batch)
+            before_convs = _NO_CONVERSATIONS if conv_before is None else {cid: conv_before}
+            after_convs = {cid: conv_after}
+        if clock is not None:
             rows.fold_s += clock() - started
-        self.after = after
+        self.head = head
+        self.before_convs, self.after_convs = before_convs, after_convs
         rows.batches += 1
         rows.events += len(events)
         if claimed or Genesis in types:
             self.partition_row()
-        before_convs, after_convs = before.conversations, after.conversations
         conv_before = before_convs.get(cid)
-        conv_after = after_convs.get(cid)
-        self.event_rows(conv_after, conv_before.applied_commands if conv_before is not None else _NO_COMMANDS)
+        self.event_rows(after_convs.get(cid), conv_before.applied_commands if conv_before is not None else _NO_COMMANDS)
         touched_convs: Iterable[str] = after_convs if claimed else (cid,)
         touched_subs = self.touched = self.touched_submissions()
         add = self.add
@@ -452,12 +444,12 @@ class _BatchProjector:
                     continue
                 add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
-        self.attempt_rows(before)
+        self.attempt_rows()
         calls = state.calls if self.calls is None else MappingProxyType(self.calls)
         state.overlay.update(after_convs)
-        # The fold's state after the batch is the next head: only its partition-level fields are read (the
-        # conversations it holds are in the overlay, where `ProjectionState` reads them).
-        return ProjectionState(self.p, after, state.base, state.overlay, calls)
+        # The fold's partition-level state after the batch is the next head (its conversations are not read: they
+        # are in the overlay, where `ProjectionState` reads them).
+        return ProjectionState(self.p, head, state.base, state.overlay, calls)
 
     def touched_submissions(self) -> dict[str, list[str]]:
         """Conversation → the submissions the batch's events name, then those its transitions moved (deduplicated)."""
@@ -483,7 +475,7 @@ class _BatchProjector:
         for event in self.batch.events:
             if isinstance(event, OwnershipClaimed):
                 claimed_at = event.claimed_at
-        f = self.after
+        f = self.head
         self.add(PARTITIONS, (self.p, f.partition_count, f.claim_epoch, f.claimed_by, claimed_at, self.t, self.offset))
 
     def conversation_row(self, conv: ConversationState) -> Row:
@@ -536,7 +528,7 @@ class _BatchProjector:
             self.offset,
         )
 
-    def attempt_rows(self, before: PartitionState) -> None:
+    def attempt_rows(self) -> None:
         """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order)."""
         steps: dict[str, str] = {}
         for event in self.batch.events:
@@ -548,7 +540,7 @@ class _BatchProjector:
         emitted: set[str] = set()
         if self.trace:
             current: dict[str, str | None] = {}
-            after_convs = self.after.conversations
+            after_convs = self.after_convs
             for tr in self.trace:
                 cause = tr.event
                 sid = tr.submission_id
@@ -574,7 +566,7 @@ class _BatchProjector:
                 if sid in current:
                     attempt_id = current[sid]
                 else:
-                    conv = before.conversations.get(tr.conversation_id)
+                    conv = self.before_convs.get(tr.conversation_id)
                     old = conv.submissions.get(sid) if conv is not None else None
                     attempt_id = current[sid] = old.attempt_id if old is not None else None
                 if attempt_id is None:
@@ -602,7 +594,7 @@ class _BatchProjector:
                 )
                 emitted.add(attempt_id)
         # The final row of each touched submission's current attempt (in-state changes: steps, calls).
-        conv = self.after.conversations.get(self.cid)
+        conv = self.after_convs.get(self.cid)
         if conv is None:
             return
         subs = conv.submissions

@@ -67,6 +67,7 @@ class TableSpec:
     mode: TableMode
     rules: Mapping[str, MergeRule] = field(default_factory=lambda: MappingProxyType({}))
     _key: Callable[[Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
+    _merge: Callable[[Sequence[Any], Sequence[Any]], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Check that the key and the rules name columns of the table.
@@ -78,6 +79,9 @@ class TableSpec:
             if name not in self.columns:
                 raise ValueError(f"table {self.name}: {name!r} is not one of its columns {self.columns}")
         object.__setattr__(self, "_key", _key_getter(tuple(self.columns.index(k) for k in self.key)))
+        sticky = tuple(i for i, c in enumerate(self.columns) if self.rule(c) is MergeRule.STICKY)
+        latest = tuple(i for i, c in enumerate(self.columns) if self.rule(c) is MergeRule.LATEST)
+        object.__setattr__(self, "_merge", _merger(len(self.columns), sticky, latest))
 
     @functools.cached_property
     def rule_indexes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -134,17 +138,28 @@ def merge_rows(spec: TableSpec, old: Sequence[Any], new: Sequence[Any]) -> tuple
     Returns:
         The merged row.
     """
-    sticky, latest = spec.rule_indexes
+    return spec._merge(old, new)
+
+
+def _merger(columns: int, sticky: tuple[int, ...], latest: tuple[int, ...]) -> Callable[[Any, Any], tuple[Any, ...]]:
+    """Generate a table's merge: one tuple display, each column the new value or, by its rule, the stored one.
+
+    ``STICKY``: the stored value unless it is null; ``LATEST``: the new value unless it is null; else the new value.
+    """
     if not sticky and not latest:
-        return tuple(new)
-    out = list(new)
-    for i in sticky:
-        if old[i] is not None:
-            out[i] = old[i]
-    for i in latest:
-        if out[i] is None:
-            out[i] = old[i]
-    return tuple(out)
+        return lambda old, new: tuple(new)
+    items = []
+    for i in range(columns):
+        if i in sticky:
+            items.append(f"n[{i}] if o[{i}] is None else o[{i}]")
+        elif i in latest:
+            items.append(f"o[{i}] if n[{i}] is None else n[{i}]")
+        else:
+            items.append(f"n[{i}]")
+    scope: dict[str, Any] = {}
+    exec(f"def merge(o, n):\n    return ({', '.join(items)},)", scope)  # generated from the column positions alone
+    merge: Callable[[Any, Any], tuple[Any, ...]] = scope["merge"]
+    return merge
 
 
 def _spec(name: str, columns: str, key: str, mode: TableMode = TableMode.UPSERT, **rules: MergeRule) -> TableSpec:

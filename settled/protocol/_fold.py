@@ -88,6 +88,7 @@ __all__ = [
     "Submission",
     "Transition",
     "apply",
+    "apply_conversation",
     "apply_traced",
     "fold",
     "input_key",
@@ -915,8 +916,9 @@ PARTITION_EVENT_TYPES: tuple[type[AvroRecord], ...] = (Genesis, OwnershipClaimed
 class _PartitionBuilder:
     """Mutable working copy of a `PartitionState` across one or more batches."""
 
-    def __init__(self, base: PartitionState) -> None:
+    def __init__(self, base: PartitionState, only: str | None = None) -> None:
         self.base = base
+        self.only = only  # `apply_conversation`: the one conversation folded (the base's others are not read)
         self.trace: list[Transition] = []
         self.convs: dict[str, _ConvBuilder] = {}
         self.claim_epoch = base.claim_epoch
@@ -927,7 +929,7 @@ class _PartitionBuilder:
     def conv(self, conversation_id: str) -> _ConvBuilder:
         found = self.convs.get(conversation_id)
         if found is None:
-            base = self.base.conversations.get(conversation_id)
+            base = None if self.only is not None else self.base.conversations.get(conversation_id)
             if base is None:
                 base = ConversationState(conversation_id=conversation_id, owner_epoch=self.claim_epoch)
             found = self.convs[conversation_id] = _ConvBuilder(base, self.trace)
@@ -970,6 +972,8 @@ class _PartitionBuilder:
         conv.last_batch_digest = batch.batch_digest
 
     def claim(self, cid: str, batch_epoch: int, event: OwnershipClaimed) -> None:
+        if self.only is not None:
+            raise ValueError("a batch with an ownership claim changes every conversation: fold it with apply_traced")
         if event.partition != self.base.partition:
             raise LogInconsistency(cid, _name(event), "partition", event.partition, f"this is {self.base.partition}")
         if event.owner_epoch <= self.claim_epoch:
@@ -991,6 +995,19 @@ class _PartitionBuilder:
                 f"genesis already fixed {self.partition_count} partitions (DESIGN.md §2)",
             )
         self.partition_count = event.partition_count
+
+    def freeze_head(self) -> PartitionState:
+        """The partition-level fields after the batches, with the base's conversations (not updated)."""
+        return PartitionState(
+            partition=self.base.partition,
+            conversations=self.base.conversations,
+            claim_epoch=self.claim_epoch,
+            claimed_by=self.claimed_by,
+            partition_count=self.partition_count,
+            quarantined_inputs=(
+                self.base.quarantined_inputs if self._quarantined is None else frozenset(self._quarantined)
+            ),
+        )
 
     def freeze(self) -> PartitionState:
         conversations: Mapping[str, ConversationState] = self.base.conversations
@@ -1036,6 +1053,49 @@ def apply_traced(state: PartitionState, batch: BatchLike) -> tuple[PartitionStat
     builder = _PartitionBuilder(state)
     builder.batch(batch)
     return builder.freeze(), tuple(builder.trace)
+
+
+def apply_conversation(
+    head: PartitionState, conversation: ConversationState | None, batch: BatchLike
+) -> tuple[PartitionState, ConversationState, tuple[Transition, ...]]:
+    """Fold one batch that changes only its own conversation (no `OwnershipClaimed`), given that conversation alone.
+
+    The result equals `apply_traced` of a state holding the partition-level fields of ``head`` and only this
+    conversation, without building that state: what the projection calls per batch, keeping the conversations apart.
+
+    Args:
+        head: The partition's state before the batch; only its partition-level fields are read (claim epoch, claimed
+            by, partition count, quarantined inputs), never its conversations.
+        conversation: The batch's conversation before it, or None when the partition has none yet.
+        batch: The batch.
+
+    Returns:
+        The partition-level state after the batch (``head`` itself when the batch changed none of its fields; its
+        conversations are those of ``head``, not updated), the conversation after it, and the transitions.
+
+    Raises:
+        ValueError: The batch holds an `OwnershipClaimed` (it changes every conversation: use `apply_traced`).
+        StaleEpoch: See `apply_traced`.
+        ChainBroken: See `apply_traced`.
+        IllegalTransition: See `apply_traced`.
+        LogInconsistency: See `apply_traced`.
+    """
+    cid = batch.conversation_id
+    builder = _PartitionBuilder(head, only=cid)
+    if conversation is not None:
+        if conversation.conversation_id != cid:
+            raise ValueError(f"conversation {conversation.conversation_id!r} is not the batch's {cid!r}")
+        builder.convs[cid] = _ConvBuilder(conversation, builder.trace)
+    builder.batch(batch)
+    after = builder.convs[cid].freeze()
+    if (
+        builder.claim_epoch == head.claim_epoch
+        and builder.claimed_by == head.claimed_by
+        and builder.partition_count == head.partition_count
+        and builder._quarantined is None
+    ):
+        return head, after, tuple(builder.trace)
+    return builder.freeze_head(), after, tuple(builder.trace)
 
 
 def apply(state: PartitionState, batch: BatchLike) -> PartitionState:

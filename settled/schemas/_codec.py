@@ -309,7 +309,6 @@ class Codec:
             self._add_writer(named, version)
         self._schema_ids: dict[str, int] = {}
         self._by_schema_id: dict[int, _Writer] = {}
-        self._current_readers: dict[str, tuple[bytes, Any]] = {}
 
     def _add_writer(self, named: NamedSchema, version: int) -> None:
         known = self._by_fingerprint.get(named.fingerprint)
@@ -519,45 +518,27 @@ class Codec:
             expected = frozenset(expected)
         return self._decode(value, topic, partition, offset, expected, body_digest)
 
-    def read_current(self, value: bytes, avro_name: str) -> dict[str, Any] | None:
-        """Hot path: decode a single-object record written with the current schema of ``avro_name``, else None.
+    def current_header(self, avro_name: str) -> bytes:
+        """Return the single-object header of records written with the current schema of a type, for hot paths.
 
-        The common case of `decode_dict` without its provenance: the value starts with the type's current
-        single-object header, its body reads completely and needs no upcasting. Anything else (another framing,
-        another type or version, a body that does not read) returns None: `decode_dict` then decodes it or names
-        what is wrong.
+        A value starting with it decodes with `schema(avro_name).parsed` and needs no upcasting, so a caller may
+        read such bodies its own way (and hand anything else, or a body it cannot read, to `decode_dict`).
 
         Args:
-            value: The record value.
-            avro_name: The expected record's full name.
+            avro_name: The record's full name.
 
         Returns:
-            The record as a dict, or None.
+            ``C3 01`` and the fingerprint; empty when there is no such record type or its records are upcast on
+            read (a later schema version is kept).
         """
-        fast = self._current_readers.get(avro_name)
-        if fast is None:
-            fast = self._current_readers[avro_name] = self._current_reader(avro_name)
-        header, parsed = fast
-        if not header or not value.startswith(header):
-            return None
-        body = memoryview(value)[len(header) :]
-        try:
-            datum, used = read_body(body, parsed)
-        except _READ_ERRORS:
-            return None
-        if used != len(body):
-            return None
-        return datum  # type: ignore[no-any-return]
-
-    def _current_reader(self, avro_name: str) -> tuple[bytes, Any]:
         try:
             named = self._current.get(avro_name)
         except KeyError:
-            return b"", None
+            return b""
         writer = self._by_fingerprint.get(named.fingerprint)
         if writer is None or not named.is_record or writer.version < self._versions[-1]:
-            return b"", None  # records of this schema are upcast on read: the full path only
-        return SINGLE_OBJECT_MAGIC + named.fingerprint_bytes, named.parsed
+            return b""
+        return SINGLE_OBJECT_MAGIC + named.fingerprint_bytes
 
     def decode_batch(self, value: bytes | None, *, topic: str = "", partition: int = -1, offset: int) -> ChainEntry:
         """Decode a ``settled.log`` record into a `settled.schemas.ChainEntry` for `settled.schemas.verify_chain`.

@@ -1,0 +1,83 @@
+"""The projector's compiled Avro reader reads what fastavro reads, and refuses what fastavro cannot read (issue 7)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from fastavro import schemaless_reader
+from hypothesis import given, settings
+
+from settled.projections import FastBatchDecoder
+from settled.projections._avroread import READ_ERRORS, UnsupportedSchema, compile_reader
+from settled.schemas import (
+    LOG_EVENT_TYPES,
+    Codec,
+    DecodeError,
+    LogBatch,
+)
+from tests.integration.projection_script import script_log
+from tests.unit.projections.test_rows import _other_event_types
+from tests.unit.schemas._strategies import batches
+
+CODEC = Codec()
+PARSED = CODEC.schema(LogBatch.AVRO_NAME).parsed
+HEADER = CODEC.current_header(LogBatch.AVRO_NAME)
+READ = compile_reader(PARSED)
+
+
+def _fastavro(value: bytes) -> Any:
+    return schemaless_reader(
+        io.BytesIO(value[len(HEADER) :]), PARSED, None, return_record_name=True, return_record_name_override=True
+    )
+
+
+def _every_event_type() -> list[LogBatch]:
+    found = [*script_log(), _other_event_types()]
+    assert {type(e) for b in found for e in b.events} == set(LOG_EVENT_TYPES)
+    return found
+
+
+def test_the_header_is_the_current_single_object_header() -> None:
+    value = CODEC.encode(script_log()[0])
+    assert HEADER and value.startswith(HEADER) and len(HEADER) == 10
+
+
+@pytest.mark.parametrize("batch", _every_event_type(), ids=lambda b: b.batch_id)
+def test_it_reads_every_log_event_type_as_fastavro_does(batch: LogBatch) -> None:
+    value = CODEC.encode(batch)
+    assert READ(value, len(HEADER)) == _fastavro(value)
+
+
+@settings(deadline=None, max_examples=60)
+@given(batch=batches())
+def test_it_reads_generated_batches_as_fastavro_does(batch: LogBatch) -> None:
+    value = CODEC.encode(batch)
+    assert READ(value, len(HEADER)) == _fastavro(value)
+
+
+def test_a_body_cut_anywhere_or_followed_by_a_byte_is_refused() -> None:
+    value = CODEC.encode(_other_event_types())
+    for end in range(len(HEADER), len(value)):
+        with pytest.raises(READ_ERRORS):
+            READ(value[:end], len(HEADER))
+    with pytest.raises(ValueError, match="trail"):
+        READ(value + b"\x00", len(HEADER))
+
+
+def test_the_fast_decoder_names_a_broken_record_as_the_codec_does() -> None:
+    fast = FastBatchDecoder(CODEC)
+    value = CODEC.encode(script_log()[3])
+    for broken in (value[:-3], value + b"\x01", value[:12]):
+        with pytest.raises(DecodeError) as slow:
+            CODEC.decode_batch(broken, topic="t", partition=0, offset=9)
+        with pytest.raises(DecodeError) as quick:
+            fast.decode(broken, topic="t", partition=0, offset=9)
+        assert quick.value.reason is slow.value.reason
+
+
+def test_a_schema_it_does_not_cover_is_refused() -> None:
+    schema: dict[str, Any] = {"type": "record", "name": "X", "fields": [{"name": "f", "type": "double"}]}
+    with pytest.raises(UnsupportedSchema, match="double"):
+        compile_reader(schema)
