@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ["READ_ERRORS", "UnsupportedSchema", "compile_reader"]
+__all__ = ["READ_ERRORS", "RecordCompiler", "UnsupportedSchema", "compile_reader"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -53,8 +53,12 @@ def _long_tail(data: bytes, pos: int, first: int) -> tuple[int, int]:
     return (n >> 1) ^ -(n & 1), pos
 
 
-class _Compiler:
-    """Writes the Python source of one reader function per record type."""
+class RecordCompiler:
+    """Writes the Python source of one reader function per record type (`compile_reader`; subclassed to build models).
+
+    Args:
+        named: The schema's named types, by full name (fastavro's ``__named_schemas``).
+    """
 
     def __init__(self, named: Mapping[str, Any]) -> None:
         self.named = named
@@ -185,7 +189,7 @@ def compile_reader(parsed: Mapping[str, Any]) -> Callable[[bytes, int], dict[str
     """
     if parsed.get("type") != "record":
         raise UnsupportedSchema("only a record schema is compiled")
-    compiler = _Compiler(parsed.get("__named_schemas", {}))
+    compiler = RecordCompiler(parsed.get("__named_schemas", {}))
     top = compiler.record(parsed)
     source = "\n\n\n".join(compiler.sources)
     # The source is generated above from the schema's structure; names and symbols enter only as repr() literals.

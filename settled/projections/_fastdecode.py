@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import enum
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from settled.projections._avroread import READ_ERRORS, UnsupportedSchema, compile_reader
-from settled.schemas import LOG_EVENT_TYPES, AvroRecord, Codec, DecodeError, DecodeFailure, LogBatch
+from settled.projections._avroread import READ_ERRORS, RecordCompiler, UnsupportedSchema, compile_reader
+from settled.schemas import (
+    LOG_EVENT_TYPES,
+    AvroRecord,
+    Codec,
+    DecodeError,
+    DecodeFailure,
+    LogBatch,
+)
 
 __all__ = ["FastBatchDecoder"]
 
@@ -110,6 +117,174 @@ def _builder(cls: type[AvroRecord]) -> Converter:
     return build
 
 
+def _strip(annotation: Any) -> Any:
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return annotation
+
+
+def _optional(annotation: Any) -> Any | None:
+    """The ``X`` of ``X | None`` (one option besides None), else None."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        options = [a for a in get_args(annotation) if a is not type(None)]
+        if len(options) == 1 and len(options) < len(get_args(annotation)):
+            return _strip(options[0])
+    return None
+
+
+class _ModelCompiler(RecordCompiler):
+    """Compiles the log's schema into a reader that builds the models directly (no intermediate dicts).
+
+    Each record with a model is read into locals and built as `_builder` builds it from fastavro's dict: the same
+    conversions (`_converter`: enum members, nested models, tuples), done where the value is read. A field whose
+    (Avro type, annotation) pair is not one of those raises `UnsupportedSchema`: the dict reader is used instead.
+    """
+
+    def __init__(self, named: Mapping[str, Any], models: Mapping[str, type[AvroRecord]]) -> None:
+        super().__init__(named)
+        self.models = models
+        self.scope.update(NEW=_new, SET=_set, SETF=set)
+
+    def record(self, schema: Mapping[str, Any]) -> str:
+        name = str(schema["name"])
+        model = self.models.get(name)
+        if model is None:
+            raise UnsupportedSchema(f"record {name} has no model")
+        found = self.records.get(name)
+        if found is not None:
+            return found
+        function = f"model{len(self.records)}"
+        self.records[name] = function
+        fields = {str(f["name"]): f["type"] for f in schema["fields"]}
+        if list(fields) != list(model.model_fields):
+            raise UnsupportedSchema(f"{name}: Avro fields {list(fields)} are not the model's fields")
+        if model.__pydantic_post_init__ is not None or model.__pydantic_root_model__:  # pragma: no cover - none
+            raise UnsupportedSchema(f"{model.__name__} has model_post_init or is a root model")
+        lines = [f"def {function}(d, p, n):  # {name}"]
+        for i, (field_name, avro) in enumerate(fields.items()):
+            lines += self.field(avro, model.model_fields[field_name].annotation, f"f{i}", "    ", 0)
+        cls, names = self.constant(model), self.constant(tuple(fields))
+        values = ", ".join(f"{field_name!r}: f{i}" for i, field_name in enumerate(fields))
+        lines += [
+            f"    m = NEW({cls})",
+            f"    SET(m, '__dict__', {{{values}}})",
+            f"    SET(m, '__pydantic_fields_set__', SETF({names}))",
+            "    SET(m, '__pydantic_extra__', None)",
+            "    SET(m, '__pydantic_private__', None)",
+            "    return m, p",
+        ]
+        self.sources.append("\n".join(lines))
+        return function
+
+    def field(self, avro: Any, annotation: Any, var: str, ind: str, depth: int) -> list[str]:
+        """Read one value of Avro type ``avro`` into ``var`` as the model field ``annotation`` holds it."""
+        annotation = _strip(annotation)
+        t = self.resolve(avro)
+        inner = _optional(annotation)
+        if inner is not None:
+            if not (isinstance(t, list) and len(t) == 2 and "null" in [self.resolve(b) for b in t]):
+                raise UnsupportedSchema(f"optional {annotation!r} read from {t!r}")
+            null = [self.resolve(b) for b in t].index("null")
+            lines = self.varint("u", ind)
+            lines += [f"{ind}if u == {null}:", f"{ind}    {var} = None", f"{ind}elif u == {1 - null}:"]
+            lines += self.field(t[1 - null], inner, var, ind + "    ", depth + 1)
+            return [*lines, f"{ind}else:", f"{ind}    raise ValueError"]
+        if get_origin(annotation) is tuple:
+            if not (isinstance(t, dict) and t.get("type") == "array"):
+                raise UnsupportedSchema(f"tuple {annotation!r} read from {t!r}")
+            item_annotation = get_args(annotation)[0]
+            count, item, items = f"c{depth}", f"i{depth}", f"l{depth}"
+            return [
+                f"{ind}{items} = []",
+                *self.varint(count, ind),
+                f"{ind}while {count}:",
+                f"{ind}    if {count} < 0:",
+                f"{ind}        {count} = -{count}",
+                *self.varint("m", ind + "        "),
+                f"{ind}    for _ in range({count}):",
+                *self.item(t["items"], item_annotation, item, ind + "        ", depth + 1),
+                f"{ind}        {items}.append({item})",
+                *self.varint(count, ind + "    "),
+                f"{ind}{var} = tuple({items})",
+            ]
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            if not (isinstance(t, dict) and t.get("type") == "enum"):
+                raise UnsupportedSchema(f"enum {annotation.__name__} read from {t!r}")
+            convert = _converter(annotation)
+            assert convert is not None
+            members = self.constant(tuple(convert(symbol) for symbol in t["symbols"]))  # a stray symbol raises here
+            return [
+                *self.varint("m", ind),
+                f"{ind}if m < 0:",
+                f"{ind}    raise ValueError",
+                f"{ind}{var} = {members}[m]",
+            ]
+        if isinstance(annotation, type) and issubclass(annotation, AvroRecord):
+            if not (isinstance(t, dict) and t.get("type") == "record" and t["name"] == annotation.AVRO_NAME):
+                raise UnsupportedSchema(f"record {annotation.__name__} read from {t!r}")
+            return [f"{ind}{var}, p = {self.record(t)}(d, p, n)"]
+        if _converter(annotation) is not None:  # pragma: no cover - every converted kind is handled above
+            raise UnsupportedSchema(f"{annotation!r} needs a conversion this compiler does not make")
+        if isinstance(t, list) or (isinstance(t, dict) and t.get("type") in ("record", "array", "enum")):
+            raise UnsupportedSchema(f"{annotation!r} read from {t!r}")
+        return self.read(t, var, ind, depth)
+
+    def item(self, avro: Any, annotation: Any, var: str, ind: str, depth: int) -> list[str]:
+        """An array item: a field value, or one of a union of records (the batch's events) built as its model."""
+        annotation = _strip(annotation)
+        t = self.resolve(avro)
+        if get_origin(annotation) in (Union, types.UnionType) and _optional(annotation) is None:
+            branches = [self.resolve(b) for b in t] if isinstance(t, list) else []
+            if not branches or any(not (isinstance(b, dict) and b.get("type") == "record") for b in branches):
+                raise UnsupportedSchema(f"union {annotation!r} read from {t!r}")
+            options = {cls.AVRO_NAME: cls for cls in get_args(annotation)}
+            lines = self.varint("u", ind)
+            for i, branch in enumerate(branches):
+                if branch["name"] not in options:
+                    raise UnsupportedSchema(f"{branch['name']} is not one of {sorted(options)}")
+                lines += [
+                    f"{ind}{'if' if i == 0 else 'elif'} u == {i}:",
+                    f"{ind}    {var}, p = {self.record(branch)}(d, p, n)",
+                ]
+            return [*lines, f"{ind}else:", f"{ind}    raise ValueError"]
+        return self.field(avro, annotation, var, ind, depth)
+
+
+def _models(annotation: Any, out: dict[str, type[AvroRecord]]) -> dict[str, type[AvroRecord]]:
+    """Every model class reachable from an annotation (the batch, its events, their nested records), by Avro name."""
+    annotation = _strip(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, AvroRecord):
+        if annotation.AVRO_NAME not in out:
+            out[annotation.AVRO_NAME] = annotation
+            for info in annotation.model_fields.values():
+                _models(info.annotation, out)
+    for arg in get_args(annotation):
+        _models(arg, out)
+    return out
+
+
+def _compile_batch_reader(codec: Codec) -> Callable[[bytes, int], LogBatch] | None:
+    """The fused reader of current `LogBatch` records (`_ModelCompiler`), or None when the schema is not covered."""
+    parsed = codec.schema(_BATCH_NAME).parsed
+    compiler = _ModelCompiler(parsed.get("__named_schemas", {}), _models(LogBatch, {}))
+    try:
+        top = compiler.record(parsed)
+    except (UnsupportedSchema, ValueError, KeyError):
+        return None
+    source = "\n\n\n".join(compiler.sources)
+    # The source is generated from the schema's structure and the models' field names (repr() literals only).
+    exec(compile(source, "<settled.projections LogBatch reader>", "exec"), compiler.scope)
+    function: Callable[[bytes, int, int], tuple[LogBatch, int]] = compiler.scope[top]
+
+    def read(value: bytes, start: int) -> LogBatch:
+        batch, end = function(value, start, len(value))
+        if end != len(value):
+            raise ValueError(f"{len(value) - end} bytes trail the body")
+        return batch
+
+    return read
+
+
 class FastBatchDecoder:
     """Decodes ``settled.log`` records into `LogBatch` models without pydantic validation (module doc).
 
@@ -128,7 +303,9 @@ class FastBatchDecoder:
         self._batch = _builder(LogBatch)
         self._header = codec.current_header(_BATCH_NAME)
         self._read: Callable[[bytes, int], dict[str, Any]] | None = None
+        self._read_batch: Callable[[bytes, int], LogBatch] | None = None
         if self._header:
+            self._read_batch = _compile_batch_reader(codec)  # None: a field it does not cover; dicts then
             try:
                 self._read = compile_reader(codec.schema(_BATCH_NAME).parsed)
             except UnsupportedSchema:
@@ -149,6 +326,11 @@ class FastBatchDecoder:
         Raises:
             DecodeError: The value is not a decodable `LogBatch`, or an event names a type that is not a log event.
         """
+        if self._read_batch is not None and value is not None and value.startswith(self._header):
+            try:
+                return self._read_batch(value, len(self._header))
+            except READ_ERRORS:
+                pass  # the full path decodes it or says why
         datum = None
         read = self._read
         if read is not None and value is not None and value.startswith(self._header):

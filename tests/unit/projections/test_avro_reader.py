@@ -81,3 +81,30 @@ def test_a_schema_it_does_not_cover_is_refused() -> None:
     schema: dict[str, Any] = {"type": "record", "name": "X", "fields": [{"name": "f", "type": "double"}]}
     with pytest.raises(UnsupportedSchema, match="double"):
         compile_reader(schema)
+
+
+def _same_models(built: LogBatch, validated: LogBatch) -> None:
+    assert built == validated
+    assert [type(e) for e in built.events] == [type(e) for e in validated.events]
+    for mine, theirs in zip((built, *built.events), (validated, *validated.events), strict=True):
+        for name in type(theirs).model_fields:
+            assert type(getattr(mine, name)) is type(getattr(theirs, name)), (type(theirs).__name__, name)
+        assert mine.model_fields_set == set(type(theirs).model_fields)
+
+
+def test_the_fast_decoder_reads_current_batches_without_dicts() -> None:
+    fast = FastBatchDecoder(CODEC)
+    assert fast._read_batch is not None  # every field of the log's schema is covered: the fused reader is used
+    for offset, batch in enumerate(_every_event_type()):
+        value = CODEC.encode(batch)
+        _same_models(
+            fast.decode(value, topic="t", partition=0, offset=offset), CODEC.decode_batch(value, offset=0).batch
+        )
+
+
+@settings(deadline=None, max_examples=60)
+@given(batch=batches())
+def test_the_fast_decoder_builds_the_validated_models_of_generated_batches(batch: LogBatch) -> None:
+    value = CODEC.encode(batch)
+    built = FastBatchDecoder(CODEC).decode(value, topic="t", partition=0, offset=0)
+    _same_models(built, CODEC.decode_batch(value, offset=0).batch)
