@@ -227,14 +227,18 @@ def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
 _NO_CONVERSATIONS: Mapping[str, ConversationState] = MappingProxyType({})
 
 
+_NO_CALLS: Mapping[str, Row] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class ProjectionState:
     """What the projection of one log partition holds between batches.
 
     The fold's `PartitionState` is kept in parts so that one batch costs O(its conversation), not O(the partition's
     conversations): ``head`` holds the partition-level fields, ``base`` the committed conversations (one dict shared
-    by every state of the partition, changed only by `commit`), ``overlay`` the conversations changed since.
-    `project_batch` writes into ``overlay``; a chunk whose transaction rolls back is dropped by dropping its
+    by every state of the partition, changed only by `commit`), ``overlay`` the conversations changed since. The
+    tool calls in flight are kept alike, per submission: ``calls`` committed, ``calls_overlay`` changed since.
+    `project_batch` writes into the overlays; a chunk whose transaction rolls back is dropped by dropping its
     `working` copy, the committed state stays as it was.
 
     Attributes:
@@ -243,14 +247,17 @@ class ProjectionState:
             its ``conversations`` are not read (the last batch's, or none).
         base: The committed conversations, by id.
         overlay: Conversations changed by this working copy, by id.
-        calls: ``(submission id, call id)`` → the ``tool_calls`` row of each call still prepared or Unknown.
+        calls: Submission id → call id → the ``tool_calls`` row of each call still prepared or Unknown (committed).
+        calls_overlay: The submissions whose calls in flight this working copy changed: their calls (none left:
+            an empty mapping). The per-submission mappings are never changed in place, only replaced.
     """
 
     partition: int
     head: PartitionState
     base: dict[str, ConversationState]
     overlay: dict[str, ConversationState] = field(default_factory=dict)
-    calls: Mapping[CallKey, Row] = field(default_factory=lambda: MappingProxyType({}))
+    calls: dict[str, Mapping[str, Row]] = field(default_factory=dict)
+    calls_overlay: dict[str, Mapping[str, Row]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, partition: int) -> ProjectionState:
@@ -289,6 +296,29 @@ class ProjectionState:
         found = self.overlay.get(conversation_id)
         return found if found is not None else self.base.get(conversation_id)
 
+    def calls_of(self, submission_id: str) -> Mapping[str, Row]:
+        """Return a submission's calls in flight.
+
+        Args:
+            submission_id: The submission.
+
+        Returns:
+            Call id → its ``tool_calls`` row (prepared or Unknown).
+        """
+        found = self.calls_overlay.get(submission_id)
+        if found is not None:
+            return found
+        return self.calls.get(submission_id, _NO_CALLS)
+
+    def in_flight(self) -> dict[CallKey, Row]:
+        """Return every call in flight, by ``(submission id, call id)`` (for tests and diagnostics).
+
+        Returns:
+            The rows.
+        """
+        merged = {**self.calls, **self.calls_overlay}
+        return {(sid, call_id): row for sid, calls in merged.items() for call_id, row in calls.items()}
+
     @property
     def fold(self) -> PartitionState:
         """The whole folded `PartitionState` (costs a copy of the conversation map)."""
@@ -296,16 +326,23 @@ class ProjectionState:
 
     def working(self) -> ProjectionState:
         """Return a working copy: `project_batch` on it leaves this state untouched until `commit`."""
-        return ProjectionState(self.partition, self.head, self.base, dict(self.overlay), self.calls)
+        return ProjectionState(
+            self.partition, self.head, self.base, dict(self.overlay), self.calls, dict(self.calls_overlay)
+        )
 
     def commit(self) -> ProjectionState:
-        """Make this working copy the partition's committed state (its overlay joins the shared base).
+        """Make this working copy the partition's committed state (its overlays join the shared bases).
 
         Returns:
-            The committed state (an empty overlay). Earlier states of the partition must not be used after this.
+            The committed state (empty overlays). Earlier states of the partition must not be used after this.
         """
         self.base.update(self.overlay)
-        return ProjectionState(self.partition, self.head, self.base, {}, self.calls)
+        for sid, calls in self.calls_overlay.items():
+            if calls:
+                self.calls[sid] = calls
+            else:
+                self.calls.pop(sid, None)
+        return ProjectionState(self.partition, self.head, self.base, {}, self.calls, {})
 
 
 def _ms(later: datetime, earlier: datetime | None) -> int | None:
@@ -346,7 +383,7 @@ class _BatchProjector:
     """Derives one batch's rows; holds the batch's working copies."""
 
     __slots__ = (
-        "add", "after_convs", "applied_before", "applied_here", "batch", "before_convs", "calls", "cid", "conv", "head",
+        "add", "after_convs", "applied_before", "applied_here", "batch", "before_convs", "cid", "conv", "head",
         "offset", "p", "rows", "state", "t", "touched", "trace",
     )  # fmt: skip
 
@@ -359,7 +396,6 @@ class _BatchProjector:
         self.p = state.partition
         self.t = batch.recorded_at
         self.cid = batch.conversation_id
-        self.calls: dict[CallKey, Row] | None = None
         self.head: PartitionState = state.head
         self.before_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
         self.after_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
@@ -371,19 +407,24 @@ class _BatchProjector:
 
     # -- tool calls in flight ------------------------------------------------------------------------------------
 
-    def call_rows(self) -> dict[CallKey, Row]:
-        if self.calls is None:
-            self.calls = dict(self.state.calls)
-        return self.calls
+    def call(self, key: CallKey) -> Row | None:
+        return self.state.calls_of(key[0]).get(key[1])
 
-    def current_calls(self) -> Mapping[CallKey, Row]:
-        return self.state.calls if self.calls is None else self.calls
+    def set_call(self, key: CallKey, row: Row | None) -> None:
+        """Put (or, with None, drop) a call in flight: its submission's calls are replaced, never changed in place."""
+        sid, call_id = key
+        calls = dict(self.state.calls_of(sid))
+        if row is None:
+            del calls[call_id]
+        else:
+            calls[call_id] = row
+        self.state.calls_overlay[sid] = calls
 
     def call_row(self, spec_values: dict[str, Any]) -> Row:
         return tuple(map(spec_values.get, TOOL_CALLS.columns))
 
     def update_call(self, key: CallKey, **changes: Any) -> Row:
-        old = self.current_calls().get(key)
+        old = self.call(key)
         if old is None:
             raise ValueError(f"tool call {key!r} is not in flight in partition {self.p} at offset {self.offset}")
         row = list(old)
@@ -445,11 +486,10 @@ class _BatchProjector:
                 add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
         self.attempt_rows()
-        calls = state.calls if self.calls is None else MappingProxyType(self.calls)
         state.overlay.update(after_convs)
         # The fold's partition-level state after the batch is the next head (its conversations are not read: they
         # are in the overlay, where `ProjectionState` reads them).
-        return ProjectionState(self.p, head, state.base, state.overlay, calls)
+        return ProjectionState(self.p, head, state.base, state.overlay, state.calls, state.calls_overlay)
 
     def touched_submissions(self) -> dict[str, list[str]]:
         """Conversation → the submissions the batch's events name, then those its transitions moved (deduplicated)."""
@@ -638,8 +678,8 @@ class _BatchProjector:
             waiting_kind = "unknown_resolution"
             names = sorted(
                 str(row[_CALL_TOOL_I])
-                for (call_sid, call_id), row in self.current_calls().items()
-                if call_sid == sid and call_id in sub.unknown_calls
+                for call_id, row in self.state.calls_of(sid).items()
+                if call_id in sub.unknown_calls
             )
             waiting_name = ",".join(names) if names else None
             waiting_since = self.t
@@ -665,20 +705,19 @@ class _BatchProjector:
 
     def abandon_calls(self, sub: Submission) -> None:
         """Calls the fold no longer holds open or Unknown, with no event of their own: recovery dropped them."""
-        calls = self.current_calls()
+        sid = sub.submission_id
+        calls = self.state.calls_of(sid)
         if not calls:
             return
-        sid = sub.submission_id
-        for key, row in list(calls.items()):
-            if key[0] != sid:
-                continue
+        for call_id, row in list(calls.items()):
             status = row[_CALL_STATUS_I]
-            if (status == "prepared" and key[1] in sub.open_calls) or (
-                status == "unknown" and key[1] in sub.unknown_calls
+            if (status == "prepared" and call_id in sub.open_calls) or (
+                status == "unknown" and call_id in sub.unknown_calls
             ):
                 continue
+            key = (sid, call_id)
             self.add(TOOL_CALLS, self.update_call(key, status="abandoned", ended_at=self.t))
-            del self.call_rows()[key]
+            self.set_call(key, None)
 
     # -- events ----------------------------------------------------------------------------------------------------
 
@@ -778,7 +817,7 @@ class _BatchProjector:
                 "last_offset": self.offset,
             }
         )
-        self.call_rows()[(event.submission_id, event.call_id)] = row
+        self.set_call((event.submission_id, event.call_id), row)
         self.add(TOOL_CALLS, row)
         self.transcript(
             i, event.submission_id, event.attempt_id, "tool_call", "assistant", event.tool, event.call_id,
@@ -787,7 +826,7 @@ class _BatchProjector:
 
     def on_tool_settled(self, i: int, event: ToolCallSettled) -> None:
         key = (event.submission_id, event.call_id)
-        old = self.current_calls().get(key)
+        old = self.call(key)
         prepared_at = None if old is None else old[_CALL_PREPARED_I]
         error = event.error
         row = self.update_call(
@@ -799,7 +838,7 @@ class _BatchProjector:
             ended_at=self.t,
             duration_ms=_ms(self.t, prepared_at),
         )
-        del self.call_rows()[key]
+        self.set_call(key, None)
         self.add(TOOL_CALLS, row)
         content = event.result_json
         if error is not None:
@@ -838,7 +877,7 @@ class _BatchProjector:
     def on_tool_unknown(self, i: int, event: ToolCallUnknown) -> None:
         key = (event.submission_id, event.call_id)
         row = self.update_call(key, status="unknown", reason=event.reason, unknown_since=self.t)
-        self.call_rows()[key] = row
+        self.set_call(key, row)
         self.add(TOOL_CALLS, row)
         self.transcript(
             i, event.submission_id, None, "tool_unknown", "system", str(row[_CALL_TOOL_I]), event.call_id, event.reason
@@ -855,7 +894,7 @@ class _BatchProjector:
                 result_digest=event.result_digest,
                 ended_at=self.t,
             )
-            del self.call_rows()[key]
+            self.set_call(key, None)
             self.add(TOOL_CALLS, row)
             content = event.result_json
             if content is None:
