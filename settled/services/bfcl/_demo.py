@@ -40,14 +40,14 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from rich.console import Console
@@ -56,8 +56,16 @@ from rich.table import Table
 
 from settled._failpoints import FailpointControl, ScheduledKill, choose_schedule
 from settled._settings import Settings
-from settled.client import BrokerUnavailable, Client, ClientError, SettlementTimeout, SubmissionOutcomeUnknown
-from settled.producers import producer_config, provision_topics, read_partition
+from settled.client import (
+    NO_RESULT,
+    BrokerUnavailable,
+    Client,
+    ClientError,
+    ResolveOutcomeUnknown,
+    SettlementTimeout,
+    SubmissionOutcomeUnknown,
+)
+from settled.producers import provision_topics, read_partition
 from settled.projections import ProjectionNames, ProjectionReader, default_schema
 from settled.schemas import (
     AttemptStarted,
@@ -68,7 +76,6 @@ from settled.schemas import (
     OwnershipClaimed,
     Receipt,
     ResolutionKind,
-    ResolveUnknown,
     Settlement,
     SettlementOutcome,
     SubmissionAdmitted,
@@ -77,7 +84,6 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
-    canonical_json,
 )
 from settled.services._devstack import DevStack, KafkaBroker, StackError
 from settled.services.bfcl._app import APP_REFERENCE, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
@@ -299,6 +305,9 @@ class _LogTail:
         self.settled: set[str] = set()
         self.unknowns: dict[tuple[str, str], tuple[str, str]] = {}  # (submission, call) -> (conversation, reason)
         self.resolved: set[tuple[str, str]] = set()
+        # Unknown now: a call resolved safe_to_retry runs again and may go Unknown again (a later crash or outage).
+        self._open_unknowns: set[tuple[str, str]] = set()
+        self._resolutions: set[str] = set()  # command ids of the UnknownResolved records read
         self.prepared: dict[tuple[str, str], ToolCallPrepared] = {}
         self.rejected_commands: dict[str, str] = {}
         self.owners: dict[int, str] = {}  # log partition -> worker id of its latest OwnershipClaimed
@@ -359,8 +368,12 @@ class _LogTail:
                     self.prepared.setdefault((e.submission_id, e.call_id), e)
                 elif isinstance(e, ToolCallUnknown):
                     self.unknowns.setdefault((e.submission_id, e.call_id), (conversation_id, e.reason))
+                    self._open_unknowns.add((e.submission_id, e.call_id))
                 elif isinstance(e, UnknownResolved):
                     self.resolved.add((e.submission_id, e.call_id))
+                    if e.command_id not in self._resolutions:  # a repeated command's record resolves nothing new
+                        self._resolutions.add(e.command_id)
+                        self._open_unknowns.discard((e.submission_id, e.call_id))
                 elif isinstance(e, CommandRejected):
                     self.rejected_commands[e.command_id] = f"{e.reason.value}: {e.detail}"
 
@@ -380,13 +393,16 @@ class _LogTail:
             return worker_id in self.owners.values()
 
     def pending_unknowns(self) -> list[tuple[str, str, str, ToolCallPrepared | None]]:
-        """Unknown calls not resolved yet: (conversation, submission, call, prepared record)."""
+        """Calls Unknown now (not resolved since they last went Unknown): (conversation, submission, call, prepared)."""
         with self._lock:
             return [
-                (cid, sub, call, self.prepared.get((sub, call)))
-                for (sub, call), (cid, _) in self.unknowns.items()
-                if (sub, call) not in self.resolved
+                (self.unknowns[key][0], key[0], key[1], self.prepared.get(key)) for key in sorted(self._open_unknowns)
             ]
+
+    def resolution_read(self, command_id: str) -> bool:
+        """Whether the log holds the `UnknownResolved` of this command."""
+        with self._lock:
+            return command_id in self._resolutions
 
     def rejection(self, command_id: str) -> str | None:
         with self._lock:
@@ -608,18 +624,26 @@ class _Projector:
 
 
 class _Operator:
-    """Resolves Unknown calls after consulting the tool server's ledger, with signed ``ResolveUnknown`` commands."""
+    """Resolves Unknown calls after consulting the tool server's ledger, with `Client.resolve_unknown` (DUR-009).
+
+    Each resolution is sent from a small pool, so ``step`` never waits for a reply: a rejected one is sent again
+    (a new command) a second after it was sent, one that got no reply in time (`ResolveOutcomeUnknown`) is sent again
+    under the same command id (answered as a duplicate if it was applied), and one applied whose call still shows
+    Unknown 30 s later is sent again.
+    """
+
+    _RESEND_APPLIED_S = 30.0
+    _RETRY_REJECTED_S = 1.0
 
     def __init__(
         self, settings: Settings, codec: Codec, tail: _LogTail, toolserver_url: str, key: Ed25519PrivateKey
     ) -> None:
-        self._settings = settings
-        self._codec = codec
         self._tail = tail
         self._key = key
         self._toolserver_url = toolserver_url
-        self._producer = Producer(producer_config(settings))
-        self._sent: dict[tuple[str, str], tuple[str, float]] = {}
+        self._client = Client(settings, principal="bfcl-operator", codec=codec, default_timeout_s=30.0)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bfcl-resolve")
+        self._sent: dict[tuple[str, str], tuple[Future[Receipt], float]] = {}
         self.kinds: dict[tuple[str, str], str] = {}
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -631,7 +655,8 @@ class _Operator:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
-        self._producer.flush(10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close(10)
 
     def _run(self) -> None:
         try:
@@ -652,42 +677,49 @@ class _Operator:
         ran = [r for r in records if r.execution_count > 0]
         return ran[0].output if ran else None
 
+    def _due(self, sub: str, call: str) -> tuple[bool, str | None]:
+        """Whether (sub, call)'s resolution is due now, and the command id to send it under (None: a new one)."""
+        sent = self._sent.get((sub, call))
+        if sent is None:
+            return True, None
+        future, at = sent
+        if not future.done():
+            return False, None
+        exc = future.exception()
+        if exc is None:  # applied (or a duplicate)
+            if self._tail.resolution_read(future.result().request_id):
+                return True, None  # it resolved an earlier Unknown of this call: the call went Unknown again
+            return time.monotonic() - at >= self._RESEND_APPLIED_S, None  # the tail reads the resolution shortly
+        if isinstance(exc, ResolveOutcomeUnknown):
+            return True, exc.command_id
+        if isinstance(exc, ClientError):  # rejected, or no broker during its restart: a new command
+            return time.monotonic() - at >= self._RETRY_REJECTED_S, None
+        raise exc
+
     def step(self) -> None:
-        """Resolve every pending Unknown once (again when its command was rejected or got no answer in 30 s)."""
+        """Resolve every pending Unknown once (again when its resolution was rejected or got no answer)."""
         for cid, sub, call, prepared in self._tail.pending_unknowns():
-            sent = self._sent.get((sub, call))
-            if sent is not None:
-                command_id, at = sent
-                if self._tail.rejection(command_id) is None and time.monotonic() - at < 30.0:
-                    continue
-                if self._tail.rejection(command_id) is not None and time.monotonic() - at < 1.0:
-                    continue
+            due, command_id = self._due(sub, call)
+            if not due:
+                continue
             if prepared is None:
                 continue  # its prepared record is read right after; next round
             output = self._executed_output(cid, prepared.idempotency_key)
             if output is False:
                 continue
-            if isinstance(output, str):
-                kind, result_json = ResolutionKind.CALL_OUTCOME, canonical_json(output)
-            else:
-                kind, result_json = ResolutionKind.SAFE_TO_RETRY, None
-            fields: dict[str, Any] = {
-                "command_id": f"resolve-{uuid.uuid4().hex[:12]}",
-                "principal": "bfcl-operator",
-                "conversation_id": cid,
-                "submission_id": sub,
-                "call_id": call,
-                "kind": kind,
-                "outcome": None,
-                "result_json": result_json,
-                "key_id": RESOLVER_KEY_ID,
-                "requested_at": datetime.now(UTC),
-            }
-            unsigned = ResolveUnknown(**fields, signature=b"")
-            command = ResolveUnknown(**fields, signature=self._key.sign(unsigned.signing_bytes()))
-            self._producer.produce(self._settings.topic("inbox"), key=cid.encode(), value=self._codec.encode(command))
-            self._producer.flush(10)
-            self._sent[(sub, call)] = (command.command_id, time.monotonic())
+            kind = ResolutionKind.CALL_OUTCOME if isinstance(output, str) else ResolutionKind.SAFE_TO_RETRY
+            future = self._pool.submit(
+                self._client.resolve_unknown,
+                cid,
+                sub,
+                call,
+                kind=kind,
+                signing_key=self._key,
+                key_id=RESOLVER_KEY_ID,
+                result=output if isinstance(output, str) else NO_RESULT,
+                command_id=command_id,
+            )
+            self._sent[(sub, call)] = (future, time.monotonic())
             self.kinds[(sub, call)] = kind.value
 
 
