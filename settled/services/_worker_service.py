@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -92,7 +94,8 @@ def worker_command(
     worker_id: str = typer.Option("", help="This worker's id (default: random)."),
     log_level: str = typer.Option("INFO", help="Log level."),
 ) -> None:
-    """Run a conversation worker until SIGTERM (a graceful revoke) or SIGINT."""
+    """Run a conversation worker until SIGTERM (a graceful revoke) or SIGINT; SIGUSR1 dumps every thread's stack."""
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # diagnosing a stuck worker
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
