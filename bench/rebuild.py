@@ -1361,8 +1361,11 @@ def _report(
         )
     )
     print(
-        "\nWhere the rebuild's time went (phases: wall seconds; work: seconds summed over the replaying processes, "
-        "and microseconds per batch):\n"
+        "\nWhere the rebuild's time went (phases: wall seconds; work: wall seconds summed over the replaying "
+        "processes, "
+        "and microseconds per batch; replay CPU: CPU seconds those processes used, which other processes on the "
+        "machine do not stretch; CPU-bound ev/s: events / (replay CPU / cores), what the replay would reach on "
+        "otherwise idle cores):\n"
     )
     rows = []
     for r in results:
@@ -1378,6 +1381,8 @@ def _report(
                 f"{ph.get('switch', 0):.2f}",
                 *(f"{v:.2f} ({v * per:.0f} us)" for v in (w.consume, w.decode, w.fold, w.rows, w.write)),
                 f"{total:.2f}",
+                f"{w.cpu:.2f} ({w.cpu * per:.0f} us)",
+                f"{w.events / (w.cpu / (os.cpu_count() or 1)):,.0f}" if w.cpu else "-",
                 f"{w.rows_written:,}",
             ]
         )
@@ -1395,6 +1400,8 @@ def _report(
                 "rows",
                 "pg write",
                 "work total",
+                "replay CPU",
+                "CPU-bound ev/s",
                 "rows written",
             ],
             rows,

@@ -400,7 +400,7 @@ class _BatchProjector:
         self.before_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
         self.after_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
         self.trace: tuple[Transition, ...] = ()
-        self.touched: dict[str, list[str]] = {}
+        self.touched: dict[str, dict[str, None]] = {}
         self.conv: ConversationState | None = None
         self.applied_before: Mapping[str, str] = _NO_COMMANDS
         self.applied_here: set[str] = set()
@@ -487,26 +487,28 @@ class _BatchProjector:
                 self.abandon_calls(sub)
         self.attempt_rows()
         state.overlay.update(after_convs)
+        if head is state.head:
+            return state  # its overlays hold the batch now; nothing else changed
         # The fold's partition-level state after the batch is the next head (its conversations are not read: they
         # are in the overlay, where `ProjectionState` reads them).
         return ProjectionState(self.p, head, state.base, state.overlay, state.calls, state.calls_overlay)
 
-    def touched_submissions(self) -> dict[str, list[str]]:
-        """Conversation → the submissions the batch's events name, then those its transitions moved (deduplicated)."""
-        own: list[str] = []
+    def touched_submissions(self) -> dict[str, dict[str, None]]:
+        """Conversation → the submissions the batch's events name, then those its transitions moved (dict keys)."""
+        own: dict[str, None] = {}
         for event in self.batch.events:
             if type(event) in _HAS_SUBMISSION_ID:
                 sid = getattr(event, "submission_id", None)  # a field of this type: no pydantic __getattr__
                 if isinstance(sid, str):
-                    own.append(sid)
-        out: dict[str, list[str]] = {self.cid: own} if own else {}
+                    own[sid] = None
+        out: dict[str, dict[str, None]] = {self.cid: own} if own else {}
         for tr in self.trace:
             found = out.get(tr.conversation_id)
             if found is None:
-                out[tr.conversation_id] = [tr.submission_id]
+                out[tr.conversation_id] = {tr.submission_id: None}
             else:
-                found.append(tr.submission_id)
-        return {conversation_id: list(dict.fromkeys(sids)) for conversation_id, sids in out.items()}
+                found[tr.submission_id] = None
+        return out
 
     # -- rows ------------------------------------------------------------------------------------------------------
 
