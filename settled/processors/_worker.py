@@ -275,7 +275,8 @@ class Worker(Generic[S]):
         self._wake.clear()
         # Claims happen after the poll that may have revoked a partition (rebalance callbacks run inside it).
         for p in sorted(self._to_claim):
-            if time.monotonic() >= self._claim_not_before.get(p, 0.0):
+            # A claim can serve a rebalance (a revoke inside its blocking calls): skip what it took away.
+            if p in self._to_claim and time.monotonic() >= self._claim_not_before.get(p, 0.0):
                 self._claim(p)
         for msg in msgs:
             part = msg.partition()
@@ -362,6 +363,11 @@ class Worker(Generic[S]):
         self._skip_below.pop(p, None)
         tp = TopicPartition(self.settings.topic("inbox"), p)
         committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]
+        if p not in self.owners:
+            # The group revoked the partition while this claim waited on the broker (the revoke callback dropped
+            # the owner): nothing to resume; whoever holds it now claims it with a higher epoch.
+            _log.info("revoked while claiming", extra={"partition": p})
+            return
         if committed.offset >= 0:
             consumer.seek(committed)
         consumer.resume([tp])  # claim step 6
