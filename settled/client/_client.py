@@ -416,7 +416,7 @@ class Client:
                 sent.
             TypeError: If ``signing_key`` is not an ``Ed25519PrivateKey``; nothing was sent.
             PayloadTooLarge: If the encoded command exceeds ``max_payload_bytes``; nothing was sent.
-            ResolveRejected: The owner rejected it (``unauthorized``: unsigned, unknown key id or bad signature;
+            ResolveRejected: The owner rejected it (``unsigned``, ``unknown_key``, ``bad_signature``;
                 ``not_unknown``; ``unknown_target``; ``already_terminal``; ``invalid``).
             ResolveOutcomeUnknown: No reply within the deadline; names the command id to send again.
             BrokerUnavailable: Kafka could not be reached before anything was sent.

@@ -224,7 +224,7 @@ class CommandRejection(ClientError):
     Attributes:
         receipt: The rejection receipt (request kind ``command``).
         reason_code: The reason code (e.g. ``unknown_target``, ``already_terminal``, ``not_unknown``,
-            ``unauthorized``).
+            ``unsigned``, ``unknown_key``, ``bad_signature``).
         detail: The owner's detail.
     """
 
@@ -260,8 +260,8 @@ class AbortRejected(CommandRejection):
 class ResolveRejected(CommandRejection):
     """The owner rejected a `ResolveUnknown` (DUR-009, DESIGN.md §4, §5).
 
-    Reason codes the worker uses: ``unauthorized`` (unsigned, a key id not among the workers' resolver keys, or a
-    signature that does not verify — the detail says which), ``not_unknown`` (the call is not Unknown),
+    Reason codes the worker uses: ``unsigned``, ``unknown_key`` (a key id not among the workers' resolver keys),
+    ``bad_signature`` (it does not verify with that key), ``not_unknown`` (the call is not Unknown),
     ``unknown_target`` (no such submission), ``already_terminal`` (the submission settled first), ``invalid`` (the
     command id was applied to another submission).
 

@@ -133,11 +133,10 @@ class LedgerDecider:
         elif isinstance(record, AbortRequested):
             d = protocol.abort(conv, record, inp.ref, now)
         elif isinstance(record, ResolveUnknown):
-            why = self._signature_problem(record)
-            if why is not None:
-                d = protocol.reject_command(
-                    conv, record, inp.ref, now, reason=CommandRejectReason.UNAUTHORIZED, detail=why
-                )
+            problem = self._signature_problem(record)
+            if problem is not None:
+                reason, why = problem
+                d = protocol.reject_command(conv, record, inp.ref, now, reason=reason, detail=why)
             else:
                 d = protocol.resolve(conv, record, inp.ref, now)
         else:  # pragma: no cover - the codec only returns inbox types here
@@ -213,16 +212,20 @@ class LedgerDecider:
             )
         return None
 
-    def _signature_problem(self, command: ResolveUnknown) -> str | None:
+    def _signature_problem(self, command: ResolveUnknown) -> tuple[CommandRejectReason, str] | None:
+        """Why a resolution's signature is refused (DUR-009: only a configured resolver resolves), or ``None``."""
         if not command.signature or not command.key_id:
-            return "ResolveUnknown must be signed (Ed25519) by a configured resolver key"
+            return CommandRejectReason.UNSIGNED, "ResolveUnknown must be signed (Ed25519) by a configured resolver key"
         key = self.resolver_keys.get(command.key_id)
         if key is None:
-            return f"key id {command.key_id!r} is not a configured resolver key"
+            return CommandRejectReason.UNKNOWN_KEY, f"key id {command.key_id!r} is not a configured resolver key"
         try:
             key.verify(command.signature, command.signing_bytes())
         except InvalidSignature:
-            return f"the signature does not verify with resolver key {command.key_id!r}"
+            return (
+                CommandRejectReason.BAD_SIGNATURE,
+                f"the signature does not verify with resolver key {command.key_id!r}",
+            )
         return None
 
 

@@ -307,7 +307,7 @@ def reject_submission(
     """Reject a decodable proposal: `SubmissionRejected` + a rejected receipt (DESIGN.md §4).
 
     `admit` uses it; the worker calls it directly for what only the shell can see (``misrouted``: the key hashes to
-    another partition, DESIGN.md §2; ``unauthorized``).
+    another partition, DESIGN.md §2).
 
     Args:
         state: The conversation's scratch state.

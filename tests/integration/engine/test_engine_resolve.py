@@ -85,11 +85,11 @@ def test_client_resolutions_are_verified_and_move_the_run_on(
     # A forged signature and a key id the workers do not know are rejected; the run stays stopped.
     with pytest.raises(ResolveRejected) as forged:
         resolve(signing_key=Ed25519PrivateKey.generate())
-    assert forged.value.reason_code == "unauthorized", forged.value
+    assert forged.value.reason_code == "bad_signature", forged.value
     assert f"does not verify with resolver key {RESOLVER_KEY_ID!r}" in forged.value.detail
     with pytest.raises(ResolveRejected) as unknown_key:
         resolve(key_id="someone-else")
-    assert unknown_key.value.reason_code == "unauthorized"
+    assert unknown_key.value.reason_code == "unknown_key"
     assert "key id 'someone-else' is not a configured resolver key" in unknown_key.value.detail
     # A call that is not Unknown is rejected naming it.
     with pytest.raises(ResolveRejected) as wrong_call:
@@ -140,7 +140,7 @@ def test_cli_resolves_an_unknown_call_and_rejects_a_key_the_workers_do_not_know(
     args = ["unknown", "resolve", sub.request_id, call, "--conversation", "conv-c1", "--kind", "safe_to_retry",
             "--key-id", RESOLVER_KEY_ID, "--timeout-s", "60"]  # fmt: skip
 
-    # A key made by `settled unknown keygen` but not configured in the workers' App.resolver_keys: rejected, exit 1.
+    # A key made by `settled unknown keygen`, not the one configured under that key id: rejected, exit 1.
     new_key = tmp_path / "new.pem"
     made = runner.invoke(app, ["unknown", "keygen", "--out", str(new_key)])
     assert made.exit_code == 0, made.output
@@ -148,7 +148,7 @@ def test_cli_resolves_an_unknown_call_and_rejects_a_key_the_workers_do_not_know(
     rejected = runner.invoke(app, [*args, "--key-file", str(new_key)], env=env)
     assert rejected.exit_code == EXIT_REJECTED, rejected.output
     refusal = Receipt.model_validate_json(rejected.stdout.strip())
-    assert refusal.outcome is ReceiptOutcome.REJECTED and (refusal.reason or "").startswith("unauthorized"), refusal
+    assert refusal.outcome is ReceiptOutcome.REJECTED and (refusal.reason or "").startswith("bad_signature"), refusal
 
     # The resolver's key (base64 of the raw 32 bytes): the call never took effect, so it runs again under its key.
     key_file = tmp_path / "resolver.key"
