@@ -647,6 +647,13 @@ class RunContext:
                 await asyncio.wait({work}, timeout=self._options.abort_grace_s)
                 if not work.done():
                     work.cancel()  # still in flight: the call stays prepared; recovery classifies it
+                elif not work.cancelled() and work.exception() is not None:
+                    # The call ended within the grace, but its settlement could not be recorded (e.g. the attempt
+                    # was superseded): the call stays prepared for recovery. Reported here, as the run is cancelled.
+                    _log.warning(
+                        "a tool call of a cancelled run ended without a recorded settlement",
+                        extra={"call_id": call_id, "error": repr(work.exception())},
+                    )
             raise
 
     # -- model calls (spec §9; DUR-008) -------------------------------------------------------------------------
