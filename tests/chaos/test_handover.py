@@ -23,6 +23,7 @@ from settled._settings import Settings
 from settled.processors import partition_for_key
 from settled.producers import provision_topics
 from settled.schemas import (
+    LogEvent,
     OwnershipClaimed,
     Receipt,
     ReceiptOutcome,
@@ -107,6 +108,36 @@ class _Load:
         self._thread.join(30)
         if self._errors:
             raise self._errors[0]
+
+
+def _sigterm_handover(s: Settings, tmp_path: Path, delay_s: float) -> tuple[list[LogEvent], SettlementRecord]:
+    """Start one submission taking ``delay_s`` on a first worker, SIGTERM it once the attempt started (it must exit
+    0), start a second worker, and return the log's events and the submission's one settlement."""
+    sub = proposal(_conversations()[0], value={"delay_s": delay_s})
+    log, settlements = Tail(s, "log"), Tail(s, "settlements")
+    inbox = Inbox(s)
+    workers: list[ChildWorker] = []
+    try:
+        workers.append(spawn_worker(s, tmp_path, "first"))
+        inbox.send(sub)
+        log.wait(
+            lambda: any(type(e).__name__ == "AttemptStarted" for _, _, b in batches(log) for e in b.events),
+            60,
+            "the attempt to start",
+        )
+        workers[0].signal(signal.SIGTERM)
+        assert workers[0].proc.wait(60) == 0, workers[0].tail()
+        workers.append(spawn_worker(s, tmp_path, "second"))
+        settlements.wait(lambda: bool(settlements.values()), 60, "the settlement")
+        log.catch_up()
+    finally:
+        for w in workers:
+            w.stop()
+        for t in (log, settlements):
+            t.close()
+    events = [e for _, _, b in batches(log) for e in b.events]
+    (record,) = [r for r in settlements.values() if isinstance(r, SettlementRecord)]
+    return events, record
 
 
 def test_sigterm_during_load_hands_partitions_over_gracefully(topics: Settings, tmp_path: Path) -> None:
@@ -222,32 +253,8 @@ def test_sigterm_explains_the_running_attempt_in_the_log(topics: Settings, tmp_p
     worker leaves (DESIGN.md §3: running work finishes and commits), or the departing owner records
     ``AttemptInterrupted`` for it. Either way its successor records no recovery decision for it.
     """
-    s = topics
-    conv = _conversations()[0]
-    sub = proposal(conv, value={"delay_s": 1.0})
-    log, settlements = Tail(s, "log"), Tail(s, "settlements")
-    inbox = Inbox(s)
-    workers: list[ChildWorker] = []
-    try:
-        workers.append(spawn_worker(s, tmp_path, "first"))
-        inbox.send(sub)
-        log.wait(
-            lambda: any(type(e).__name__ == "AttemptStarted" for _, _, b in batches(log) for e in b.events),
-            60,
-            "the attempt to start",
-        )
-        workers[0].signal(signal.SIGTERM)
-        assert workers[0].proc.wait(60) == 0, workers[0].tail()
-        workers.append(spawn_worker(s, tmp_path, "second"))
-        settlements.wait(lambda: bool(settlements.values()), 60, "the settlement")
-        log.catch_up()
-    finally:
-        for w in workers:
-            w.stop()
-        for t in (log, settlements):
-            t.close()
-    events = [type(e).__name__ for _, _, b in batches(log) for e in b.events]
-    (record,) = [r for r in settlements.values() if isinstance(r, SettlementRecord)]
+    logged, record = _sigterm_handover(topics, tmp_path, 1.0)
+    events = [type(e).__name__ for e in logged]
     settled_before_leaving = record.attempt_count == 1
     explained = "AttemptInterrupted" in events and "RecoveryDecision" not in events
     if not (settled_before_leaving or explained):
@@ -263,34 +270,9 @@ def test_sigterm_past_the_grace_records_attempt_interrupted(
     revoked attempt is not charged to ``max_attempts`` (DESIGN.md §3, §5).
     """
     monkeypatch.setenv("SETTLED_REVOKE_GRACE_S", "0.3")  # the children inherit it
-    s = topics
-    conv = _conversations()[0]
-    sub = proposal(conv, value={"delay_s": 3.0})
-    log, settlements = Tail(s, "log"), Tail(s, "settlements")
-    inbox = Inbox(s)
-    workers: list[ChildWorker] = []
-    try:
-        workers.append(spawn_worker(s, tmp_path, "first"))
-        inbox.send(sub)
-        log.wait(
-            lambda: any(type(e).__name__ == "AttemptStarted" for _, _, b in batches(log) for e in b.events),
-            60,
-            "the attempt to start",
-        )
-        workers[0].signal(signal.SIGTERM)
-        assert workers[0].proc.wait(60) == 0, workers[0].tail()
-        workers.append(spawn_worker(s, tmp_path, "second"))
-        settlements.wait(lambda: bool(settlements.values()), 60, "the settlement")
-        log.catch_up()
-    finally:
-        for w in workers:
-            w.stop()
-        for t in (log, settlements):
-            t.close()
-    events = [e for _, _, b in batches(log) for e in b.events]
+    events, record = _sigterm_handover(topics, tmp_path, 3.0)
     names = [type(e).__name__ for e in events]
     interrupted = [e for e in events if type(e).__name__ == "AttemptInterrupted"]
     assert [getattr(e, "reason", None) for e in interrupted] == ["graceful_revoke"], names
     assert "RecoveryDecision" not in names, names
-    (record,) = [r for r in settlements.values() if isinstance(r, SettlementRecord)]
     assert record.outcome is SettlementOutcome.COMPLETED and record.attempt_count == 2, record

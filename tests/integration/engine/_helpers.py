@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -265,3 +267,39 @@ def check_parallel_batch(
     # Calls in doubt at the kill are retried under their keys; with none in doubt the run simply resumes.
     expected_kind = RecoveryDecisionKind.SAFE_RETRY if retried else RecoveryDecisionKind.RESUME
     assert kinds == [expected_kind], f"{where} recovery decisions {kinds} (calls in doubt: {retried})"
+
+
+def supervise_until_settled(
+    s: Settings,
+    submissions: Sequence[SubmissionProposed],
+    spawn: Callable[[str], subprocess.Popen[bytes]],
+    *,
+    max_deaths: int,
+    timeout_s: float,
+    poll_s: float,
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """Keep one worker running, as a supervisor would, until every submission settled.
+
+    A worker that ends must have exited 1 (a poison submission's ``os._exit(1)``); it is counted and started again.
+
+    Returns:
+        The deaths counted and the worker running at the end.
+
+    Raises:
+        AssertionError: A worker ended otherwise, more than ``max_deaths`` deaths (a crash loop), or not everything
+            settled within ``timeout_s`` seconds.
+    """
+    deaths = 0
+    deadline = time.monotonic() + timeout_s
+    worker: subprocess.Popen[bytes] | None = None
+    while time.monotonic() < deadline:
+        if all(settled(s, p.submission_id) is not None for p in submissions) and worker is not None:
+            return deaths, worker
+        if worker is None or worker.poll() is not None:
+            if worker is not None:
+                assert worker.returncode == 1, f"worker ended with {worker.returncode}"
+                deaths += 1
+            assert deaths <= max_deaths, f"{deaths} deaths: the poison submission is crash-looping its worker"
+            worker = spawn(f"w{deaths}")
+        time.sleep(poll_s)
+    raise AssertionError(f"not everything settled after {deaths} deaths: {settlements(s)}")

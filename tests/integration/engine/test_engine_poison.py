@@ -9,7 +9,6 @@ conversation's next submission runs. The same death inside a non-idempotent tool
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,15 @@ import pytest
 from settled._settings import Settings
 from settled.schemas import RecoveryDecisionKind, SettlementOutcome
 from tests._promise import promise
-from tests.integration.engine._helpers import decisions, invocations, plan, send, settled, settlements
+from tests.integration.engine._helpers import (
+    decisions,
+    invocations,
+    plan,
+    send,
+    settled,
+    settlements,
+    supervise_until_settled,
+)
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.helpers import proposal
 
@@ -39,21 +46,7 @@ def test_a_poison_submission_fails_after_max_attempts_and_its_neighbours_complet
     in_tool = proposal("conv-t", value=plan({"tool": "exit_inside"}))
     send(s, *healthy, poison, after_poison)
     everyone = [*healthy, poison, after_poison]
-    deaths = 0
-    deadline = time.monotonic() + 240
-    worker: subprocess.Popen[bytes] | None = None
-    while time.monotonic() < deadline:
-        if all(settled(s, p.submission_id) is not None for p in everyone):
-            break
-        if worker is None or worker.poll() is not None:
-            if worker is not None:
-                assert worker.returncode == 1, f"worker ended with {worker.returncode}"
-                deaths += 1
-            assert deaths <= 6, f"{deaths} deaths: the poison submission is crash-looping the partition"
-            worker = spawn_worker(f"w{deaths}")
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"not everything settled after {deaths} deaths: {settlements(s)}")
+    deaths, worker = supervise_until_settled(s, everyone, spawn_worker, max_deaths=6, timeout_s=240, poll_s=0.5)
     result = settled(s, poison.submission_id)
     assert result is not None
     promise(

@@ -10,8 +10,6 @@ Two partitions, one worker at a time, restarted by the test after every death li
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -22,7 +20,7 @@ from settled.processors import partition_for_key
 from settled.producers import provision_topics
 from settled.schemas import SettlementOutcome
 from tests._promise import promise
-from tests.integration.engine._helpers import plan, send, settled, settlements
+from tests.integration.engine._helpers import plan, send, settled, settlements, supervise_until_settled
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.helpers import CODEC, proposal
 
@@ -51,21 +49,7 @@ def test_a_poison_submission_resumes_alone_in_the_process_and_its_neighbours_on_
     poison = proposal(poison_conv, value=plan({"sleep_s": 0.5}, {"exit": 1}))
     everyone = [*healthy, poison]
     send(s, *everyone)  # all four run at once on the first worker, which the poison one kills
-    deaths = 0
-    deadline = time.monotonic() + 200
-    worker: subprocess.Popen[bytes] | None = None
-    while time.monotonic() < deadline:
-        if all(settled(s, p.submission_id) is not None for p in everyone):
-            break
-        if worker is None or worker.poll() is not None:
-            if worker is not None:
-                assert worker.returncode == 1, f"worker ended with {worker.returncode}"
-                deaths += 1
-            assert deaths <= 5, f"{deaths} deaths: the poison submission is crash-looping the process"
-            worker = spawn_worker(f"w{deaths}")
-        time.sleep(0.3)
-    else:
-        raise AssertionError(f"not everything settled after {deaths} deaths: {settlements(s)}")
+    deaths, _ = supervise_until_settled(s, everyone, spawn_worker, max_deaths=5, timeout_s=200, poll_s=0.3)
     result = settled(s, poison.submission_id)
     assert result is not None
     promise(
