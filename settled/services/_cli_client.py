@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
@@ -21,14 +22,13 @@ from pydantic import BaseModel
 from settled._settings import Settings
 from settled.client import (
     NO_RESULT,
-    AbortRejected,
     BrokerUnavailable,
     Client,
     ClientError,
+    CommandRejection,
     InboxProduceError,
     OutcomeUnknown,
     PayloadTooLarge,
-    ResolveRejected,
     SettlementTimeout,
     SigningKeyError,
     SubmissionRejected,
@@ -36,7 +36,7 @@ from settled.client import (
     public_key_b64,
     write_signing_key,
 )
-from settled.schemas import ResolutionKind
+from settled.schemas import Receipt, ResolutionKind
 from settled.services._cli_dev import stack_from_settings
 
 __all__ = ["EXIT_NO_SETTLEMENT", "EXIT_REJECTED", "EXIT_UNAVAILABLE", "EXIT_UNKNOWN", "abort", "keygen",
@@ -123,11 +123,24 @@ def abort(
     timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
 ) -> None:
     """Ask the owner to abort a submission and print its reply (a receipt of request kind command) as a JSON line."""
-    settings = _settings()
-    with Client(settings, default_timeout_s=timeout_s) as client:
+    _send_command(
+        timeout_s,
+        lambda client: client.abort(
+            conversation, submission, reason=reason, principal=principal, command_id=command_id
+        ),
+    )
+
+
+def _send_command(timeout_s: float, send: Callable[[Client], Receipt]) -> None:
+    """Send one command through a fresh client and print its reply as a JSON line.
+
+    A rejection exits `EXIT_REJECTED` (after printing the rejection receipt), no reply in time `EXIT_UNKNOWN`, bad
+    input or no broker `EXIT_UNAVAILABLE`.
+    """
+    with Client(_settings(), default_timeout_s=timeout_s) as client:
         try:
-            receipt = client.abort(conversation, submission, reason=reason, principal=principal, command_id=command_id)
-        except AbortRejected as exc:
+            receipt = send(client)
+        except CommandRejection as exc:
             _print(exc.receipt)
             _fail(EXIT_REJECTED, str(exc))
         except OutcomeUnknown as exc:
@@ -188,30 +201,22 @@ def resolve_unknown(
         key = load_signing_key(key_file)
     except SigningKeyError as exc:
         _fail(EXIT_UNAVAILABLE, str(exc))
-    settings = _settings()
-    with Client(settings, default_timeout_s=timeout_s) as client:
-        try:
-            receipt = client.resolve_unknown(
-                conversation,
-                submission,
-                call,
-                kind=resolution,
-                signing_key=key,
-                key_id=key_id,
-                result=result_value,
-                outcome=outcome,
-                reply=reply_value,
-                principal=principal,
-                command_id=command_id,
-            )
-        except ResolveRejected as exc:
-            _print(exc.receipt)
-            _fail(EXIT_REJECTED, str(exc))
-        except OutcomeUnknown as exc:
-            _fail(EXIT_UNKNOWN, str(exc))
-        except (ValueError, BrokerUnavailable, InboxProduceError) as exc:
-            _fail(EXIT_UNAVAILABLE, str(exc))
-        _print(receipt)
+    _send_command(
+        timeout_s,
+        lambda client: client.resolve_unknown(
+            conversation,
+            submission,
+            call,
+            kind=resolution,
+            signing_key=key,
+            key_id=key_id,
+            result=result_value,
+            outcome=outcome,
+            reply=reply_value,
+            principal=principal,
+            command_id=command_id,
+        ),
+    )
 
 
 def keygen(
