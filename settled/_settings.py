@@ -47,6 +47,11 @@ class Settings(BaseSettings):
         revoke_grace_s: On a graceful revoke (SIGTERM, a rebalance), how long a partition's running attempts may
             take to finish and commit their settlements before the rest are recorded as ``AttemptInterrupted``
             (DESIGN.md §3).
+        worker_turn_watchdog_s: Bound on one phase of a worker turn (one partition's checkpoint, a poll), in
+            seconds; a worker whose phase runs past it logs CRITICAL, dumps its threads' stacks and exits 75 so a
+            supervisor restarts it (librdkafka#5456, docs/architecture.md). Unset: derived from the Kafka timeouts
+            (``settled.processors.default_turn_watchdog_s``, 62.5 s by default); claims and graceful releases get
+            their restore and revoke bounds on top. 0 disables the watchdog.
     """
 
     model_config = SettingsConfigDict(
@@ -74,6 +79,7 @@ class Settings(BaseSettings):
     linger_ms: int = 1
     kafka_call_timeout_s: float = 10.0
     revoke_grace_s: float = Field(default=5.0, ge=0.0)
+    worker_turn_watchdog_s: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
     def topic(self, name: str) -> str:
         """Return the namespaced topic name.

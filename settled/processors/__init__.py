@@ -13,11 +13,13 @@ from settled.processors._conductor import (
 )
 from settled.processors._ledger import LedgerDecider, load_public_key, to_loop_decision
 from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner, StaleEpochError
+from settled.processors._watchdog import WATCHDOG_EXIT_CODE, default_turn_watchdog_s
 from settled.processors._worker import PartitionConductor, Worker, WorkerConfig
 from settled.producers import murmur2, partition_for_key
 
 __all__ = [
     "JOURNAL_EVENT_TYPES",
+    "WATCHDOG_EXIT_CODE",
     "Agent",
     "AgentRun",
     "AttemptSuperseded",
@@ -35,6 +37,7 @@ __all__ = [
     "ToolPolicy",
     "Worker",
     "WorkerConfig",
+    "default_turn_watchdog_s",
     "load_public_key",
     "murmur2",
     "partition_for_key",

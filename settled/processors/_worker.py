@@ -16,7 +16,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -29,6 +30,7 @@ from settled._settings import Settings
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
 from settled.processors._conductor import ResumeGate
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
+from settled.processors._watchdog import PhaseStamp, TurnWatchdog, turn_watchdog_s
 from settled.producers import (
     AppenderFatalError,
     OpenTransactionError,
@@ -80,6 +82,10 @@ _RECORD_ERRORS = frozenset(
 #: How long a partition whose claim failed (broker unreachable, open foreign transaction) waits before the next try.
 _CLAIM_RETRY_S = 1.0
 
+#: Bound on a claim's restore (reading the whole log partition, claim step 4), in seconds; the turn watchdog gives a
+#: claim this much on top of its turn bound.
+_RESTORE_TIMEOUT_S = 120.0
+
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
@@ -105,6 +111,11 @@ class WorkerConfig:
             may decompress to. A batch decompressing past it is quarantined whole (issue 4 item 6); keep it above
             the inbox topic's ``max.message.bytes``.
         consumer_overrides: Further librdkafka properties of the group consumer (e.g. ``max.poll.interval.ms``).
+        turn_watchdog_s: Bound on one phase of a turn (a poll, one partition's checkpoint), in seconds: past it the
+            process logs CRITICAL naming the phase, dumps every thread's stack and exits with
+            ``WATCHDOG_EXIT_CODE`` (75) so a supervisor restarts it (librdkafka#5456; `settled.processors._watchdog`).
+            A claim gets the restore and open-transaction bounds on top, a graceful release ``revoke_grace_s``.
+            ``None`` takes ``Settings.worker_turn_watchdog_s`` (unset: `default_turn_watchdog_s`); 0 disables it.
     """
 
     poll_timeout_s: float = 0.05
@@ -115,6 +126,7 @@ class WorkerConfig:
     fetch_max_bytes: int = 52_428_800
     receive_message_max_bytes: int = 100_000_000
     consumer_overrides: Mapping[str, str | int] = field(default_factory=dict)
+    turn_watchdog_s: float | None = None
 
     @property
     def consumer_limits(self) -> dict[str, int]:
@@ -198,6 +210,8 @@ class Worker(Generic[S]):
     _partition_count: int = field(default=0, init=False)
     _wake: threading.Event = field(default_factory=threading.Event, init=False)  # set by conductors with work
     _gate: ResumeGate = field(default_factory=ResumeGate, init=False)  # shared by this process's conductors
+    _stamp: PhaseStamp = field(default_factory=PhaseStamp, init=False)  # what the loop does now (the watchdog's)
+    _turn_bound_s: float = field(default=0.0, init=False)  # 0: no watchdog (set by run())
 
     @property
     def partition_count(self) -> int:
@@ -225,10 +239,38 @@ class Worker(Generic[S]):
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Run the loop until `stop` is called (or ``until()`` is true).
 
+        While it runs, a `TurnWatchdog` thread ends the process with ``WATCHDOG_EXIT_CODE`` when one phase of a turn
+        runs past ``WorkerConfig.turn_watchdog_s`` (0 disables it).
+
         Args:
             until: Optional predicate checked every turn.
+
+        Raises:
+            ValueError: The configured watchdog bound is negative or not finite.
         """
-        self._check_topics()
+        self._turn_bound_s = turn_watchdog_s(self.config.turn_watchdog_s, self.settings)
+        watchdog: TurnWatchdog | None = None
+        if self._turn_bound_s > 0:
+            watchdog = TurnWatchdog(self._stamp, TurnWatchdog.interval_for(self._turn_bound_s))
+            watchdog.start()
+        try:
+            self._run(until)
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+
+    @contextmanager
+    def _phase(self, name: str, extra_s: float = 0.0) -> Iterator[None]:
+        """Stamp what the loop does for the turn watchdog: ``name`` may take the turn bound plus ``extra_s``."""
+        if self._turn_bound_s <= 0:
+            yield
+            return
+        with self._stamp.phase(name, self._turn_bound_s + extra_s):
+            yield
+
+    def _run(self, until: Callable[[], bool] | None) -> None:
+        with self._phase("checking the topics"):
+            self._check_topics()
         consumer = Consumer(
             consumer_config(
                 self.settings, self.group_id, **self.config.consumer_limits, **dict(self.config.consumer_overrides)
@@ -240,10 +282,12 @@ class Worker(Generic[S]):
         )
         try:
             while not self._stop.is_set() and not (until is not None and until()):
-                self.turn()
+                with self._phase("turn"):
+                    self.turn()
             self._release(sorted(self.owners))  # a graceful revoke of every partition (DESIGN.md §3)
         finally:
-            consumer.close()  # leaves the group: the partitions move at once
+            with self._phase("closing the group consumer"):
+                consumer.close()  # leaves the group: the partitions move at once
             self._consumer = None
 
     def _check_topics(self) -> None:
@@ -263,21 +307,40 @@ class Worker(Generic[S]):
         consumer = self._consumer
         assert consumer is not None  # run() sets it
         busy = any(getattr(c, "busy", False) for c in self.conductors.values())
-        if busy:
-            # Runs are in flight: a record one hands over (or its end) is staged as soon as it comes, not at the
-            # next poll. Poll without waiting, then wait for a run's wake-up, bounded so the inbox is still read
-            # within `WorkerConfig.busy_wait_s`. A wake-up arriving after the clear below is seen next turn.
-            msgs = consume_promptly(consumer, self.config.max_poll_records, 0)
-            if not msgs:
-                self._wake.wait(min(self.config.poll_timeout_s, self.config.busy_wait_s))
-        else:
-            msgs = consume_promptly(consumer, self.config.max_poll_records, self.config.poll_timeout_s)
+        with self._phase("polling the inbox"):
+            if busy:
+                # Runs are in flight: a record one hands over (or its end) is staged as soon as it comes, not at the
+                # next poll. Poll without waiting, then wait for a run's wake-up, bounded so the inbox is still read
+                # within `WorkerConfig.busy_wait_s`. A wake-up arriving after the clear below is seen next turn.
+                msgs = consume_promptly(consumer, self.config.max_poll_records, 0)
+                if not msgs:
+                    self._wake.wait(min(self.config.poll_timeout_s, self.config.busy_wait_s))
+            else:
+                msgs = consume_promptly(consumer, self.config.max_poll_records, self.config.poll_timeout_s)
         self._wake.clear()
         # Claims happen after the poll that may have revoked a partition (rebalance callbacks run inside it).
         for p in sorted(self._to_claim):
             # A claim can serve a rebalance (a revoke inside its blocking calls): skip what it took away.
             if p in self._to_claim and time.monotonic() >= self._claim_not_before.get(p, 0.0):
-                self._claim(p)
+                with self._phase(f"claim of partition {p}", extra_s=self._claim_extra_s()):
+                    self._claim(p)
+        with self._phase(f"deciding {len(msgs)} inbox records"):
+            self._decide(msgs)
+        for p, conductor in list(self.conductors.items()):
+            if p in self.owners:
+                with self._phase(f"staging the runs of partition {p}"):
+                    conductor.before_checkpoint()
+        failpoint("worker.before_checkpoint")
+        for owner in list(self.owners.values()):
+            if owner.has_pending:
+                self._checkpoint(owner)
+        for p, conductor in list(self.conductors.items()):
+            if p in self.owners:
+                with self._phase(f"acting on the checkpoint of partition {p}"):
+                    conductor.after_checkpoint()
+
+    def _decide(self, msgs: list[Message]) -> None:
+        """Hand every polled record to its partition's owner (consumer errors are logged or quarantined)."""
         for msg in msgs:
             part = msg.partition()
             err = msg.error()
@@ -295,16 +358,10 @@ class Worker(Generic[S]):
             if (msg.offset() or 0) < self._skip_below.get(part, -1):
                 continue  # a repeat of the error of a batch already quarantined and skipped
             self.owners[part].handle(self._input(msg))
-        for p, conductor in list(self.conductors.items()):
-            if p in self.owners:
-                conductor.before_checkpoint()
-        failpoint("worker.before_checkpoint")
-        for owner in list(self.owners.values()):
-            if owner.has_pending:
-                self._checkpoint(owner)
-        for p, conductor in list(self.conductors.items()):
-            if p in self.owners:
-                conductor.after_checkpoint()
+
+    def _claim_extra_s(self) -> float:
+        """What a claim may take beyond the turn bound: its restore and its wait for a foreign open transaction."""
+        return _RESTORE_TIMEOUT_S + TransactionalAppender.open_transaction_wait_s
 
     def _claim(self, p: int) -> None:
         consumer = self._consumer
@@ -333,7 +390,7 @@ class Worker(Generic[S]):
         if isinstance(conductor, ProcessMember):
             conductor.join_process(self._wake.set, self._gate)
         try:
-            owner.claim()
+            owner.claim(_RESTORE_TIMEOUT_S)
         except ProducerFencedError:
             _log.warning("fenced while claiming", extra={"partition": p})
             self._to_claim.discard(p)
@@ -374,7 +431,8 @@ class Worker(Generic[S]):
 
     def _checkpoint(self, owner: PartitionOwner[S]) -> None:
         try:
-            owner.checkpoint()
+            with self._phase(f"checkpoint of partition {owner.partition}"):
+                owner.checkpoint()
         except ProducerFencedError:
             # Either a newer owner took the partition (then the group revokes it from us at a coming poll) or the
             # coordinator aborted our own transaction for running past transaction.timeout.ms (then the partition
@@ -421,6 +479,12 @@ class Worker(Generic[S]):
             partitions: The partitions to release (those not owned are skipped).
         """
         owned = [p for p in partitions if p in self.owners]
+        if not owned:
+            return
+        with self._phase(f"graceful release of partitions {owned}", extra_s=self.settings.revoke_grace_s):
+            self._release_owned(owned)
+
+    def _release_owned(self, owned: list[int]) -> None:
         draining: dict[int, DrainingConductor] = {}
         for p in owned:
             conductor = self.conductors.get(p)
