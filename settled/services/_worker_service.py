@@ -94,7 +94,11 @@ def worker_command(
     worker_id: str = typer.Option("", help="This worker's id (default: random)."),
     log_level: str = typer.Option("INFO", help="Log level."),
 ) -> None:
-    """Run a conversation worker until SIGTERM (a graceful revoke) or SIGINT; SIGUSR1 dumps every thread's stack."""
+    """Run a conversation worker until SIGTERM (a graceful revoke) or SIGINT; SIGUSR1 dumps every thread's stack.
+
+    Exit codes: 0 after a graceful stop, 1 on an unhandled error, 2 when the app does not load, 75 when the turn
+    watchdog ended a stalled worker (``SETTLED_WORKER_TURN_WATCHDOG_S``; restart it: README "Operating").
+    """
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # diagnosing a stuck worker
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
