@@ -9,6 +9,10 @@ stderr and ends the process with `WATCHDOG_EXIT_CODE` through ``os._exit``, so a
 its producers, with the same ``transactional.id``, fence the stuck one, and the claim's recovery takes it from there
 (nothing the stuck owner staged ever commits; DESIGN.md §3).
 
+Only time the process was running counts: `StallMeter` credits each check with the time since the previous one, at
+most `MAX_CREDIT_INTERVALS` check intervals, so a process that was stopped (SIGSTOP, a suspended VM) is not ended for
+the pause the moment it resumes; a stuck C call leaves the watchdog thread running, and its time counts in full.
+
 Phases nest: a phase entered while another is open (a checkpoint inside a graceful release, a release inside a poll's
 revoke callback) replaces it; when the inner one ends the outer one is stamped again with a fresh start, so every
 stretch of work between two phase boundaries is bounded by the bound of the phase it belongs to.
@@ -29,9 +33,11 @@ from dataclasses import dataclass, field
 from settled._settings import Settings
 
 __all__ = [
+    "MAX_CREDIT_INTERVALS",
     "WATCHDOG_EXIT_CODE",
     "Phase",
     "PhaseStamp",
+    "StallMeter",
     "TurnWatchdog",
     "default_turn_watchdog_s",
     "turn_watchdog_s",
@@ -47,6 +53,9 @@ WATCHDOG_EXIT_CODE = 75
 #: by ``Settings.kafka_call_timeout_s``: flush, send_offsets_to_transaction, commit_transaction, abort_transaction,
 #: and after an abort the end-offset read of the LSO wait and the retry's flush (`settled.producers`' appender).
 _CHECKPOINT_CALLS = 6
+
+#: A check credits the phase with at most this many check intervals, however long ago the previous check was.
+MAX_CREDIT_INTERVALS = 3.0
 
 #: The smallest derived bound, in seconds: a busy 2-core host must never trip the watchdog on a healthy turn.
 _MIN_DERIVED_S = 60.0
@@ -107,11 +116,6 @@ class Phase:
     started_at_s: float
     bound_s: float
 
-    @property
-    def deadline_s(self) -> float:
-        """When the phase is overdue, on the monotonic clock, in seconds."""
-        return self.started_at_s + self.bound_s
-
 
 @dataclass
 class PhaseStamp:
@@ -161,18 +165,49 @@ class PhaseStamp:
             else:
                 self._current = None
 
-    def overdue(self, now_s: float) -> Phase | None:
-        """Return the phase in progress if it ran past its bound at ``now_s``, else ``None``.
+
+@dataclass
+class StallMeter:
+    """How long the current phase has been running while the process ran, checked at regular ticks (pure logic).
+
+    Each `check` credits the phase seen with the time since the previous check, at most ``max_credit_s`` (so a
+    stopped process's pause counts as one short tick). A phase first seen is credited with the time since it
+    started, within the same cap.
+
+    Attributes:
+        started_at_s: The monotonic time of the first check's predecessor (the watchdog's start), in seconds.
+        max_credit_s: The most one check credits, in seconds.
+    """
+
+    started_at_s: float
+    max_credit_s: float
+    _last_s: float | None = field(default=None, init=False)
+    _watched: Phase | None = field(default=None, init=False)
+    _running_s: float = field(default=0.0, init=False)
+
+    def check(self, phase: Phase | None, now_s: float) -> tuple[Phase, float] | None:
+        """Credit ``phase`` (the stamp's current phase at ``now_s``) and say whether it ran past its bound.
 
         Args:
-            now_s: The monotonic time, in seconds.
+            phase: The phase in progress (``None``: the loop is between phases).
+            now_s: The monotonic time of the check, in seconds.
 
         Returns:
-            The overdue phase, or ``None``.
+            The overdue phase and the seconds it has run, or ``None``.
         """
-        current = self._current
-        if current is not None and now_s > current.deadline_s:
-            return current
+        last_s = self.started_at_s if self._last_s is None else self._last_s
+        credit_s = min(max(0.0, now_s - last_s), self.max_credit_s)
+        self._last_s = now_s
+        if phase is None:
+            self._watched = None
+            return None
+        if phase is not self._watched:
+            self._watched = phase
+            self._running_s = min(max(0.0, now_s - phase.started_at_s), credit_s)
+        else:
+            self._running_s += credit_s
+        if self._running_s > phase.bound_s:
+            return phase, self._running_s
         return None
 
 
@@ -205,7 +240,7 @@ class TurnWatchdog:
     Attributes:
         stamp: The loop's phase stamp.
         check_interval_s: How often the stamp is checked, in seconds (a firing comes at most this late).
-        on_expiry: Called once with the overdue phase and its elapsed seconds; the default logs CRITICAL, dumps every
+        on_expiry: Called once with the overdue phase and the seconds it ran; the default logs CRITICAL, dumps every
             thread's stack to stderr and calls ``os._exit(WATCHDOG_EXIT_CODE)``. A test passes a recorder.
     """
 
@@ -246,9 +281,9 @@ class TurnWatchdog:
             thread.join()
 
     def _watch(self) -> None:
+        meter = StallMeter(self.stamp.clock(), MAX_CREDIT_INTERVALS * self.check_interval_s)
         while not self._stopped.wait(self.check_interval_s):
-            now_s = self.stamp.clock()
-            phase = self.stamp.overdue(now_s)
-            if phase is not None:
-                self.on_expiry(phase, now_s - phase.started_at_s)
+            overdue = meter.check(self.stamp.current, self.stamp.clock())
+            if overdue is not None:
+                self.on_expiry(*overdue)
                 return

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from settled._settings import Settings
 from settled.processors import WATCHDOG_EXIT_CODE, WorkerConfig, default_turn_watchdog_s
-from settled.processors._watchdog import Phase, PhaseStamp, TurnWatchdog, turn_watchdog_s
+from settled.processors._watchdog import Phase, PhaseStamp, StallMeter, TurnWatchdog, turn_watchdog_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,17 +31,67 @@ class FakeClock:
         return self.now_s
 
 
-def test_a_phase_is_overdue_only_after_its_bound_and_not_once_it_ended() -> None:
+def test_a_phase_is_stamped_for_its_block_only() -> None:
     clock = FakeClock()
     stamp = PhaseStamp(clock=clock)
-    assert stamp.current is None and stamp.overdue(1e9) is None  # idle: nothing to be late
+    assert stamp.current is None
     with stamp.phase("checkpoint of partition 3", 5.0):
         assert stamp.current == Phase("checkpoint of partition 3", 100.0, 5.0)
-        assert stamp.overdue(105.0) is None  # exactly at the bound: not yet
-        assert stamp.overdue(105.01) == Phase("checkpoint of partition 3", 100.0, 5.0)
         clock.now_s = 200.0
     assert stamp.current is None
-    assert stamp.overdue(1e9) is None
+
+
+def _ticks(meter: StallMeter, stamp: PhaseStamp, clock: FakeClock, until_s: float) -> tuple[Phase, float] | None:
+    """Check every 0.5 s up to ``until_s``; return the first firing."""
+    while clock.now_s < until_s:
+        clock.now_s += 0.5
+        fired = meter.check(stamp.current, clock.now_s)
+        if fired is not None:
+            return fired
+    return None
+
+
+def test_a_phase_is_overdue_only_once_it_ran_past_its_bound() -> None:
+    clock = FakeClock()
+    stamp = PhaseStamp(clock=clock)
+    meter = StallMeter(clock.now_s, max_credit_s=1.5)
+    assert _ticks(meter, stamp, clock, 120.0) is None  # idle between phases: nothing to be late
+    with stamp.phase("checkpoint of partition 3", 5.0):
+        assert _ticks(meter, stamp, clock, 125.0) is None  # exactly at the bound: not yet
+        fired = _ticks(meter, stamp, clock, 200.0)
+    assert fired is not None
+    phase, running_s = fired
+    assert phase.name == "checkpoint of partition 3" and running_s == 5.5 and clock.now_s == 125.5
+
+
+def test_a_phase_ended_and_a_new_one_started_between_two_checks_is_credited_only_since_its_start() -> None:
+    clock = FakeClock()
+    stamp = PhaseStamp(clock=clock)
+    meter = StallMeter(clock.now_s, max_credit_s=3.0)
+    with stamp.phase("checkpoint of partition 0", 2.0):
+        clock.now_s += 1.9
+    with stamp.phase("checkpoint of partition 1", 2.0):
+        clock.now_s += 0.1  # the first check comes 2 s after the previous one, 0.1 s into this phase
+        assert meter.check(stamp.current, clock.now_s) is None
+        clock.now_s += 1.8
+        assert meter.check(stamp.current, clock.now_s) is None  # 1.9 s
+        clock.now_s += 0.2
+        fired = meter.check(stamp.current, clock.now_s)
+    assert fired is not None and fired[0].name == "checkpoint of partition 1"
+    assert fired[1] == pytest.approx(2.1)
+
+
+def test_a_stopped_process_is_not_charged_for_its_pause() -> None:
+    """SIGSTOP, then SIGCONT 100 s later: the pause counts as one capped check, not as a stall of the phase."""
+    clock = FakeClock()
+    stamp = PhaseStamp(clock=clock)
+    meter = StallMeter(clock.now_s, max_credit_s=1.5)
+    with stamp.phase("staging the runs of partition 0", 10.0):
+        assert _ticks(meter, stamp, clock, 104.0) is None  # 4 s
+        clock.now_s += 100.0  # stopped: no check ran
+        assert meter.check(stamp.current, clock.now_s) is None  # 5.5 s credited
+        fired = _ticks(meter, stamp, clock, 300.0)
+    assert fired is not None and fired[1] == 10.5  # 4 s + 1.5 s + 5 s of checks after the pause
 
 
 def test_an_inner_phase_replaces_the_outer_one_which_is_stamped_afresh_when_it_ends() -> None:
@@ -54,8 +104,6 @@ def test_an_inner_phase_replaces_the_outer_one_which_is_stamped_afresh_when_it_e
             clock.now_s = 119.0
         # The outer phase's clock restarts: time spent in the inner phase was the inner phase's to bound.
         assert stamp.current == Phase("graceful release of partitions [0, 1]", 119.0, 15.0)
-        assert stamp.overdue(133.0) is None
-        assert stamp.overdue(134.5) is not None
     assert stamp.current is None
 
 
