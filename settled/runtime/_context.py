@@ -82,7 +82,7 @@ from settled.runtime._model import (
     ToolArgumentsDelta,
     ToolDeclaration,
 )
-from settled.runtime._tools import ToolCall, ToolRegistry, ToolSpec, invoke, start, still_unknown
+from settled.runtime._tools import ToolCall, ToolRegistry, ToolSpec, call_in_thread, invoke, start, still_unknown
 from settled.schemas import (
     RESULT_TOO_LARGE,
     CanonicalJsonError,
@@ -216,6 +216,39 @@ class _Tick:
     on_commit: list[Callable[[], None]] = field(default_factory=list)
 
 
+class _Launch:
+    """A sync tool started from the conductor's thread as its prepared record commits (DESIGN.md §3).
+
+    The run's loop would otherwise learn of the commit (one wake-up of the loop), then start the tool (one wake-up
+    of a tool thread): the tool starts one thread hop earlier, and its result still reaches the run through the
+    loop. `fire` runs right after the commit and before the run's loop is woken, so the crash-matrix failpoints
+    between the commit and the tool (``engine.after_response_commit`` when the response rode along, then
+    ``engine.after_prepared_commit``) are hit here, in the same order and before the tool starts (spec §15). An error
+    (a ``raise`` failpoint, a thread that could not start) is kept and raised on the run's loop where the failpoint
+    would have been hit; the tool is then not started.
+    """
+
+    def __init__(self, spec: ToolSpec, args: dict[str, Any], call: ToolCall) -> None:
+        self.spec = spec
+        self.args = args
+        self.call = call
+        self.with_response = False  # set when the record is handed over: the response rides with this prepared
+        self.future: Future[Any] | None = None
+        self.started_s = 0.0  # time.monotonic() when the tool started
+        self.error: BaseException | None = None
+
+    def fire(self) -> None:
+        """Hit the boundary failpoints, then start the tool on a daemon thread (in the conductor's thread)."""
+        try:
+            if self.with_response:
+                failpoint("engine.after_response_commit")
+            failpoint("engine.after_prepared_commit")
+            self.started_s = time.monotonic()
+            self.future = call_in_thread(self.spec.fn, dict(self.args), self.call)
+        except Exception as exc:  # noqa: BLE001 - raised on the run's loop (`RunContext._execute`), never lost
+            self.error = exc
+
+
 class RunContext:
     """What agent code gets: the run's identity, its input, and its durable effects.
 
@@ -272,7 +305,7 @@ class RunContext:
         self._ordinal += 1
         return ordinal
 
-    async def _record(self, events: Sequence[LogEvent]) -> None:
+    async def _record(self, events: Sequence[LogEvent], launch: _Launch | None = None) -> None:
         """Append ``events`` after whatever rides with them, and wait until they are committed.
 
         What rides along, in this order: posted records still lingering (a settlement), the buffered
@@ -280,6 +313,9 @@ class RunContext:
         a tool runs holds the response and the calls it declares). The records of one loop tick go to the
         conductor as one batch (a parallel-safe group's prepared calls commit together). A posted record that
         failed to commit surfaces here, before anything more is recorded.
+
+        With ``launch`` (a prepared record of a sync tool), the tool starts in the conductor's thread as the batch
+        commits (`_Launch`), which then also hits ``engine.after_response_commit``.
 
         Raises:
             AttemptSuperseded: This attempt may append nothing more (or an earlier posted record was refused).
@@ -290,9 +326,13 @@ class RunContext:
         self._buffer.clear()
         if not batch:
             return
+        with_response = any(isinstance(e, ModelResponseCompleted) for e in batch)
+        if launch is not None:
+            launch.with_response = with_response
+            self._open_tick().on_commit.append(launch.fire)
         await asyncio.shield(self._send(batch))
         self._raise_failed_posts()
-        if any(isinstance(e, ModelResponseCompleted) for e in batch):
+        if with_response and launch is None:
             failpoint("engine.after_response_commit")  # the response is canonical; the tools it declares not run
 
     def _post(self, events: Sequence[LogEvent], on_commit: Callable[[], None] | None = None) -> None:
@@ -807,9 +847,14 @@ class RunContext:
                 await self._record([prepared])
                 failpoint("engine.after_prepared_commit")
             else:
-                await self._record([prepared])
-                failpoint("engine.after_prepared_commit")
-                answer = await self._answer(spec, prepared, call, args)
+                # A sync tool starts as its prepared record commits, one thread hop sooner (`_Launch`).
+                launch = None if inspect.iscoroutinefunction(spec.fn) else _Launch(spec, args, call)
+                await self._record([prepared], launch)
+                if launch is None:
+                    failpoint("engine.after_prepared_commit")
+                elif launch.error is not None:
+                    raise launch.error
+                answer = await self._answer(spec, prepared, call, args, launch)
             failpoint("engine.tool_returned")
             settled = ToolCallSettled(
                 submission_id=self.submission_id,
@@ -825,15 +870,31 @@ class RunContext:
         return self._replay(spec.name, settled)
 
     async def _answer(
-        self, spec: ToolSpec, prepared: ToolCallPrepared, call: ToolCall, args: dict[str, Any]
+        self,
+        spec: ToolSpec,
+        prepared: ToolCallPrepared,
+        call: ToolCall,
+        args: dict[str, Any],
+        launch: _Launch | None = None,
     ) -> _Answer:
-        """Execute until the tool answers (a result or an application error); retry in-doubt calls when safe."""
+        """Execute until the tool answers (a result or an application error); retry in-doubt calls when safe.
+
+        The first try awaits the tool ``launch`` started as its prepared record committed, when there is one.
+        """
         deadline = time.monotonic() + spec.retry_budget_s
         delay_s = self._options.retry_backoff_s
+        launched = None if launch is None else launch.future
         while True:
             try:
-                started = time.monotonic()
-                value = await asyncio.wait_for(start(spec.fn, dict(args), call), spec.timeout_s)
+                if launched is not None:
+                    assert launch is not None  # launched comes from it
+                    started = launch.started_s
+                    running: Awaitable[Any] = asyncio.wrap_future(launched)
+                    launched = None  # a retry starts the tool again
+                else:
+                    started = time.monotonic()
+                    running = start(spec.fn, dict(args), call)
+                value = await asyncio.wait_for(running, max(spec.timeout_s - (time.monotonic() - started), 0.0))
                 if inspect.isawaitable(value):  # a sync tool returned an awaitable: within the same timeout
                     left_s = max(spec.timeout_s - (time.monotonic() - started), 0.0)
                     value = await asyncio.wait_for(value, left_s)
