@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from settled import _failpoints
 from settled.processors import AttemptSuperseded
 from settled.runtime import (
     App,
@@ -34,6 +35,8 @@ from settled.runtime import (
     RunOptions,
     ScriptedProvider,
     ToolCall,
+    _context,
+    _tools,
     declared_call,
 )
 from settled.runtime._model import ScriptStep
@@ -239,6 +242,85 @@ def test_a_tool_never_runs_before_its_prepared_record_commits() -> None:
     assert rec.held and invoked == [], "the tool ran before its prepared record committed"
     rec.release()
     assert done.wait(5) and result == ['"done"'] and invoked == ["charge"]
+
+
+@pytest.mark.parametrize("point", ["engine.after_response_commit", "engine.after_prepared_commit"])
+def test_a_boundary_failpoint_between_the_commit_and_a_sync_tool_stops_the_run_before_the_tool_starts(
+    point: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync tool starts in the committing thread (`_Launch`); the boundary failpoints still come first (spec §15)."""
+    monkeypatch.setenv(_failpoints.FAILPOINTS_ENV_VAR, f"{point}=1*raise")
+    monkeypatch.delenv(_failpoints.FAILPOINT_DIR_ENV_VAR, raising=False)
+    _failpoints.reset()
+    try:
+        rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+        invoked: list[str] = []
+
+        def script(request: ModelRequest) -> list[ScriptStep]:
+            if turns(request) == 0:
+                return [ModelResponse("", (declared_call("a", "charge", {}),))]
+            return [ModelResponse("done")]
+
+        app = model_app(script, invoked)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def go() -> None:
+            try:
+                run(app, attempt(rec))
+            except BaseException as exc:  # noqa: BLE001 - the test asserts what it was
+                errors.append(exc)
+            done.set()
+
+        threading.Thread(target=go, daemon=True).start()
+        deadline = time.monotonic() + 5
+        while not rec.held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rec.held, "the response and its prepared call were never handed over"
+        rec.release()  # the commit: the tool would start here, in this thread
+        assert done.wait(5)
+        assert len(errors) == 1 and isinstance(errors[0], _failpoints.FailpointError), errors
+        assert point in str(errors[0])
+        assert invoked == [], "the tool started although the boundary failpoint stopped the run"
+        assert shapes(rec)[0] == ["ModelResponseCompleted", "ToolCallPrepared"]
+    finally:
+        monkeypatch.delenv(_failpoints.FAILPOINTS_ENV_VAR)
+        _failpoints.reset()
+
+
+def test_a_sync_tool_starts_in_the_thread_that_commits_its_prepared_record() -> None:
+    """One thread hop less (DESIGN.md §3, docs/architecture.md): the tool is started by the committing thread."""
+    rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+    started_by: list[str] = []
+    invoked: list[str] = []
+
+    def script(request: ModelRequest) -> list[ScriptStep]:
+        if turns(request) == 0:
+            return [ModelResponse("", (declared_call("a", "charge", {}),))]
+        return [ModelResponse("done")]
+
+    app = model_app(script, invoked)
+    done = threading.Event()
+    result: list[str] = []
+    threading.Thread(target=lambda: (result.append(run(app, attempt(rec))), done.set()), daemon=True).start()
+    deadline = time.monotonic() + 5
+    while not rec.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    original = _tools.call_in_thread
+
+    def spy(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        started_by.append(threading.current_thread().name)
+        return original(fn, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_context, "call_in_thread", spy)
+        threading.current_thread().name = "committer"
+        try:
+            rec.release()
+        finally:
+            threading.current_thread().name = "MainThread"
+        assert done.wait(5) and result == ['"done"'] and invoked == ["charge"]
+    assert started_by == ["committer"]
 
 
 # ------------------------------------------------------------------------------------------- the shared run loop
