@@ -98,11 +98,16 @@ class RecordCompiler:
 
     @staticmethod
     def varint(var: str, ind: str) -> list[str]:
-        # A one-byte varint (values -64..63: lengths, indexes, small numbers) without a call.
+        # One- and two-byte varints (values -8192..8191: lengths, indexes, sequences) without a call; longer ones
+        # (timestamps) through LONG.
         return [
             f"{ind}b = d[p]",
             f"{ind}p += 1",
             f"{ind}if b < 128:",
+            f"{ind}    {var} = (b >> 1) ^ -(b & 1)",
+            f"{ind}elif d[p] < 128:",
+            f"{ind}    b = (b & 127) | (d[p] << 7)",
+            f"{ind}    p += 1",
             f"{ind}    {var} = (b >> 1) ^ -(b & 1)",
             f"{ind}else:",
             f"{ind}    {var}, p = LONG(d, p, b)",

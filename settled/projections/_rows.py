@@ -175,6 +175,11 @@ class RowSet:
         events: Events in those batches.
         clock: A clock (e.g. ``time.perf_counter``) to time the protocol fold with; None: not timed.
         fold_s: Time spent in the protocol fold (`settled.protocol.apply_traced`) by `clock`, for benchmarks.
+        deferred: Build the ``conversations`` and ``submissions`` rows once per key in `finish` instead of once per
+            batch (a bulk replay: only the merged rows are written). Their merged row is a function of the last
+            row emitted for the key and, for the `MergeRule.STICKY` columns, of the first row with a value, so only
+            those emissions are kept (`defer_conversation`, `defer_submission`); `finish` builds exactly the row the
+            per-batch merge gives. Call `finish` before reading `tables`.
     """
 
     tables: dict[str, dict[tuple[Any, ...], Row]] = field(default_factory=lambda: {name: {} for name in TABLES})
@@ -182,6 +187,70 @@ class RowSet:
     events: int = 0
     clock: Callable[[], float] | None = None
     fold_s: float = 0.0
+    deferred: bool = False
+    _conv_last: dict[str, tuple[ConversationState, int, datetime, int]] = field(default_factory=dict, repr=False)
+    _conv_first: dict[str, datetime] = field(default_factory=dict, repr=False)
+    _sub_last: dict[str, tuple[str, Submission, int, datetime, int]] = field(default_factory=dict, repr=False)
+    _sub_first: dict[str, tuple[Submission, datetime, int]] = field(default_factory=dict, repr=False)
+    _sub_started: dict[str, datetime] = field(default_factory=dict, repr=False)
+    _sub_settled: dict[str, datetime] = field(default_factory=dict, repr=False)
+
+    def defer_conversation(self, conv: ConversationState, partition: int, t: datetime, offset: int) -> None:
+        """Note a ``conversations`` row emitted by the batch at ``offset`` (``deferred`` sets; see `finish`).
+
+        Args:
+            conv: The conversation's folded state after the batch.
+            partition: The log partition.
+            t: The batch's ``recorded_at``.
+            offset: The batch's offset.
+        """
+        cid = conv.conversation_id
+        if cid not in self._conv_first:
+            self._conv_first[cid] = t
+        self._conv_last[cid] = (conv, partition, t, offset)
+
+    def defer_submission(self, conversation_id: str, sub: Submission, partition: int, t: datetime, offset: int) -> None:
+        """Note a ``submissions`` row emitted by the batch at ``offset`` (``deferred`` sets; see `finish`).
+
+        Args:
+            conversation_id: The submission's conversation.
+            sub: Its folded state after the batch.
+            partition: The log partition.
+            t: The batch's ``recorded_at``.
+            offset: The batch's offset.
+        """
+        sid = sub.submission_id
+        if sid not in self._sub_first:
+            self._sub_first[sid] = (sub, t, offset)
+        if sub.attempt_count > 0 and sid not in self._sub_started:
+            self._sub_started[sid] = t
+        if sub.state in TERMINAL_STATES and sid not in self._sub_settled:
+            self._sub_settled[sid] = t
+        self._sub_last[sid] = (conversation_id, sub, partition, t, offset)
+
+    def finish(self) -> None:
+        """Merge the deferred ``conversations`` and ``submissions`` rows into `tables` (nothing when none is).
+
+        Each is the row the per-batch merge gives: the last emitted row, with the `MergeRule.STICKY` columns taken
+        from the first emission that had a value (``created_at``; ``tools_offered``, ``admitted_at``,
+        ``admitted_offset``, ``first_started_at``, ``settled_at``) — the first emission's for those never null.
+        """
+        add = self.add
+        conv_first = self._conv_first
+        for cid, (conv, p, t, offset) in self._conv_last.items():
+            row = _conversation_row(conv, p, t, offset)
+            add(CONVERSATIONS, (*row[:9], conv_first[cid], *row[10:]))
+        sub_first, started, settled = self._sub_first, self._sub_started, self._sub_settled
+        for sid, (cid, sub, p, t, offset) in self._sub_last.items():
+            first, first_t, first_offset = sub_first[sid]
+            row = _submission_row(cid, sub, p, t, offset)
+            add(
+                SUBMISSIONS,
+                (*row[:7], list(first.tools_offered), *row[8:19], first_t, first_offset, started.get(sid),
+                 settled.get(sid), *row[23:]),
+            )  # fmt: skip
+        for pending in (self._conv_last, self._conv_first, self._sub_last, self._sub_first, started, settled):
+            pending.clear()
 
     def add(self, spec: TableSpec, row: Row) -> None:
         """Merge one row into the set.
@@ -228,6 +297,58 @@ _NO_CONVERSATIONS: Mapping[str, ConversationState] = MappingProxyType({})
 
 
 _NO_CALLS: Mapping[str, Row] = MappingProxyType({})
+
+
+def _conversation_row(conv: ConversationState, p: int, t: datetime, offset: int) -> Row:
+    """A ``conversations`` row of a conversation's folded state, emitted by the batch at ``offset``."""
+    subs = conv.submissions
+    unknown = sum(1 for sid in conv.queue if subs[sid].state is S.UNKNOWN)
+    return (
+        conv.conversation_id,
+        p,
+        conv.active_submission_id,
+        len(conv.queue),
+        unknown,
+        unknown > 0,
+        conv.last_submission_seq,
+        conv.last_event_seq,
+        conv.owner_epoch,
+        t,
+        t,
+        offset,
+    )
+
+
+def _submission_row(conversation_id: str, sub: Submission, p: int, t: datetime, offset: int) -> Row:
+    """A ``submissions`` row of a submission's folded state, emitted by the batch at ``offset``."""
+    outcome, reserved = sub.outcome, sub.reserved_outcome
+    return (
+        sub.submission_id,
+        conversation_id,
+        p,
+        sub.submission_seq,
+        sub.principal,
+        sub.idempotency_key,
+        sub.payload_digest,
+        list(sub.tools_offered),
+        sub.state.value,
+        None if outcome is None else outcome.value,
+        "admitted",
+        sub.attempt_count,
+        sub.attempt_id,
+        sub.input_applied,
+        bool(sub.abort_command_ids),
+        sub.abort_reason,
+        None if reserved is None else reserved.value,
+        len(sub.open_calls),
+        len(sub.unknown_calls),
+        t,
+        offset,
+        t if sub.attempt_count > 0 else None,
+        t if sub.state in TERMINAL_STATES else None,
+        t,
+        offset,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,6 +590,7 @@ class _BatchProjector:
         touched_convs: Iterable[str] = after_convs if claimed else (cid,)
         touched_subs = self.touched = self.touched_submissions()
         add = self.add
+        deferred = rows.deferred
         for conversation_id in touched_convs:
             if is_partition_conversation(conversation_id):
                 continue
@@ -476,14 +598,20 @@ class _BatchProjector:
             old = before_convs.get(conversation_id)
             if old is conv:
                 continue
-            add(CONVERSATIONS, self.conversation_row(conv))
+            if deferred:
+                rows.defer_conversation(conv, self.p, self.t, self.offset)
+            else:
+                add(CONVERSATIONS, self.conversation_row(conv))
             subs = conv.submissions
             old_subs = None if old is None else old.submissions
             for sid in touched_subs.get(conversation_id, ()):
                 sub = subs.get(sid)
                 if sub is None or (old_subs is not None and old_subs.get(sid) is sub):
                     continue
-                add(SUBMISSIONS, self.submission_row(conversation_id, sub))
+                if deferred:
+                    rows.defer_submission(conversation_id, sub, self.p, self.t, self.offset)
+                else:
+                    add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
         self.attempt_rows()
         state.overlay.update(after_convs)
@@ -521,54 +649,10 @@ class _BatchProjector:
         self.add(PARTITIONS, (self.p, f.partition_count, f.claim_epoch, f.claimed_by, claimed_at, self.t, self.offset))
 
     def conversation_row(self, conv: ConversationState) -> Row:
-        subs = conv.submissions
-        unknown = sum(1 for sid in conv.queue if subs[sid].state is S.UNKNOWN)
-        t = self.t
-        return (
-            conv.conversation_id,
-            self.p,
-            conv.active_submission_id,
-            len(conv.queue),
-            unknown,
-            unknown > 0,
-            conv.last_submission_seq,
-            conv.last_event_seq,
-            conv.owner_epoch,
-            t,
-            t,
-            self.offset,
-        )
+        return _conversation_row(conv, self.p, self.t, self.offset)
 
     def submission_row(self, conversation_id: str, sub: Submission) -> Row:
-        t = self.t
-        outcome, reserved = sub.outcome, sub.reserved_outcome
-        return (
-            sub.submission_id,
-            conversation_id,
-            self.p,
-            sub.submission_seq,
-            sub.principal,
-            sub.idempotency_key,
-            sub.payload_digest,
-            list(sub.tools_offered),
-            sub.state.value,
-            None if outcome is None else outcome.value,
-            "admitted",
-            sub.attempt_count,
-            sub.attempt_id,
-            sub.input_applied,
-            bool(sub.abort_command_ids),
-            sub.abort_reason,
-            None if reserved is None else reserved.value,
-            len(sub.open_calls),
-            len(sub.unknown_calls),
-            t,
-            self.offset,
-            t if sub.attempt_count > 0 else None,
-            t if sub.state in TERMINAL_STATES else None,
-            t,
-            self.offset,
-        )
+        return _submission_row(conversation_id, sub, self.p, self.t, self.offset)
 
     def attempt_rows(self) -> None:
         """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order)."""
