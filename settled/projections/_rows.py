@@ -559,8 +559,31 @@ class _BatchProjector:
 
     def run(self) -> ProjectionState:
         events = self.batch.events
-        types = {type(e) for e in events}
-        claimed = OwnershipClaimed in types
+        # One pass over the events before the fold: what the rows need of each (kept in event order).
+        claimed = genesis = False
+        own: dict[str, None] = {}
+        steps: dict[str, str] = {}
+        handled: list[tuple[int, Any, Callable[[_BatchProjector, int, Any], None]]] = []
+        info = _EVENT_INFO
+        for i, event in enumerate(events):
+            kind = type(event)
+            found = info.get(kind)
+            if found is None:
+                if kind is OwnershipClaimed:
+                    claimed = True
+                elif kind is Genesis:
+                    genesis = True
+                continue
+            handler, has_sid, step = found
+            if has_sid:
+                sid = event.submission_id  # type: ignore[union-attr]  # a field of every type with has_sid
+                if isinstance(sid, str):
+                    own[sid] = None
+            if step is not None:
+                of_attempt, name = step(event)
+                steps[of_attempt] = name
+            if handler is not None:
+                handled.append((i, event, handler))
         state = self.state
         cid = self.cid
         rows = self.rows
@@ -583,12 +606,16 @@ class _BatchProjector:
         self.before_convs, self.after_convs = before_convs, after_convs
         rows.batches += 1
         rows.events += len(events)
-        if claimed or Genesis in types:
+        if claimed or genesis:
             self.partition_row()
-        conv_before = before_convs.get(cid)
-        self.event_rows(after_convs.get(cid), conv_before.applied_commands if conv_before is not None else _NO_COMMANDS)
+        if handled:
+            conv_before = before_convs.get(cid)
+            self.conv = after_convs.get(cid)
+            self.applied_before = conv_before.applied_commands if conv_before is not None else _NO_COMMANDS
+            for i, event, handler in handled:
+                handler(self, i, event)
         touched_convs: Iterable[str] = after_convs if claimed else (cid,)
-        touched_subs = self.touched = self.touched_submissions()
+        touched_subs = self.touched = self.touched_by(own)
         add = self.add
         deferred = rows.deferred
         for conversation_id in touched_convs:
@@ -613,7 +640,7 @@ class _BatchProjector:
                 else:
                     add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
-        self.attempt_rows()
+        self.attempt_rows(steps)
         state.overlay.update(after_convs)
         if head is state.head:
             return state  # its overlays hold the batch now; nothing else changed
@@ -621,14 +648,10 @@ class _BatchProjector:
         # are in the overlay, where `ProjectionState` reads them).
         return ProjectionState(self.p, head, state.base, state.overlay, state.calls, state.calls_overlay)
 
-    def touched_submissions(self) -> dict[str, dict[str, None]]:
-        """Conversation → the submissions the batch's events name, then those its transitions moved (dict keys)."""
-        own: dict[str, None] = {}
-        for event in self.batch.events:
-            if type(event) in _HAS_SUBMISSION_ID:
-                sid = getattr(event, "submission_id", None)  # a field of this type: no pydantic __getattr__
-                if isinstance(sid, str):
-                    own[sid] = None
+    def touched_by(self, own: dict[str, None]) -> dict[str, dict[str, None]]:
+        """Conversation → the submissions the batch's events name (``own``), then those its transitions moved."""
+        if not self.trace:
+            return {self.cid: own} if own else {}
         out: dict[str, dict[str, None]] = {self.cid: own} if own else {}
         for tr in self.trace:
             found = out.get(tr.conversation_id)
@@ -654,14 +677,12 @@ class _BatchProjector:
     def submission_row(self, conversation_id: str, sub: Submission) -> Row:
         return _submission_row(conversation_id, sub, self.p, self.t, self.offset)
 
-    def attempt_rows(self) -> None:
-        """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order)."""
-        steps: dict[str, str] = {}
-        for event in self.batch.events:
-            step = _STEPS.get(type(event))
-            if step is not None:
-                of_attempt, name = step(event)
-                steps[of_attempt] = name
+    def attempt_rows(self, steps: Mapping[str, str]) -> None:
+        """Emit the attempt rows: every attempt the batch started, ended or changed (in transition order).
+
+        Args:
+            steps: Attempt id → its current step as of the batch's events (the last one of each attempt).
+        """
         add = self.add
         emitted: set[str] = set()
         if self.trace:
@@ -806,16 +827,6 @@ class _BatchProjector:
             self.set_call(key, None)
 
     # -- events ----------------------------------------------------------------------------------------------------
-
-    def event_rows(self, conv: ConversationState | None, applied_before: Mapping[str, str]) -> None:
-        """Receipts, settlements, tool calls and the transcript, event by event."""
-        self.conv = conv
-        self.applied_before = applied_before
-        self.applied_here = set()
-        for i, event in enumerate(self.batch.events):
-            handler = _EVENT_ROWS.get(type(event))
-            if handler is not None:
-                handler(self, i, event)
 
     def transcript(
         self,
@@ -1051,6 +1062,16 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
     }
 )
 """The rows of each event type that has any (the others only move the fold)."""
+
+_EVENT_INFO: Mapping[type[Any], tuple[Callable[[_BatchProjector, int, Any], None] | None, bool,
+                                      Callable[[Any], tuple[str, str]] | None]] = MappingProxyType(
+    {
+        cls: (_EVENT_ROWS.get(cls), cls in _HAS_SUBMISSION_ID, _STEPS.get(cls))
+        for cls in LOG_EVENT_TYPES
+        if cls is not OwnershipClaimed and cls is not Genesis
+    }
+)  # fmt: skip
+"""Per log event type but the partition-scoped ones: its rows handler, whether it names a submission, its step."""
 
 
 def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> ProjectionState:

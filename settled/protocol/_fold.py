@@ -34,7 +34,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from settled.protocol._errors import ChainBroken, IllegalTransition, LogInconsistency, StaleEpoch
 from settled.protocol._states import (
@@ -470,6 +470,22 @@ def _edge(source: SubmissionState, target: SubmissionState, event: AvroRecord) -
         return found
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _copy(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
+    """Return a new dict of a mapping's items (a read-only proxy or a dict is copied in C).
+
+    ``dict(proxy)`` copies a `MappingProxyType` item by item: ~15x slower for a conversation's submissions.
+    """
+    if isinstance(mapping, MappingProxyType):
+        return mapping.copy()
+    if type(mapping) is dict:
+        return mapping.copy()
+    return dict(mapping)
+
+
 class _ConvBuilder:
     """Mutable working copy of a `ConversationState`; maps are copied on first write."""
 
@@ -495,7 +511,7 @@ class _ConvBuilder:
 
     def put(self, sub: Submission) -> None:
         if self._subs is None:
-            self._subs = dict(self.base.submissions)
+            self._subs = _copy(self.base.submissions)
         self._subs[sub.submission_id] = sub
 
     def keys(self) -> Mapping[str, KeyEntry]:
@@ -503,7 +519,7 @@ class _ConvBuilder:
 
     def add_key(self, digest: str, entry: KeyEntry) -> None:
         if self._keys is None:
-            self._keys = dict(self.base.key_index)
+            self._keys = _copy(self.base.key_index)
         self._keys[digest] = entry
 
     def commands(self) -> Mapping[str, str]:
@@ -511,7 +527,7 @@ class _ConvBuilder:
 
     def add_command(self, command_id: str, submission_id: str) -> None:
         if self._commands is None:
-            self._commands = dict(self.base.applied_commands)
+            self._commands = _copy(self.base.applied_commands)
         self._commands[command_id] = submission_id
 
     def decide(self, event: AvroRecord, ref: InputRef | None) -> None:
@@ -1012,7 +1028,7 @@ class _PartitionBuilder:
     def freeze(self) -> PartitionState:
         conversations: Mapping[str, ConversationState] = self.base.conversations
         if self.convs:
-            merged = dict(self.base.conversations)
+            merged = _copy(self.base.conversations)
             for cid, builder in self.convs.items():
                 merged[cid] = builder.freeze()
             conversations = MappingProxyType(merged)
