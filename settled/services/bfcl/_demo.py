@@ -65,6 +65,7 @@ from settled.client import (
     SettlementTimeout,
     SubmissionOutcomeUnknown,
 )
+from settled.processors import WATCHDOG_EXIT_CODE
 from settled.producers import provision_topics, read_partition
 from settled.projections import ProjectionNames, ProjectionReader, default_schema
 from settled.schemas import (
@@ -237,12 +238,14 @@ class DemoResult:
         schedule: The chaos schedule (``name=N*kill`` each).
         broker_restarts: Broker restarts done.
         toolserver_restarts: Tool-server restarts done.
-        unexpected_exits: Worker exits nobody caused.
+        unexpected_exits: Worker exits nobody caused (neither the chaos schedule nor the turn watchdog).
         unknowns: The Unknown calls and their resolutions.
         projection_mismatches: Conversations whose projection differs from the log (with why).
         turn_times: Each settled turn's ``(published, settled)`` times (``time.monotonic()`` seconds, this
             process): just before the client publishes the submission, and when the client has read its settlement
             (``bench/bfcl.py`` times the run from them).
+        watchdog_exits: Workers that ended themselves with ``WATCHDOG_EXIT_CODE`` (a turn stalled past its bound,
+            e.g. librdkafka#5456 after the broker restart) and were restarted.
     """
 
     summary: VerdictSummary
@@ -260,6 +263,7 @@ class DemoResult:
     unknowns: tuple[UnknownCase, ...]
     projection_mismatches: tuple[str, ...]
     turn_times: tuple[tuple[float, float], ...] = ()
+    watchdog_exits: int = 0
 
     @property
     def passed(self) -> bool:
@@ -1096,7 +1100,7 @@ def run_demo(
     tail = _LogTail(s, codec)
     operator: _Operator | None = None
     stop = threading.Event()
-    kills = unexpected = 0
+    kills = unexpected = watchdog_exits = 0
     chaos: _Chaos | None = None
     schedule: tuple[ScheduledKill, ...] = ()
     try:
@@ -1162,6 +1166,11 @@ def run_demo(
                             kills += 1
                             where = slot.armed.spec if slot.armed is not None else "a kill being disarmed"
                             say(f"chaos: worker {slot.index} killed at {where} (kill {kills})")
+                        elif code == WATCHDOG_EXIT_CODE:
+                            # A turn stalled past its bound (librdkafka#5456 after a broker restart): the worker ended
+                            # itself so this supervisor restarts it (docs/architecture.md).
+                            watchdog_exits += 1
+                            say(f"worker {slot.index} stopped by its turn watchdog (exit {code}); restarting it")
                         else:
                             unexpected += 1
                             say(f"[yellow]worker {slot.index} exited with code {code}; see {slot.log_path}[/yellow]")
@@ -1230,6 +1239,7 @@ def run_demo(
             "broker restarts": str(chaos.broker_restarts if chaos is not None else 0),
             "tool-server restarts": str(chaos.toolserver_restarts if chaos is not None else 0),
             "unexpected worker exits": str(unexpected),
+            "turn-watchdog restarts": str(watchdog_exits),
             "tool-server dedup": "on" if options.dedup else "OFF (negative control)",
             "not idempotent": ", ".join(sorted(options.no_idempotency)) or "-",
             "replay mode": options.mode.value + (" + adversarial" if options.adversarial else ""),
@@ -1250,6 +1260,7 @@ def run_demo(
         broker_restarts=chaos.broker_restarts if chaos is not None else 0,
         toolserver_restarts=chaos.toolserver_restarts if chaos is not None else 0,
         unexpected_exits=unexpected,
+        watchdog_exits=watchdog_exits,
         unknowns=unknowns,
         projection_mismatches=tuple(mismatches),
         turn_times=tuple(driver.turn_times),
