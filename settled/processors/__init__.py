@@ -10,6 +10,8 @@ from settled.processors._conductor import (
     HistoryTurn,
     RunFailed,
     ToolPolicy,
+    batched_wakeups,
+    defer_wakeup,
 )
 from settled.processors._ledger import LedgerDecider, load_public_key, to_loop_decision
 from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner, StaleEpochError
@@ -37,7 +39,9 @@ __all__ = [
     "ToolPolicy",
     "Worker",
     "WorkerConfig",
+    "batched_wakeups",
     "default_turn_watchdog_s",
+    "defer_wakeup",
     "load_public_key",
     "murmur2",
     "partition_for_key",

@@ -27,12 +27,13 @@ concurrency permit count; a run in Unknown, or suspended, holds no pool slot.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -167,6 +168,54 @@ def _resolve(fut: Future[None], exc: BaseException | None = None) -> None:
             fut.set_exception(exc)
     except InvalidStateError:
         pass  # cancelled by its waiter: nobody is told
+
+
+class _WakeBatch(threading.local):
+    """The wake-ups deferred while this thread resolves a batch of effects (`batched_wakeups`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[Callable[[], None]] | None = None
+
+
+_WAKE_BATCH = _WakeBatch()
+
+
+@contextlib.contextmanager
+def batched_wakeups() -> Iterator[None]:
+    """Run the wake-ups asked for with `defer_wakeup` while this block resolves effects once, at its end.
+
+    Resolving an effect wakes the run's event loop (a byte on its self-pipe). Each such ``send`` releases the GIL,
+    which the woken loop thread takes at once; the resolving thread then waits to get it back, once per effect. With
+    50 runs in flight that cost more than the conductor's own work after a commit (``bench/engine.py``). Resolved
+    together, the effects of one checkpoint wake each loop once. Nested blocks join the outermost.
+    """
+    if _WAKE_BATCH.calls is not None:
+        yield
+        return
+    calls: list[Callable[[], None]] = []
+    _WAKE_BATCH.calls = calls
+    try:
+        yield
+    finally:
+        _WAKE_BATCH.calls = None
+        for call in calls:
+            call()
+
+
+def defer_wakeup(wake: Callable[[], None]) -> bool:
+    """Defer ``wake`` to the end of this thread's `batched_wakeups` block, if one is open.
+
+    Args:
+        wake: A cheap, thread-safe function that wakes a waiter (e.g. rings an event loop once).
+
+    Returns:
+        True when it was deferred; False when no block is open (the caller wakes at once).
+    """
+    calls = _WAKE_BATCH.calls
+    if calls is None:
+        return False
+    calls.append(wake)
+    return True
 
 
 def _nothing() -> None:
@@ -466,6 +515,10 @@ class Conductor:
 
     def before_checkpoint(self) -> None:
         """Stage recorded effects, settlements of finished runs, recovery decisions, and the scheduler's next steps."""
+        with batched_wakeups():  # refusals wake each run loop once
+            self._before_checkpoint()
+
+    def _before_checkpoint(self) -> None:
         now = self.clock()
         # A run hands over its records before it ends, so a run seen done here has every record of it queued: they
         # are staged before its end is (a finished run never leaves a record behind, e.g. a posted settlement).
@@ -740,6 +793,10 @@ class Conductor:
 
     def after_checkpoint(self) -> None:
         """Resolve committed effects; start runs whose ``AttemptStarted`` committed; cancel aborted or stale runs."""
+        with batched_wakeups():  # the effects this checkpoint committed wake each run loop once
+            self._after_checkpoint()
+
+    def _after_checkpoint(self) -> None:
         committed = self.owner.committed
         still: list[tuple[str, int, _Effect]] = []
         for conversation_id, last_seq, effect in self._awaiting:

@@ -52,6 +52,7 @@ import logging
 import threading
 import time
 import uuid as uuid_module
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ from typing import Any, NoReturn
 
 from settled._failpoints import FailpointError, failpoint
 from settled._faults import fault_enabled
-from settled.processors import AgentRun, AttemptSuperseded, CancelSignal
+from settled.processors import AgentRun, AttemptSuperseded, CancelSignal, defer_wakeup
 from settled.protocol import ReconcileAnswer, Reconciliation
 from settled.runtime._errors import (
     ReplayDivergence,
@@ -214,6 +215,58 @@ class _Tick:
     done: asyncio.Future[None]
     events: list[LogEvent] = field(default_factory=list)
     on_commit: list[Callable[[], None]] = field(default_factory=list)
+
+
+class _Doorbell:
+    """Callbacks for a run loop from other threads, run in one loop step: one wake-up per batch, not per callback.
+
+    `post` queues a callback and rings the loop (``call_soon_threadsafe``) unless a ring is already due; inside the
+    conductor's `batched_wakeups` block the ring waits for the block's end, so the effects one checkpoint commits
+    wake the loop once (`settled.processors.batched_wakeups` says why that matters).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Callable[[Future[None]], None], Future[None]]] = []
+        self._due = False  # a ring is scheduled or deferred; `_drain` clears it
+
+    def post(self, fn: Callable[[Future[None]], None], arg: Future[None]) -> None:
+        """Run ``fn(arg)`` on the loop soon (from any thread)."""
+        with self._lock:
+            self._pending.append((fn, arg))
+            if self._due:
+                return
+            self._due = True
+        if not defer_wakeup(self._ring):
+            self._ring()
+
+    def _ring(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop closed: its runs are over, nobody waits for these callbacks
+            with self._lock:
+                self._pending.clear()
+                self._due = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._due = False
+        for fn, arg in pending:
+            fn(arg)
+
+
+_DOORBELLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Doorbell] = weakref.WeakKeyDictionary()
+_DOORBELLS_LOCK = threading.Lock()
+
+
+def _doorbell(loop: asyncio.AbstractEventLoop) -> _Doorbell:
+    with _DOORBELLS_LOCK:
+        found = _DOORBELLS.get(loop)
+        if found is None:
+            found = _DOORBELLS[loop] = _Doorbell(loop)
+        return found
 
 
 class _Launch:
@@ -412,7 +465,7 @@ class RunContext:
 
             committed.add_done_callback(after_commit)
         waiter = tick.done
-        loop = asyncio.get_running_loop()
+        doorbell = _doorbell(asyncio.get_running_loop())
 
         def copy(source: Future[None]) -> None:  # on the run's loop
             if waiter.done():
@@ -423,9 +476,8 @@ class RunContext:
             else:
                 waiter.set_result(None)
 
-        def resolved(source: Future[None]) -> None:  # in the conductor's thread: one wake-up of the run's loop
-            with contextlib.suppress(RuntimeError):  # the loop closed: the run is over
-                loop.call_soon_threadsafe(copy, source)
+        def resolved(source: Future[None]) -> None:  # in the conductor's thread: one wake-up of the loop per batch
+            doorbell.post(copy, source)
 
         committed.add_done_callback(resolved)
 
