@@ -178,7 +178,8 @@ def test_sigterm_during_load_hands_partitions_over_gracefully(topics: Settings, 
             f"{len(sent)} settlements",
         )
         time.sleep(1.0)  # a duplicate settlement or receipt would show up by now
-        log.catch_up(), receipts.catch_up(), settlements.catch_up()
+        for tail in (log, receipts, settlements):
+            tail.catch_up()
     finally:
         load.stop()
         for w in workers.values():
