@@ -113,6 +113,32 @@ class RecordCompiler:
             f"{ind}    {var}, p = LONG(d, p, b)",
         ]
 
+    @staticmethod
+    def wide_varint(var: str, ind: str) -> list[str]:
+        # A varint of any length read in place (timestamps take six bytes): what LONG does, without the call.
+        return [
+            f"{ind}b = d[p]",
+            f"{ind}p += 1",
+            f"{ind}if b < 128:",
+            f"{ind}    {var} = (b >> 1) ^ -(b & 1)",
+            f"{ind}else:",
+            f"{ind}    {var} = b & 127",
+            f"{ind}    s = 7",
+            f"{ind}    b = d[p]",
+            f"{ind}    p += 1",
+            f"{ind}    while b >= 128:",
+            f"{ind}        {var} |= (b & 127) << s",
+            f"{ind}        s += 7",
+            f"{ind}        if s > 63:",
+            f"{ind}            raise ValueError",
+            f"{ind}        b = d[p]",
+            f"{ind}        p += 1",
+            f"{ind}    {var} |= b << s",
+            f"{ind}    if {var} >= 18446744073709551616:",
+            f"{ind}        raise ValueError",
+            f"{ind}    {var} = ({var} >> 1) ^ -({var} & 1)",
+        ]
+
     def read(self, t: Any, var: str, ind: str, depth: int) -> list[str]:
         t = self.resolve(t)
         if t == "string":
@@ -137,7 +163,8 @@ class RecordCompiler:
         kind, logical = t.get("type"), t.get("logicalType")
         if logical is not None:
             if kind == "long" and logical == "timestamp-millis":
-                return [*self.varint(var, ind), f"{ind}{var} = EPOCH + TD(microseconds={var} * 1000)"]
+                # timedelta(0, 0, 0, ms) is timedelta(microseconds=ms * 1000) (integers, exact), without keywords.
+                return [*self.wide_varint(var, ind), f"{ind}{var} = EPOCH + TD(0, 0, 0, {var})"]
             raise UnsupportedSchema(f"logical type {logical!r} of {kind!r}")
         if kind == "record":
             return [f"{ind}{var}, p = {self.record(t)}(d, p, n)"]

@@ -132,6 +132,23 @@ def _optional(annotation: Any) -> Any | None:
     return None
 
 
+def _base_slot_setter(name: str) -> Callable[[Any, Any], None]:
+    """The ``__set__`` of the descriptor that ``object.__setattr__(model, name, value)`` uses for a `BaseModel` slot.
+
+    Raises:
+        UnsupportedSchema: No class of `AvroRecord`'s bases defines it (another pydantic layout).
+    """
+    for klass in AvroRecord.__mro__:
+        descriptor = klass.__dict__.get(name)
+        if descriptor is not None:
+            setter = getattr(descriptor, "__set__", None)
+            if setter is None:  # pragma: no cover - pydantic 2's slots are data descriptors
+                break
+            found: Callable[[Any, Any], None] = setter
+            return found
+    raise UnsupportedSchema(f"{name} is not a slot of the models' base")  # pragma: no cover - see above
+
+
 class _ModelCompiler(RecordCompiler):
     """Compiles the log's schema into a reader that builds the models directly (no intermediate dicts).
 
@@ -143,7 +160,16 @@ class _ModelCompiler(RecordCompiler):
     def __init__(self, named: Mapping[str, Any], models: Mapping[str, type[AvroRecord]]) -> None:
         super().__init__(named)
         self.models = models
-        self.scope.update(NEW=_new, SET=_set, SETF=set)
+        # BaseModel's own slots, set through their descriptors (what object.__setattr__ looks up for each name).
+        slots = {name: _base_slot_setter(name) for name in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__",
+                                                              "__pydantic_private__")}  # fmt: skip
+        self.scope.update(
+            NEW=_new,
+            SET_DICT=slots["__dict__"],
+            SET_FIELDS_SET=slots["__pydantic_fields_set__"],
+            SET_EXTRA=slots["__pydantic_extra__"],
+            SET_PRIVATE=slots["__pydantic_private__"],
+        )
 
     def record(self, schema: Mapping[str, Any]) -> str:
         name = str(schema["name"])
@@ -163,14 +189,15 @@ class _ModelCompiler(RecordCompiler):
         lines = [f"def {function}(d, p, n):  # {name}"]
         for i, (field_name, avro) in enumerate(fields.items()):
             lines += self.field(avro, model.model_fields[field_name].annotation, f"f{i}", "    ", 0)
-        cls, names = self.constant(model), self.constant(tuple(fields))
+        # Every field set (a copy of one set per model: copying a set is faster than building it from names).
+        cls, names = self.constant(model), self.constant(set(fields))
         values = ", ".join(f"{field_name!r}: f{i}" for i, field_name in enumerate(fields))
         lines += [
             f"    m = NEW({cls})",
-            f"    SET(m, '__dict__', {{{values}}})",
-            f"    SET(m, '__pydantic_fields_set__', SETF({names}))",
-            "    SET(m, '__pydantic_extra__', None)",
-            "    SET(m, '__pydantic_private__', None)",
+            f"    SET_DICT(m, {{{values}}})",
+            f"    SET_FIELDS_SET(m, {names}.copy())",
+            "    SET_EXTRA(m, None)",
+            "    SET_PRIVATE(m, None)",
             "    return m, p",
         ]
         self.sources.append("\n".join(lines))
@@ -271,8 +298,8 @@ def _models(annotation: Any, out: dict[str, type[AvroRecord]]) -> dict[str, type
 def _compile_batch_reader(codec: Codec) -> Callable[[bytes, int], LogBatch] | None:
     """The fused reader of current `LogBatch` records (`_ModelCompiler`), or None when the schema is not covered."""
     parsed = codec.schema(_BATCH_NAME).parsed
-    compiler = _ModelCompiler(parsed.get("__named_schemas", {}), _models(LogBatch, {}))
     try:
+        compiler = _ModelCompiler(parsed.get("__named_schemas", {}), _models(LogBatch, {}))
         top = compiler.record(parsed)
     except (UnsupportedSchema, ValueError, KeyError):
         return None

@@ -19,7 +19,7 @@ the live and rebuilt tables with.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -80,6 +80,7 @@ __all__ = [
     "fold_reference",
     "is_partition_conversation",
     "project_batch",
+    "project_chunk",
 ]
 
 S = SubmissionState
@@ -504,11 +505,27 @@ class _BatchProjector:
     """Derives one batch's rows; holds the batch's working copies."""
 
     __slots__ = (
-        "add", "after_convs", "applied_before", "applied_here", "batch", "before_convs", "cid", "conv", "head",
-        "offset", "p", "rows", "state", "t", "touched", "trace",
+        "add", "after_convs", "applied_before", "applied_here", "batch", "before_convs", "cid", "claimed", "conv",
+        "genesis", "handled", "head", "offset", "own", "p", "rows", "state", "steps", "t", "touched", "trace",
     )  # fmt: skip
 
+    head: PartitionState
+    before_convs: Mapping[str, ConversationState]
+    after_convs: Mapping[str, ConversationState]
+    trace: tuple[Transition, ...]
+    claimed: bool
+    genesis: bool
+    own: dict[str, None]
+    steps: dict[str, str]
+    handled: list[tuple[int, Any, Callable[[_BatchProjector, int, Any], None]]]
+    touched: dict[str, dict[str, None]]
+    conv: ConversationState | None
+    applied_before: Mapping[str, str]
+    applied_here: set[str]
+
     def __init__(self, state: ProjectionState, batch: LogBatch, offset: int, rows: RowSet) -> None:
+        # The other slots are set by `fold` (before_convs, after_convs, head, trace, claimed, genesis, own, steps,
+        # handled), `emit` (touched) and before the event handlers run (conv, applied_before, applied_here).
         self.state = state
         self.batch = batch
         self.offset = offset
@@ -517,14 +534,6 @@ class _BatchProjector:
         self.p = state.partition
         self.t = batch.recorded_at
         self.cid = batch.conversation_id
-        self.head: PartitionState = state.head
-        self.before_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
-        self.after_convs: Mapping[str, ConversationState] = _NO_CONVERSATIONS
-        self.trace: tuple[Transition, ...] = ()
-        self.touched: dict[str, dict[str, None]] = {}
-        self.conv: ConversationState | None = None
-        self.applied_before: Mapping[str, str] = _NO_COMMANDS
-        self.applied_here: set[str] = set()
 
     # -- tool calls in flight ------------------------------------------------------------------------------------
 
@@ -558,6 +567,19 @@ class _BatchProjector:
     # -- the batch -----------------------------------------------------------------------------------------------
 
     def run(self) -> ProjectionState:
+        clock = self.rows.clock
+        if clock is None:
+            self.fold()
+        else:
+            started = clock()
+            self.fold()
+            self.rows.fold_s += clock() - started
+        self.emit()
+        self.keep_fold()
+        return self.state_after()
+
+    def fold(self) -> None:
+        """Fold the batch (the protocol's fold) and note what its rows need (`emit`; `keep_fold` keeps the fold)."""
         events = self.batch.events
         # One pass over the events before the fold: what the rows need of each (kept in event order).
         claimed = genesis = False
@@ -584,38 +606,52 @@ class _BatchProjector:
                 steps[of_attempt] = name
             if handler is not None:
                 handled.append((i, event, handler))
+        self.claimed, self.genesis, self.own, self.steps, self.handled = claimed, genesis, own, steps, handled
         state = self.state
         cid = self.cid
-        rows = self.rows
-        clock = rows.clock
-        started = 0.0 if clock is None else clock()
-        before_convs: Mapping[str, ConversationState]
-        after_convs: Mapping[str, ConversationState]
         if claimed:  # a claim changes every conversation of the partition (owner epoch, running → recovery)
             before = state.fold
             after, self.trace = apply_traced(before, self.batch)
-            before_convs, after_convs, head = before.conversations, after.conversations, after
+            self.before_convs, self.after_convs, self.head = before.conversations, after.conversations, after
         else:  # anything else changes only its own conversation: fold it alone
             conv_before = state.conversation(cid)
             head, conv_after, self.trace = apply_conversation(state.head, conv_before, self.batch)
-            before_convs = _NO_CONVERSATIONS if conv_before is None else {cid: conv_before}
-            after_convs = {cid: conv_after}
-        if clock is not None:
-            rows.fold_s += clock() - started
-        self.head = head
-        self.before_convs, self.after_convs = before_convs, after_convs
+            self.head = head
+            self.before_convs = _NO_CONVERSATIONS if conv_before is None else {cid: conv_before}
+            self.after_convs = {cid: conv_after}
+
+    def keep_fold(self) -> None:
+        """Put the folded conversations into the state's overlay: the next batch of the partition folds from them."""
+        self.state.overlay.update(self.after_convs)
+
+    def state_after(self) -> ProjectionState:
+        """The partition's state after the batch (after `keep_fold`)."""
+        state, head = self.state, self.head
+        if head is state.head:
+            return state  # nothing else changed
+        # The fold's partition-level state after the batch is the next head (its conversations are not read: they
+        # are in the overlay, where `ProjectionState` reads them).
+        return ProjectionState(self.p, head, state.base, state.overlay, state.calls, state.calls_overlay)
+
+    def emit(self) -> None:
+        """Emit the batch's rows (after `fold`); the tool calls in flight change here."""
+        rows = self.rows
+        cid = self.cid
+        before_convs, after_convs = self.before_convs, self.after_convs
+        claimed = self.claimed
         rows.batches += 1
-        rows.events += len(events)
-        if claimed or genesis:
+        rows.events += len(self.batch.events)
+        if claimed or self.genesis:
             self.partition_row()
-        if handled:
+        if self.handled:
             conv_before = before_convs.get(cid)
             self.conv = after_convs.get(cid)
             self.applied_before = conv_before.applied_commands if conv_before is not None else _NO_COMMANDS
-            for i, event, handler in handled:
+            self.applied_here = set()
+            for i, event, handler in self.handled:
                 handler(self, i, event)
         touched_convs: Iterable[str] = after_convs if claimed else (cid,)
-        touched_subs = self.touched = self.touched_by(own)
+        touched_subs = self.touched = self.touched_by(self.own)
         add = self.add
         deferred = rows.deferred
         for conversation_id in touched_convs:
@@ -640,13 +676,7 @@ class _BatchProjector:
                 else:
                     add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 self.abandon_calls(sub)
-        self.attempt_rows(steps)
-        state.overlay.update(after_convs)
-        if head is state.head:
-            return state  # its overlays hold the batch now; nothing else changed
-        # The fold's partition-level state after the batch is the next head (its conversations are not read: they
-        # are in the overlay, where `ProjectionState` reads them).
-        return ProjectionState(self.p, head, state.base, state.overlay, state.calls, state.calls_overlay)
+        self.attempt_rows(self.steps)
 
     def touched_by(self, own: dict[str, None]) -> dict[str, dict[str, None]]:
         """Conversation → the submissions the batch's events name (``own``), then those its transitions moved."""
@@ -1093,6 +1123,49 @@ def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: Ro
         DuplicateRowError: An append-only row was emitted twice into ``rows``.
     """
     return _BatchProjector(state, batch, offset, rows).run()
+
+
+def project_chunk(state: ProjectionState, batches: Sequence[tuple[int, LogBatch]], rows: RowSet) -> ProjectionState:
+    """`project_batch` over consecutive batches of one partition: every fold first, then every batch's rows.
+
+    The rows of a batch depend on the folds up to it, never the fold on its rows (the tool calls in flight are the
+    rows' own), so folding the whole chunk ahead gives exactly the rows and state of `project_batch` batch by batch,
+    with each loop's code kept hot (a bulk replay's chunk of records). When a fold refuses a batch, the rows of the
+    batches before it are emitted first, then its error is raised, as batch by batch.
+
+    Args:
+        state: The partition's projection state before the first batch (its overlay receives the conversations).
+        batches: (offset, batch) in offset order.
+        rows: Where the rows go.
+
+    Returns:
+        The state after the last batch.
+
+    Raises:
+        settled.protocol.ProtocolError: See `project_batch`.
+        DuplicateRowError: See `project_batch`.
+    """
+    rows_clock = rows.clock
+    started = 0.0 if rows_clock is None else rows_clock()
+    folded: list[_BatchProjector] = []
+    failure: Exception | None = None
+    current = state
+    try:
+        for offset, batch in batches:
+            projector = _BatchProjector(current, batch, offset, rows)
+            projector.fold()
+            projector.keep_fold()
+            folded.append(projector)
+            current = projector.state_after()
+    except Exception as exc:  # noqa: BLE001 - raised below, once the batches before it have their rows
+        failure = exc
+    if rows_clock is not None:
+        rows.fold_s += rows_clock() - started
+    for projector in folded:
+        projector.emit()
+    if failure is not None:
+        raise failure
+    return current
 
 
 def fold_reference(state: PartitionState) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from settled.projections import ProjectionState, RowSet, project_batch
+from settled.projections._rows import project_chunk
+from settled.protocol import ChainBroken
 from settled.schemas import LogBatch
 from tests.integration.projection_script import script_log
 
@@ -42,3 +46,30 @@ def test_deferred_rows_wait_for_finish_and_finish_once() -> None:
     assert once["conversations"] and once["submissions"]
     rows.finish()
     assert rows.tables == once
+
+
+def test_a_chunk_folded_ahead_gives_the_rows_and_state_of_batch_by_batch() -> None:
+    batches = script_log()
+    expected = _rows(batches, deferred=False)
+    by_batch = ProjectionState.empty(0)
+    for offset, batch in enumerate(batches):
+        by_batch = project_batch(by_batch, batch, offset, RowSet())
+    for size in (1, 2, 3, 5, 8, len(batches)):
+        rows = RowSet(deferred=True)
+        state = ProjectionState.empty(0)
+        pairs = list(enumerate(batches))
+        for start in range(0, len(pairs), size):
+            state = project_chunk(state, pairs[start : start + size], rows)
+        rows.finish()
+        assert rows.tables == expected.tables, f"chunks of {size}"
+        assert state.commit().fold == by_batch.commit().fold
+        assert state.in_flight() == by_batch.in_flight()
+
+
+def test_a_refused_batch_in_a_chunk_raises_after_the_rows_before_it() -> None:
+    batches = script_log()
+    broken = batches[5].model_copy(update={"first_event_seq": batches[5].first_event_seq + 1})
+    rows = RowSet()
+    with pytest.raises(ChainBroken):
+        project_chunk(ProjectionState.empty(0), [*enumerate(batches[:5]), (5, broken)], rows)
+    assert rows.tables == _rows(batches[:5], deferred=False).tables
