@@ -35,6 +35,10 @@ class UnsupportedSchema(TypeError):
     """The schema uses Avro this compiler does not cover (bytes, fixed, float, double, maps, other logical types)."""
 
 
+_ZIGZAG = tuple((b >> 1) ^ -(b & 1) for b in range(128))
+"""The value of each one-byte zig-zag varint (a lookup instead of three operations)."""
+
+
 def _long_tail(data: bytes, pos: int, first: int) -> tuple[int, int]:
     """The rest of a zig-zag varint whose first byte (``first``, at ``pos - 1``) has its continuation bit set."""
     n = first & 0x7F
@@ -63,7 +67,7 @@ class RecordCompiler:
     def __init__(self, named: Mapping[str, Any]) -> None:
         self.named = named
         self.sources: list[str] = []
-        self.scope: dict[str, Any] = {"EPOCH": _EPOCH, "TD": timedelta, "LONG": _long_tail}
+        self.scope: dict[str, Any] = {"EPOCH": _EPOCH, "TD": timedelta, "LONG": _long_tail, "ZIGZAG": _ZIGZAG}
         self.records: dict[str, str] = {}
 
     def constant(self, value: Any) -> str:
@@ -104,7 +108,7 @@ class RecordCompiler:
             f"{ind}b = d[p]",
             f"{ind}p += 1",
             f"{ind}if b < 128:",
-            f"{ind}    {var} = (b >> 1) ^ -(b & 1)",
+            f"{ind}    {var} = ZIGZAG[b]",
             f"{ind}elif d[p] < 128:",
             f"{ind}    b = (b & 127) | (d[p] << 7)",
             f"{ind}    p += 1",
@@ -120,7 +124,7 @@ class RecordCompiler:
             f"{ind}b = d[p]",
             f"{ind}p += 1",
             f"{ind}if b < 128:",
-            f"{ind}    {var} = (b >> 1) ^ -(b & 1)",
+            f"{ind}    {var} = ZIGZAG[b]",
             f"{ind}else:",
             f"{ind}    {var} = b & 127",
             f"{ind}    s = 7",

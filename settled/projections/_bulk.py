@@ -449,8 +449,15 @@ class RebuildShare:
             TimeoutError: The deadline passed.
         """
         started = time.perf_counter()
-        projector = self._open_projector()
         mine = {p: int(targets.get(p, 0)) for p in self.partitions}
+        if self._projector is None and all(p in self._seeds and self._seeds[p][1] >= mine[p] for p in self.partitions):
+            # The bulk replay already reached the targets (nothing appended since): no projector to open.
+            positions = {p: self._seeds[p][1] for p in self.partitions}
+            if progress is not None:
+                progress(positions, self._records, self._events)
+            self.timings.catch_up += time.perf_counter() - started
+            return positions
+        projector = self._open_projector()
         if exact:
             projector.set_limits(mine)
         next_report = 0.0

@@ -264,7 +264,7 @@ class RowSet:
             DuplicateRowError: An append-only table already holds a row with this key.
         """
         rows = self.tables[spec.name]
-        key = spec.key_of(row)
+        key = spec._key(row)  # spec.key_of without the method call (every row passes here)
         old = rows.get(key)
         if old is None:
             rows[key] = row
@@ -655,7 +655,7 @@ class _BatchProjector:
         add = self.add
         deferred = rows.deferred
         for conversation_id in touched_convs:
-            if is_partition_conversation(conversation_id):
+            if conversation_id.startswith(_PARTITION_PREFIX):  # is_partition_conversation, inlined
                 continue
             conv = after_convs[conversation_id]
             old = before_convs.get(conversation_id)
