@@ -44,7 +44,16 @@ from settled.projections._store import ProjectionWriter
 from settled.projections._tables import TABLES
 from settled.schemas import Codec, LogBatch
 
-__all__ = ["BulkReplay", "RebuildShare", "RebuildWorkerError", "ReplayTimings", "SharePool", "split_partitions"]
+__all__ = [
+    "BulkReplay",
+    "RebuildShare",
+    "RebuildWorkerError",
+    "ReplayTimings",
+    "SharePool",
+    "shared_decoder",
+    "split_partitions",
+    "warm_decoder",
+]
 
 _log = logging.getLogger("settled.projections")
 
@@ -115,6 +124,36 @@ class ReplayTimings:
             Field name → value.
         """
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_DECODER: list[FastBatchDecoder] = []
+_DECODER_LOCK = threading.Lock()
+
+
+def shared_decoder() -> FastBatchDecoder:
+    """Return this process's `FastBatchDecoder` (built on first use: ~0.2 s of schema loading and compiling).
+
+    A rebuild builds it while it sets up (`warm_decoder`), so the replaying processes it forks inherit it instead of
+    each building its own on the replay's critical path.
+
+    Returns:
+        The decoder (one per process; it holds no per-record state).
+    """
+    with _DECODER_LOCK:
+        if not _DECODER:
+            _DECODER.append(FastBatchDecoder(Codec()))
+        return _DECODER[0]
+
+
+def warm_decoder() -> threading.Thread:
+    """Start building `shared_decoder` in a thread; join it before forking (a fork copies only the calling thread).
+
+    Returns:
+        The started thread.
+    """
+    thread = threading.Thread(target=shared_decoder, name="settled-rebuild-warm-decoder", daemon=True)
+    thread.start()
+    return thread
 
 
 def split_partitions(targets: Mapping[int, int], shares: int) -> list[list[int]]:
@@ -228,8 +267,6 @@ class BulkReplay:
         rowsets = {p: RowSet(clock=clock, deferred=True) for p in self.partitions}
         nexts = dict.fromkeys(self.partitions, 0)
         active = {p for p, t in want.items() if t > 0}
-        decoder = FastBatchDecoder(Codec())
-        decode = decoder.decode
         timings = self.timings
         consumer = Consumer(
             {
@@ -245,6 +282,8 @@ class BulkReplay:
         next_report = 0.0
         try:
             consumer.assign([TopicPartition(topic, p, 0) for p in sorted(active)])
+            # Built (unless inherited from the rebuild's process, `warm_decoder`) while the first fetch is in flight.
+            decode = shared_decoder().decode
             while active:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the replay of {topic} did not reach {want} in time (at {nexts})")
