@@ -52,7 +52,6 @@ __all__ = [
     "SharePool",
     "shared_decoder",
     "split_partitions",
-    "warm_decoder",
 ]
 
 _log = logging.getLogger("settled.projections")
@@ -131,10 +130,10 @@ _DECODER_LOCK = threading.Lock()
 
 
 def shared_decoder() -> FastBatchDecoder:
-    """Return this process's `FastBatchDecoder` (built on first use: ~0.2 s of schema loading and compiling).
+    """Return this process's `FastBatchDecoder` (built on first use: tens of milliseconds of compiling).
 
-    A rebuild builds it while it sets up (`warm_decoder`), so the replaying processes it forks inherit it instead of
-    each building its own on the replay's critical path.
+    A replaying process builds it right after assigning its partitions, while its first fetch is in flight; a
+    process forked from one that built it (or loaded the schemas) inherits that work.
 
     Returns:
         The decoder (one per process; it holds no per-record state).
@@ -143,17 +142,6 @@ def shared_decoder() -> FastBatchDecoder:
         if not _DECODER:
             _DECODER.append(FastBatchDecoder(Codec()))
         return _DECODER[0]
-
-
-def warm_decoder() -> threading.Thread:
-    """Start building `shared_decoder` in a thread; join it before forking (a fork copies only the calling thread).
-
-    Returns:
-        The started thread.
-    """
-    thread = threading.Thread(target=shared_decoder, name="settled-rebuild-warm-decoder", daemon=True)
-    thread.start()
-    return thread
 
 
 def split_partitions(targets: Mapping[int, int], shares: int) -> list[list[int]]:
@@ -282,7 +270,7 @@ class BulkReplay:
         next_report = 0.0
         try:
             consumer.assign([TopicPartition(topic, p, 0) for p in sorted(active)])
-            # Built (unless inherited from the rebuild's process, `warm_decoder`) while the first fetch is in flight.
+            # Built (unless this process has one already) while the first fetch is in flight.
             decode = shared_decoder().decode
             while active:
                 if time.monotonic() > deadline:

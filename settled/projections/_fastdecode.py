@@ -335,13 +335,21 @@ class FastBatchDecoder:
         self._batch = _builder(LogBatch)
         self._header = codec.current_header(_BATCH_NAME)
         self._read: Callable[[bytes, int], dict[str, Any]] | None = None
+        self._read_compiled = False  # the dict reader is compiled on first need (`_dict_reader`)
         self._read_batch: Callable[[bytes, int], LogBatch] | None = None
         if self._header:
             self._read_batch = _compile_batch_reader(codec)  # None: a field it does not cover; dicts then
-            try:
-                self._read = compile_reader(codec.schema(_BATCH_NAME).parsed)
-            except UnsupportedSchema:
-                self._read = None  # fastavro reads it
+
+    def _dict_reader(self) -> Callable[[bytes, int], dict[str, Any]] | None:
+        """The compiled dict reader of current records (None: fastavro reads them), compiled on first use."""
+        if not self._read_compiled:
+            self._read_compiled = True
+            if self._header:
+                try:
+                    self._read = compile_reader(self.codec.schema(_BATCH_NAME).parsed)
+                except UnsupportedSchema:
+                    self._read = None  # fastavro reads it
+        return self._read
 
     def decode(self, value: bytes | None, *, topic: str, partition: int, offset: int) -> LogBatch:
         """Decode one log record.
@@ -364,7 +372,7 @@ class FastBatchDecoder:
             except READ_ERRORS:
                 pass  # the full path decodes it or says why
         datum = None
-        read = self._read
+        read = self._dict_reader()
         if read is not None and value is not None and value.startswith(self._header):
             try:
                 datum = read(value, len(self._header))

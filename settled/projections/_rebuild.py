@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
 from settled._settings import Settings
-from settled.projections._bulk import ReplayTimings, SharePool, default_workers, warm_decoder
+from settled.projections._bulk import ReplayTimings, SharePool, default_workers
 from settled.projections._rows import FOLD_COLUMNS, ProjectionState, RowSet, fold_reference, project_batch
 from settled.projections._schema import (
     PROJECTION_NAME,
@@ -231,23 +231,14 @@ def rebuild(
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
     phases: dict[str, float] = {}
-    # The replay's decoder is built while the schema is set up (I/O waits); the replaying processes inherit it.
-    warming = warm_decoder()
+    conn = _connect(settings)
+    topic = settings.topic("log")
     try:
-        conn = _connect(settings)
-        topic = settings.topic("log")
-        try:
-            live_exists = schema_exists(conn, names.live)
-            generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
-            migrate(conn, names.building, generation=generation)
-            targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
-        except BaseException:
-            conn.close()
-            raise
-    finally:
-        warming.join()  # before SharePool forks: no other thread may run then
-    try:
+        live_exists = schema_exists(conn, names.live)
+        generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
+        migrate(conn, names.building, generation=generation)
+        targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
         relay = _Relay(sum(targets.values()), progress)
         pool = SharePool(
             settings,

@@ -489,6 +489,11 @@ def _copy(mapping: Mapping[_K, _V]) -> dict[_K, _V]:
 class _ConvBuilder:
     """Mutable working copy of a `ConversationState`; maps are copied on first write."""
 
+    __slots__ = (
+        "_commands", "_inputs", "_keys", "_subs", "active", "base", "cid", "last_batch_digest", "last_event_seq",
+        "last_submission_seq", "owner_epoch", "queue", "trace",
+    )  # fmt: skip
+
     def __init__(self, base: ConversationState, trace: list[Transition]) -> None:
         self.base = base
         self.cid = base.conversation_id
@@ -931,6 +936,8 @@ PARTITION_EVENT_TYPES: tuple[type[AvroRecord], ...] = (Genesis, OwnershipClaimed
 
 class _PartitionBuilder:
     """Mutable working copy of a `PartitionState` across one or more batches."""
+
+    __slots__ = ("_quarantined", "base", "claim_epoch", "claimed_by", "convs", "only", "partition_count", "trace")
 
     def __init__(self, base: PartitionState, only: str | None = None) -> None:
         self.base = base
