@@ -429,6 +429,19 @@ if any(not f.init for f in dataclasses.fields(Submission)) or hasattr(Submission
 _REPLACERS: dict[tuple[str, ...], Callable[..., Submission]] = {}
 
 
+def _slot_setters(cls: type[Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """Return the ``__set__`` of each field's slot descriptor, as ``SET_<name>``.
+
+    What a frozen dataclass's ``__init__`` reaches through ``object.__setattr__(self, name, value)``, without the
+    per-call lookup of the name (about 3x faster per field).
+    """
+    out: dict[str, Any] = {}
+    for name in names:
+        owner = next(klass for klass in cls.__mro__ if name in vars(klass))
+        out[f"SET_{name}"] = vars(owner)[name].__set__
+    return out
+
+
 def _replacer(changed: tuple[str, ...]) -> Callable[..., Submission]:
     """Generate a replace for one set of changed fields (as dataclasses generates ``__init__``).
 
@@ -438,12 +451,38 @@ def _replacer(changed: tuple[str, ...]) -> Callable[..., Submission]:
     """
     lines = [f"def replace(sub, {', '.join(changed)}):", "    new = NEW(Submission)"]
     for name in _SUBMISSION_FIELDS:
-        lines.append(f"    SET(new, {name!r}, {name if name in changed else f'sub.{name}'})")
+        lines.append(f"    SET_{name}(new, {name if name in changed else f'sub.{name}'})")
     lines.append("    return new")
-    scope: dict[str, Any] = {"NEW": object.__new__, "SET": object.__setattr__, "Submission": Submission}
+    scope: dict[str, Any] = {"NEW": object.__new__, "Submission": Submission}
+    scope.update(_slot_setters(Submission, _SUBMISSION_FIELDS))
     exec("\n".join(lines), scope)  # the source is generated from the dataclass's own field names
     replace: Callable[..., Submission] = scope["replace"]
     return replace
+
+
+def _constructor(cls: type[Any]) -> Callable[..., Any]:
+    """Generate a positional constructor of a frozen slots dataclass, equal to its ``__init__`` with every field.
+
+    Raises:
+        TypeError: A field has ``init=False`` or the class has ``__post_init__`` (its ``__init__`` does more).
+    """
+    found = dataclasses.fields(cls)
+    if any(not f.init for f in found) or hasattr(cls, "__post_init__"):  # pragma: no cover - none of the fold's
+        raise TypeError(f"{cls.__name__} has init=False fields or __post_init__: its __init__ must be used")
+    names = tuple(f.name for f in found)
+    lines = [f"def new({', '.join(names)}):", "    obj = NEW(CLS)"]
+    lines += [f"    SET_{name}(obj, {name})" for name in names]
+    lines.append("    return obj")
+    scope: dict[str, Any] = {"NEW": object.__new__, "CLS": cls, **_slot_setters(cls, names)}
+    exec("\n".join(lines), scope)  # the source is generated from the dataclass's own field names
+    new: Callable[..., Any] = scope["new"]
+    return new
+
+
+_new_conversation: Callable[..., ConversationState] = _constructor(ConversationState)
+"""``ConversationState(...)`` with every field, positionally, in field order (`_ConvBuilder.freeze`)."""
+_new_transition: Callable[[str, str, Edge, AvroRecord], Transition] = _constructor(Transition)
+"""``Transition(conversation_id, submission_id, edge, event)`` (`_ConvBuilder.move`)."""
 
 
 def _replace(sub: Submission, **changes: Any) -> Submission:
@@ -552,18 +591,19 @@ class _ConvBuilder:
         self._inputs.add(key)
 
     def freeze(self) -> ConversationState:
-        return ConversationState(
-            conversation_id=self.cid,
-            submissions=self.base.submissions if self._subs is None else MappingProxyType(self._subs),
-            queue=self.queue,
-            active_submission_id=self.active,
-            last_submission_seq=self.last_submission_seq,
-            last_event_seq=self.last_event_seq,
-            last_batch_digest=self.last_batch_digest,
-            owner_epoch=self.owner_epoch,
-            key_index=self.base.key_index if self._keys is None else MappingProxyType(self._keys),
-            decided_inputs=self.base.decided_inputs if self._inputs is None else frozenset(self._inputs),
-            applied_commands=self.base.applied_commands if self._commands is None else MappingProxyType(self._commands),
+        base = self.base
+        return _new_conversation(  # ConversationState's fields in their order
+            self.cid,
+            base.submissions if self._subs is None else MappingProxyType(self._subs),
+            self.queue,
+            self.active,
+            self.last_submission_seq,
+            self.last_event_seq,
+            self.last_batch_digest,
+            self.owner_epoch,
+            base.key_index if self._keys is None else MappingProxyType(self._keys),
+            base.decided_inputs if self._inputs is None else frozenset(self._inputs),
+            base.applied_commands if self._commands is None else MappingProxyType(self._commands),
         )
 
     # -- helpers ----------------------------------------------------------------------------------------------
@@ -583,7 +623,7 @@ class _ConvBuilder:
             raise IllegalTransition(
                 sub.submission_id, sub.state, target, _name(event), "not an edge of the state table (spec §3)"
             )
-        self.trace.append(Transition(self.cid, sub.submission_id, edge, event))
+        self.trace.append(_new_transition(self.cid, sub.submission_id, edge, event))
         moved = _replace(sub, state=target, **changes)
         self.put(moved)
         return moved

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -20,7 +20,7 @@ SCHEMA = parse_schema(
         ],
     }
 )
-READ = compile_reader(SCHEMA)
+READ = compile_reader(cast(dict[str, Any], SCHEMA))
 EDGES = [0, 1, -1, 63, -64, 64, -65, 8191, -8192, 8192, -8193, 2**20, -(2**35), 1_764_467_676_123, 2**62,
          2**63 - 1, -(2**63)]  # fmt: skip
 TIMESTAMPS = [0, 1, -1, 999, -1001, 1_764_467_676_123, -62_135_596_800_000, 253_402_300_799_999]
