@@ -199,7 +199,10 @@ def batched_wakeups() -> Iterator[None]:
     finally:
         _WAKE_BATCH.calls = None
         for call in calls:
-            call()
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - one failed wake-up must not leave the other waiters asleep
+                _log.exception("a deferred wake-up raised; the others still run", extra={"wakeup": repr(call)})
 
 
 def defer_wakeup(wake: Callable[[], None]) -> bool:

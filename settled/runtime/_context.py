@@ -215,6 +215,7 @@ class _Tick:
     done: asyncio.Future[None]
     events: list[LogEvent] = field(default_factory=list)
     on_commit: list[Callable[[], None]] = field(default_factory=list)
+    plain_waiters: bool = False  # an awaited record without a `_Launch` waits for this tick
 
 
 class _Doorbell:
@@ -226,7 +227,7 @@ class _Doorbell:
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # weakly: `_DOORBELLS` is keyed by the loop and must not keep it alive
         self._lock = threading.Lock()
         self._pending: list[tuple[Callable[[Future[None]], None], Future[None]]] = []
         self._due = False  # a ring is scheduled or deferred; `_drain` clears it
@@ -242,8 +243,11 @@ class _Doorbell:
             self._ring()
 
     def _ring(self) -> None:
+        loop = self._loop()
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop closed: its runs are over, nobody waits for these callbacks
             with self._lock:
                 self._pending.clear()
@@ -289,17 +293,38 @@ class _Launch:
         self.future: Future[Any] | None = None
         self.started_s = 0.0  # time.monotonic() when the tool started
         self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._abandoned = False
 
     def fire(self) -> None:
-        """Hit the boundary failpoints, then start the tool on a daemon thread (in the conductor's thread)."""
+        """Hit the boundary failpoints, then start the tool on a daemon thread (in the conductor's thread).
+
+        Runs before the run's loop is told of the commit (`RunContext._hand_off` runs the commit hooks, then wakes
+        the loop), so the loop reads ``future`` and ``error`` after they are set. A run that stopped waiting
+        meanwhile (`abandon`) gets no tool started, as before the launch moved here.
+        """
         try:
             if self.with_response:
                 failpoint("engine.after_response_commit")
             failpoint("engine.after_prepared_commit")
-            self.started_s = time.monotonic()
-            self.future = call_in_thread(self.spec.fn, dict(self.args), self.call)
+            with self._lock:
+                if self._abandoned:
+                    return
+                self.started_s = time.monotonic()
+                self.future = call_in_thread(self.spec.fn, dict(self.args), self.call)
         except Exception as exc:  # noqa: BLE001 - raised on the run's loop (`RunContext._execute`), never lost
             self.error = exc
+
+    def abandon(self) -> bool:
+        """The run stopped waiting for the commit (cancelled): start nothing from now on.
+
+        Returns:
+            Whether the tool had already started (it then runs on, as a tool in flight does when its run is
+            cancelled past the abort grace; the call stays prepared for recovery).
+        """
+        with self._lock:
+            self._abandoned = True
+            return self.future is not None
 
 
 class RunContext:
@@ -358,7 +383,7 @@ class RunContext:
         self._ordinal += 1
         return ordinal
 
-    async def _record(self, events: Sequence[LogEvent], launch: _Launch | None = None) -> None:
+    async def _record(self, events: Sequence[LogEvent], launch: _Launch | None = None) -> bool:
         """Append ``events`` after whatever rides with them, and wait until they are committed.
 
         What rides along, in this order: posted records still lingering (a settlement), the buffered
@@ -368,7 +393,13 @@ class RunContext:
         failed to commit surfaces here, before anything more is recorded.
 
         With ``launch`` (a prepared record of a sync tool), the tool starts in the conductor's thread as the batch
-        commits (`_Launch`), which then also hits ``engine.after_response_commit``.
+        commits (`_Launch`), which then also hits ``engine.after_response_commit``; unless an awaited record without
+        a launch already waits in this tick: its boundary failpoints are hit on the loop once it resumes, and the
+        launch would hit its own before them (failpoint hit counts follow the records' order), so this call starts
+        its tool on the loop too.
+
+        Returns:
+            Whether ``launch`` was taken (its hook runs when the batch commits).
 
         Raises:
             AttemptSuperseded: This attempt may append nothing more (or an earlier posted record was refused).
@@ -378,15 +409,21 @@ class RunContext:
         batch = [*self._buffer, *events]
         self._buffer.clear()
         if not batch:
-            return
+            return False
         with_response = any(isinstance(e, ModelResponseCompleted) for e in batch)
+        tick = self._open_tick()
+        if launch is not None and tick.plain_waiters:
+            launch = None
         if launch is not None:
             launch.with_response = with_response
-            self._open_tick().on_commit.append(launch.fire)
+            tick.on_commit.append(launch.fire)
+        else:
+            tick.plain_waiters = True
         await asyncio.shield(self._send(batch))
         self._raise_failed_posts()
         if with_response and launch is None:
             failpoint("engine.after_response_commit")  # the response is canonical; the tools it declares not run
+        return launch is not None
 
     def _post(self, events: Sequence[LogEvent], on_commit: Callable[[], None] | None = None) -> None:
         """Hand ``events`` to the conductor without waiting for their commit (a tool's settlement, DESIGN.md §3).
@@ -455,15 +492,7 @@ class RunContext:
         except Exception as exc:  # noqa: BLE001 - handed to every waiter of the tick, who raises it
             tick.done.set_exception(exc)
             return
-        if tick.on_commit:
-            hooks = tuple(tick.on_commit)
-
-            def after_commit(f: Future[None]) -> None:  # in the conductor's thread
-                if not f.cancelled() and f.exception() is None:
-                    for hook in hooks:
-                        hook()
-
-            committed.add_done_callback(after_commit)
+        hooks = tuple(tick.on_commit)
         waiter = tick.done
         doorbell = _doorbell(asyncio.get_running_loop())
 
@@ -477,6 +506,14 @@ class RunContext:
                 waiter.set_result(None)
 
         def resolved(source: Future[None]) -> None:  # in the conductor's thread: one wake-up of the loop per batch
+            # One callback, hooks first: the loop learns of the commit only after every hook ran (a `_Launch` has
+            # started its tool or kept its error), whichever thread resolves the future and whenever.
+            if hooks and not source.cancelled() and source.exception() is None:
+                for hook in hooks:
+                    try:
+                        hook()
+                    except Exception:  # noqa: BLE001 - a hook's error (a failpoint's raise) cannot reach the run
+                        _log.exception("a commit hook raised; the next hooks still run", extra={"hook": repr(hook)})
             doorbell.post(copy, source)
 
         committed.add_done_callback(resolved)
@@ -901,10 +938,19 @@ class RunContext:
             else:
                 # A sync tool starts as its prepared record commits, one thread hop sooner (`_Launch`).
                 launch = None if inspect.iscoroutinefunction(spec.fn) else _Launch(spec, args, call)
-                await self._record([prepared], launch)
-                if launch is None:
+                try:
+                    launched = await self._record([prepared], launch)
+                except asyncio.CancelledError:
+                    if launch is not None and launch.abandon():
+                        _log.warning(
+                            "a cancelled run's tool started as its prepared record committed; it runs on unwatched",
+                            extra={"call_id": prepared.call_id},
+                        )
+                    raise
+                if not launched:
+                    launch = None
                     failpoint("engine.after_prepared_commit")
-                elif launch.error is not None:
+                elif launch is not None and launch.error is not None:
                     raise launch.error
                 answer = await self._answer(spec, prepared, call, args, launch)
             failpoint("engine.tool_returned")

@@ -1,6 +1,6 @@
-"""Review of `_Launch` (96cd818): two ways a sync tool starts other than "once, after its boundary failpoints".
-
-Both tests are strict xfails: each passes on the tree before 96cd818 and fails after it; drop the marker with the fix.
+"""`_Launch` (a sync tool started by the committing thread): two ways it once started other than "once, after its
+boundary failpoints" (found in review; both tests failed on 96cd818 and pass since `_hand_off` runs the commit hooks
+and the loop's wake-up in one callback, and a launch behind a plain waiter of the same tick starts on the loop).
 
 1. A commit that lands while the run's loop is inside `RunContext._hand_off`.
 
@@ -81,7 +81,6 @@ class _RaceRecorder(Recorder):
         return fut
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: `_hand_off` registers fire and the wake-up separately")
 def test_a_sync_tool_runs_once_when_its_commit_lands_while_the_loop_is_handing_it_over() -> None:
     invoked: list[str] = []
     proceed = threading.Event()
@@ -108,7 +107,6 @@ def test_a_sync_tool_runs_once_when_its_commit_lands_while_the_loop_is_handing_i
     assert invoked == ["charge"], f"the tool ran {len(invoked)} times under one prepared record"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a launched sync tool hits its failpoints before its group")
 def test_the_boundary_failpoints_of_a_mixed_parallel_group_are_hit_in_call_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -149,3 +147,48 @@ def test_the_boundary_failpoints_of_a_mixed_parallel_group_are_hit_in_call_order
     finally:
         monkeypatch.delenv(_failpoints.FAILPOINTS_ENV_VAR)
         _failpoints.reset()
+
+
+def test_a_run_cancelled_past_its_grace_before_the_commit_lands_gets_no_tool_started() -> None:
+    """`_Launch.abandon`: as before the launch moved to the committing thread, a run that stopped waiting for the
+    prepared record's commit (abort grace over) never starts the tool when the commit lands later."""
+    from settled.runtime import RunCancelled, RunContext, RunOptions
+    from tests.unit.runtime.test_commits import GatedRecorder
+
+    rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+    invoked: list[str] = []
+
+    async def agent(ctx: RunContext) -> Any:
+        return await ctx.tool("charge", {})
+
+    app = App(agent=agent, options=RunOptions(abort_grace_s=0.1), resolver_keys={"k": "x"})
+
+    @app.tool
+    def charge(args: dict[str, Any], call: ToolCall) -> str:
+        invoked.append("charge")
+        return "charged"
+
+    agent_run = attempt(rec)
+    outcome: list[BaseException] = []
+    done = threading.Event()
+
+    def go() -> None:
+        try:
+            run(app, agent_run)
+        except BaseException as exc:  # noqa: BLE001 - the test asserts what it was
+            outcome.append(exc)
+        done.set()
+
+    threading.Thread(target=go, daemon=True).start()
+    deadline = time.monotonic() + 5
+    while not rec.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rec.held, "the prepared record was never handed over"
+    agent_run.cancelled.set()
+    time.sleep(0.5)  # past the abort grace (0.1 s): the call's task is cancelled while its commit is pending
+    assert not done.is_set(), "a run ends only once every record it handed over committed or was refused"
+    rec.release()  # the commit lands after the run gave up on the call
+    assert done.wait(5), "the cancelled run did not end once its record committed"
+    assert len(outcome) == 1 and isinstance(outcome[0], RunCancelled), outcome
+    time.sleep(0.2)
+    assert invoked == [], "a tool started for a run that had stopped waiting for its prepared record"
