@@ -84,8 +84,9 @@ class ReplayTimings:
     Attributes:
         consume: Waiting for and receiving records from Kafka.
         decode: Decoding records into batches (`FastBatchDecoder`).
-        fold: The protocol fold (`settled.protocol.apply_traced`) inside `project_batch`.
-        rows: The rest of `project_batch`: deriving and merging rows.
+        fold: The fold pass of `project_chunk`: the protocol fold (`settled.protocol.apply_conversation`) and each
+            batch's pass over its events for the rows.
+        rows: The row pass of `project_chunk` and the rows built per key at the end (`RowSet.finish`).
         write: Writing rows and offsets to Postgres (the bulk ``COPY``).
         catch_up: Catching up to later targets through the seeded projector (all of its parts together).
         cpu: CPU seconds the replaying processes used for the bulk replay and its write (``time.process_time``: all
