@@ -214,9 +214,7 @@ def test_the_fast_decoder_builds_the_validated_models_of_every_log_event_type() 
             for e, v in zip(built.events, validated.events, strict=True)
             for f in type(e).model_fields
             if isinstance(getattr(v, f), enum.Enum)
-        ] == [True] * sum(
-            isinstance(getattr(v, f), enum.Enum) for v in validated.events for f in type(v).model_fields
-        )
+        ] == [True] * sum(isinstance(getattr(v, f), enum.Enum) for v in validated.events for f in type(v).model_fields)
 
 
 def _other_event_types() -> LogBatch:
