@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from settled._settings import Settings
 
@@ -102,9 +103,8 @@ def turn_watchdog_s(configured_s: float | None, settings: Settings) -> float:
     return float(value)
 
 
-@dataclass(frozen=True)
-class Phase:
-    """What the worker loop is doing now.
+class Phase(NamedTuple):
+    """What the worker loop is doing now (a tuple: built on every phase of every turn, a frozen dataclass costs more).
 
     Attributes:
         name: What the loop does, e.g. ``"checkpoint of partition 3"``.
