@@ -244,14 +244,15 @@ class _Doorbell:
 
     def _ring(self) -> None:
         loop = self._loop()
-        try:
-            if loop is None:
-                raise RuntimeError("the loop is gone")
-            loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop closed: its runs are over, nobody waits for these callbacks
-            with self._lock:
-                self._pending.clear()
-                self._due = False
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._drain)
+                return
+            except RuntimeError:
+                pass  # the loop closed
+        with self._lock:  # the loop is gone or closed: its runs are over, nobody waits for these callbacks
+            self._pending.clear()
+            self._due = False
 
     def _drain(self) -> None:
         with self._lock:
@@ -981,21 +982,18 @@ class RunContext:
         """
         deadline = time.monotonic() + spec.retry_budget_s
         delay_s = self._options.retry_backoff_s
-        launched = None if launch is None else launch.future
+        first = launch  # the first try only: a retry starts the tool again
+        running: Awaitable[Any]
         while True:
             try:
-                if launched is not None:
-                    assert launch is not None  # launched comes from it
-                    started = launch.started_s
-                    running: Awaitable[Any] = asyncio.wrap_future(launched)
-                    launched = None  # a retry starts the tool again
+                if first is not None and first.future is not None:
+                    started, running = first.started_s, asyncio.wrap_future(first.future)
                 else:
-                    started = time.monotonic()
-                    running = start(spec.fn, dict(args), call)
+                    started, running = time.monotonic(), start(spec.fn, dict(args), call)
+                first = None
                 value = await asyncio.wait_for(running, max(spec.timeout_s - (time.monotonic() - started), 0.0))
                 if inspect.isawaitable(value):  # a sync tool returned an awaitable: within the same timeout
-                    left_s = max(spec.timeout_s - (time.monotonic() - started), 0.0)
-                    value = await asyncio.wait_for(value, left_s)
+                    value = await asyncio.wait_for(value, max(spec.timeout_s - (time.monotonic() - started), 0.0))
             except FailpointError:
                 raise
             except IN_DOUBT_ERRORS as exc:
