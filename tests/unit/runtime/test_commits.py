@@ -15,16 +15,17 @@ The recorder here stands where the conductor stands (`AgentRun.record`) and can 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 from settled import _failpoints
-from settled.processors import AttemptSuperseded
+from settled.processors import AgentRun, AttemptSuperseded
 from settled.runtime import (
     App,
     Message,
@@ -80,6 +81,10 @@ def shapes(rec: Recorder) -> list[list[str]]:
 
 def settles(batch: tuple[LogEvent, ...]) -> bool:
     return any(isinstance(e, ToolCallSettled) for e in batch)
+
+
+def prepares(batch: tuple[LogEvent, ...]) -> bool:
+    return any(isinstance(e, ToolCallPrepared) for e in batch)
 
 
 def turns(request: ModelRequest) -> int:
@@ -222,26 +227,56 @@ def test_a_response_is_committed_before_the_next_prompt_a_step_body_and_when_the
     assert len(rec.of(StepRecorded)) == 1
 
 
-def test_a_tool_never_runs_before_its_prepared_record_commits() -> None:
-    rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
-    invoked: list[str] = []
+def one_charge_call(request: ModelRequest) -> list[ScriptStep]:
+    """The model calls ``charge`` once, then answers "done"."""
+    if turns(request) == 0:
+        return [ModelResponse("", (declared_call("a", "charge", {}),))]
+    return [ModelResponse("done")]
 
-    def script(request: ModelRequest) -> list[ScriptStep]:
-        if turns(request) == 0:
-            return [ModelResponse("", (declared_call("a", "charge", {}),))]
-        return [ModelResponse("done")]
 
-    app = model_app(script, invoked)
+def run_until_held(
+    app: App, rec: GatedRecorder, agent_run: AgentRun | None = None
+) -> tuple[threading.Event, list[object]]:
+    """Start the run on a thread and return once ``rec`` holds a batch: (set when the run ended, its reply or error)."""
     done = threading.Event()
-    result: list[str] = []
-    threading.Thread(target=lambda: (result.append(run(app, attempt(rec))), done.set()), daemon=True).start()
+    outcome: list[object] = []
+
+    def go() -> None:
+        try:
+            outcome.append(run(app, agent_run or attempt(rec)))
+        except BaseException as exc:  # noqa: BLE001 - the test asserts what it was
+            outcome.append(exc)
+        done.set()
+
+    threading.Thread(target=go, daemon=True).start()
     deadline = time.monotonic() + 5
     while not rec.held and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert rec.held, "the prepared record was never handed over"
+    return done, outcome
+
+
+@contextlib.contextmanager
+def failpoints_armed(monkeypatch: pytest.MonkeyPatch, spec: str) -> Iterator[None]:
+    """Arm ``spec`` (``SETTLED_FAILPOINTS`` syntax) in this process for the block; disarm after."""
+    monkeypatch.setenv(_failpoints.FAILPOINTS_ENV_VAR, spec)
+    monkeypatch.delenv(_failpoints.FAILPOINT_DIR_ENV_VAR, raising=False)
+    _failpoints.reset()
+    try:
+        yield
+    finally:
+        monkeypatch.delenv(_failpoints.FAILPOINTS_ENV_VAR)
+        _failpoints.reset()
+
+
+def test_a_tool_never_runs_before_its_prepared_record_commits() -> None:
+    rec = GatedRecorder(prepares)
+    invoked: list[str] = []
+    done, outcome = run_until_held(model_app(one_charge_call, invoked), rec)
     time.sleep(0.2)
     assert rec.held and invoked == [], "the tool ran before its prepared record committed"
     rec.release()
-    assert done.wait(5) and result == ['"done"'] and invoked == ["charge"]
+    assert done.wait(5) and outcome == ['"done"'] and invoked == ["charge"]
 
 
 @pytest.mark.parametrize("point", ["engine.after_response_commit", "engine.after_prepared_commit"])
@@ -249,63 +284,24 @@ def test_a_boundary_failpoint_between_the_commit_and_a_sync_tool_stops_the_run_b
     point: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sync tool starts in the committing thread (`_Launch`); the boundary failpoints still come first (spec §15)."""
-    monkeypatch.setenv(_failpoints.FAILPOINTS_ENV_VAR, f"{point}=1*raise")
-    monkeypatch.delenv(_failpoints.FAILPOINT_DIR_ENV_VAR, raising=False)
-    _failpoints.reset()
-    try:
-        rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+    with failpoints_armed(monkeypatch, f"{point}=1*raise"):
+        rec = GatedRecorder(prepares)
         invoked: list[str] = []
-
-        def script(request: ModelRequest) -> list[ScriptStep]:
-            if turns(request) == 0:
-                return [ModelResponse("", (declared_call("a", "charge", {}),))]
-            return [ModelResponse("done")]
-
-        app = model_app(script, invoked)
-        done = threading.Event()
-        errors: list[BaseException] = []
-
-        def go() -> None:
-            try:
-                run(app, attempt(rec))
-            except BaseException as exc:  # noqa: BLE001 - the test asserts what it was
-                errors.append(exc)
-            done.set()
-
-        threading.Thread(target=go, daemon=True).start()
-        deadline = time.monotonic() + 5
-        while not rec.held and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert rec.held, "the response and its prepared call were never handed over"
+        done, outcome = run_until_held(model_app(one_charge_call, invoked), rec)
         rec.release()  # the commit: the tool would start here, in this thread
         assert done.wait(5)
-        assert len(errors) == 1 and isinstance(errors[0], _failpoints.FailpointError), errors
-        assert point in str(errors[0])
+        assert len(outcome) == 1 and isinstance(outcome[0], _failpoints.FailpointError), outcome
+        assert point in str(outcome[0])
         assert invoked == [], "the tool started although the boundary failpoint stopped the run"
         assert shapes(rec)[0] == ["ModelResponseCompleted", "ToolCallPrepared"]
-    finally:
-        monkeypatch.delenv(_failpoints.FAILPOINTS_ENV_VAR)
-        _failpoints.reset()
 
 
 def test_a_sync_tool_starts_in_the_thread_that_commits_its_prepared_record() -> None:
     """One thread hop less (DESIGN.md §3, docs/architecture.md): the tool is started by the committing thread."""
-    rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+    rec = GatedRecorder(prepares)
     started_by: list[str] = []
     invoked: list[str] = []
-
-    def script(request: ModelRequest) -> list[ScriptStep]:
-        if turns(request) == 0:
-            return [ModelResponse("", (declared_call("a", "charge", {}),))]
-        return [ModelResponse("done")]
-
-    app = model_app(script, invoked)
-    done = threading.Event()
-    result: list[str] = []
-    threading.Thread(target=lambda: (result.append(run(app, attempt(rec))), done.set()), daemon=True).start()
-    deadline = time.monotonic() + 5
-    while not rec.held and time.monotonic() < deadline:
-        time.sleep(0.01)
+    done, outcome = run_until_held(model_app(one_charge_call, invoked), rec)
     original = _tools.call_in_thread
 
     def spy(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -319,7 +315,7 @@ def test_a_sync_tool_starts_in_the_thread_that_commits_its_prepared_record() -> 
             rec.release()
         finally:
             threading.current_thread().name = "MainThread"
-        assert done.wait(5) and result == ['"done"'] and invoked == ["charge"]
+        assert done.wait(5) and outcome == ['"done"'] and invoked == ["charge"]
     assert started_by == ["committer"]
 
 

@@ -32,10 +32,28 @@ from typing import Any
 import pytest
 
 from settled import _failpoints
-from settled.runtime import App, ModelAgent, ModelRequest, ModelResponse, ScriptedProvider, ToolCall, declared_call
+from settled.runtime import (
+    App,
+    ModelAgent,
+    ModelRequest,
+    ModelResponse,
+    RunCancelled,
+    RunContext,
+    RunOptions,
+    ScriptedProvider,
+    ToolCall,
+    declared_call,
+)
 from settled.runtime._model import ScriptStep
 from settled.schemas import LogEvent, ToolCallPrepared
-from tests.unit.runtime.test_commits import turns
+from tests.unit.runtime.test_commits import (
+    GatedRecorder,
+    failpoints_armed,
+    one_charge_call,
+    prepares,
+    run_until_held,
+    turns,
+)
 from tests.unit.runtime.test_context import Recorder, attempt, run
 
 
@@ -84,13 +102,7 @@ class _RaceRecorder(Recorder):
 def test_a_sync_tool_runs_once_when_its_commit_lands_while_the_loop_is_handing_it_over() -> None:
     invoked: list[str] = []
     proceed = threading.Event()
-
-    def script(request: ModelRequest) -> list[ScriptStep]:
-        if turns(request) == 0:
-            return [ModelResponse("", (declared_call("a", "charge", {}),))]
-        return [ModelResponse("done")]
-
-    app = App(agent=ModelAgent(ScriptedProvider(script), model="m"))
+    app = App(agent=ModelAgent(ScriptedProvider(one_charge_call), model="m"))
 
     @app.tool()  # neither idempotent nor reconcilable: it must run at most once per prepared record (DUR-009)
     def charge(args: dict[str, Any], call: ToolCall) -> str:
@@ -117,9 +129,6 @@ def test_the_boundary_failpoints_of_a_mixed_parallel_group_are_hit_in_call_order
     committing thread before the loop resumes the async call, so ``=2*kill`` stops the other call, and a kill at
     ``engine.after_response_commit`` comes after a declared tool already started.
     """
-    monkeypatch.setenv(_failpoints.FAILPOINTS_ENV_VAR, "engine.after_prepared_commit=2*raise")
-    monkeypatch.delenv(_failpoints.FAILPOINT_DIR_ENV_VAR, raising=False)
-    _failpoints.reset()
     invoked: list[str] = []
 
     def script(request: ModelRequest) -> list[ScriptStep]:
@@ -140,22 +149,16 @@ def test_the_boundary_failpoints_of_a_mixed_parallel_group_are_hit_in_call_order
         invoked.append("second_sync")
         return "ok"
 
-    try:
+    with failpoints_armed(monkeypatch, "engine.after_prepared_commit=2*raise"):
         with pytest.raises(_failpoints.FailpointError):
             run(app, attempt(Recorder()))
         assert invoked == ["first_async"], "the 2nd hit of engine.after_prepared_commit was not the 2nd call's"
-    finally:
-        monkeypatch.delenv(_failpoints.FAILPOINTS_ENV_VAR)
-        _failpoints.reset()
 
 
 def test_a_run_cancelled_past_its_grace_before_the_commit_lands_gets_no_tool_started() -> None:
     """`_Launch.abandon`: as before the launch moved to the committing thread, a run that stopped waiting for the
     prepared record's commit (abort grace over) never starts the tool when the commit lands later."""
-    from settled.runtime import RunCancelled, RunContext, RunOptions
-    from tests.unit.runtime.test_commits import GatedRecorder
-
-    rec = GatedRecorder(lambda batch: any(isinstance(e, ToolCallPrepared) for e in batch))
+    rec = GatedRecorder(prepares)
     invoked: list[str] = []
 
     async def agent(ctx: RunContext) -> Any:
@@ -169,21 +172,7 @@ def test_a_run_cancelled_past_its_grace_before_the_commit_lands_gets_no_tool_sta
         return "charged"
 
     agent_run = attempt(rec)
-    outcome: list[BaseException] = []
-    done = threading.Event()
-
-    def go() -> None:
-        try:
-            run(app, agent_run)
-        except BaseException as exc:  # noqa: BLE001 - the test asserts what it was
-            outcome.append(exc)
-        done.set()
-
-    threading.Thread(target=go, daemon=True).start()
-    deadline = time.monotonic() + 5
-    while not rec.held and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert rec.held, "the prepared record was never handed over"
+    done, outcome = run_until_held(app, rec, agent_run)
     agent_run.cancelled.set()
     time.sleep(0.5)  # past the abort grace (0.1 s): the call's task is cancelled while its commit is pending
     assert not done.is_set(), "a run ends only once every record it handed over committed or was refused"
