@@ -31,13 +31,13 @@ from multiprocessing.context import ForkContext, SpawnContext
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from settled._settings import Settings
 from settled.producers import consume_promptly
 from settled.projections._fastdecode import FastBatchDecoder
-from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
+from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
 from settled.projections._rows import ProjectionState, RowSet, project_chunk
 from settled.projections._schema import ProjectionNames
 from settled.projections._store import ProjectionWriter
@@ -288,11 +288,7 @@ class BulkReplay:
                 failure: Exception | None = None
                 try:
                     for msg in msgs:
-                        err = msg.error()
-                        if err is not None:
-                            if err.fatal():
-                                raise KafkaException(err)
-                            _log.warning("consumer error", extra={"error": str(err)})
+                        if not is_record(msg):
                             continue
                         p = msg.partition()
                         offset = msg.offset()

@@ -53,6 +53,27 @@ _log = logging.getLogger("settled.projections")
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 
+def is_record(msg: Message) -> bool:
+    """Whether a polled message is a record; a consumer error is logged and skipped, a fatal one raised.
+
+    Args:
+        msg: A message from ``consume``.
+
+    Returns:
+        True for a record; False for a non-fatal consumer error (logged as a warning).
+
+    Raises:
+        KafkaException: The error is fatal (the consumer cannot go on).
+    """
+    err = msg.error()
+    if err is None:
+        return True
+    if err.fatal():
+        raise KafkaException(err)
+    _log.warning("consumer error", extra={"error": str(err)})
+    return False
+
+
 @dataclass(frozen=True)
 class ProjectorConfig:
     """How a projector runs.
@@ -291,11 +312,7 @@ class Projector:
         msgs = consume_promptly(consumer, self.config.max_records, self.config.poll_timeout_s)
         by_part: dict[int, list[Message]] = {}
         for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.fatal():
-                    raise KafkaException(err)
-                _log.warning("consumer error", extra={"error": str(err)})
+            if not is_record(msg):
                 continue
             p = msg.partition()
             if p is None or p not in self._parts:
