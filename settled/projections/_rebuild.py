@@ -4,11 +4,26 @@
 together) — a bulk replay that folds each partition in memory up to the log's end offsets and writes its final rows
 once with COPY (`settled.projections._bulk`, one process per share of the partitions) — catch up to the live position
 (at least the log's end offsets, and every live offset row) through projectors seeded with the folded states, then
-switch in one transaction: lock the live version's tables (waiting out readers and the live projector's open
-transaction), check that the new version is at or past every live offset, and rename ``<base>`` → ``<base>__retired``
-and ``<base>__next`` → ``<base>``. A reader sees the old version or the new one, never a mix; the live projector's
-next transaction finds the new version's offsets ahead of it, folds the records in between without writing them, and
-goes on writing the new version.
+switch in one transaction:
+
+1. lock the live version's tables ``IN EXCLUSIVE MODE`` (``meta`` and ``offsets`` first, so the wait is for the live
+   projector's open transaction, which takes its offset row first): the live projector cannot commit any more,
+   readers still read the old version;
+2. read the live offsets, now fixed, and catch the new version up to them (what arrived since the last catch-up) —
+   so the switch cannot starve however fast the live projector moves (a live projector that stays ahead between
+   two catch-ups made an earlier design retry until it gave up);
+3. take the same tables ``IN ACCESS EXCLUSIVE MODE`` (waiting out readers), check that the new version is at or
+   past every live offset, and rename ``<base>`` → ``<base>__retired`` and ``<base>__next`` → ``<base>``.
+
+Every lock wait is bounded by ``lock_timeout``; a lock timeout or a deadlock rolls the switch back and it is tried
+again (the new version keeps what it caught up). Step 2 holds the live projector back for as long as it takes, so
+when the gap is larger than ``locked_catch_up_max_offsets`` the switch rolls back once for one more catch-up round
+outside the lock, and the next switch catches up under the lock whatever the gap: the switch converges. A reader sees
+the old version or the new one, never a mix; the live projector's next transaction finds the new version's offsets at
+or ahead of its own, folds the records in between without writing them, and goes on writing the new version.
+
+Failpoint ``rebuild.before_switch``: the new version is caught up, the switch transaction not yet begun (a test
+appends there so that the live projector is ahead at every switch).
 
 `check`: compares three projections of the same log prefix — the live tables, a fresh rebuild into
 ``<base>__check``, and the reference computed in memory from an independent read of the log (the rows of
@@ -30,6 +45,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
+from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.projections._bulk import ReplayTimings, SharePool, default_workers
 from settled.projections._rows import FOLD_COLUMNS, ProjectionState, RowSet, fold_reference, project_batch
@@ -95,11 +111,13 @@ class RebuildResult:
         batches: Batches applied.
         events: Events applied.
         elapsed_s: Seconds, replay and switch together.
-        switch_attempts: Switch transactions tried (a busy live projector or reader can make one time out).
+        switch_attempts: Switch transactions tried (a lock timeout or a deadlock with a reader, or a catch-up gap
+            too large to close under the lock, makes one roll back).
         workers: Processes that replayed (1: in the calling process).
         phases: Wall-clock seconds per phase: ``setup`` (schema, end offsets, starting the workers), ``replay``
             (the bulk replay up to the end offsets, its write included), ``catch_up`` (up to the live position),
-            ``switch`` (the switch transactions).
+            ``switch`` (the switch transactions, ``locked_catch_up`` included), ``locked_catch_up`` (catching up
+            while the switch held the live projector back; absent when there was nothing to catch up).
         work: Where the replaying processes spent their time (summed over processes: consume, decode, fold, row
             building, Postgres write, catch-up).
     """
@@ -157,7 +175,11 @@ def _connect(settings: Settings) -> Conn:
 
 
 class _Behind(Exception):
-    pass
+    """The new version is behind the live one after its catch-up (the switch rolls back and is tried again)."""
+
+
+class _GapTooLarge(Exception):
+    """Too much to catch up while holding the live projector back: one more catch-up round outside the lock first."""
 
 
 @dataclass
@@ -196,6 +218,7 @@ def rebuild(
     timeout_s: float = 3600.0,
     switch_attempts: int = 20,
     lock_timeout_s: float = 5.0,
+    locked_catch_up_max_offsets: int = 10_000,
     max_records: int = 10_000,
     workers: int | None = None,
     parallel_min_records: int = 20_000,
@@ -212,8 +235,12 @@ def rebuild(
         progress: Called as the replay advances.
         keep_retired: Keep the replaced version as ``<base>__retired`` (else drop it in the switch).
         timeout_s: Bound on the whole rebuild, in seconds.
-        switch_attempts: Switch transactions to try before giving up.
+        switch_attempts: Switch transactions to try before giving up (lock timeouts, deadlocks with readers and at
+            most one gap above ``locked_catch_up_max_offsets`` use them up; the live projector's progress cannot,
+            module doc).
         lock_timeout_s: ``lock_timeout`` of one switch transaction, in seconds.
+        locked_catch_up_max_offsets: Most offsets (all partitions together) the first switch catches up while it
+            holds the live projector back; above it, one more catch-up round runs outside the lock first.
         max_records: Records consumed per poll.
         workers: Processes replaying (None: one per core when the log holds at least ``parallel_min_records``
             records, else 1, which replays in this process).
@@ -223,11 +250,16 @@ def rebuild(
         What was rebuilt.
 
     Raises:
+        ValueError: ``switch_attempts`` is below 1 or ``locked_catch_up_max_offsets`` below 0.
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
         settled.protocol.ProtocolError: The fold refused a batch (replaying in this process).
         RebuildWorkerError: A replaying child process failed (it names the error, e.g. a ``ProtocolError``).
     """
+    if switch_attempts < 1:
+        raise ValueError(f"switch_attempts must be at least 1, got {switch_attempts}")
+    if locked_catch_up_max_offsets < 0:
+        raise ValueError(f"locked_catch_up_max_offsets must be at least 0, got {locked_catch_up_max_offsets}")
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -258,15 +290,32 @@ def rebuild(
             work = pool.timings()
             relay.caught_up(work.records, work.events)
             mark = time.monotonic()
+            max_gap: int | None = locked_catch_up_max_offsets
+            reasons: list[str] = []
+
+            def locked_catch_up(targets: dict[int, int]) -> None:
+                started_locked = time.monotonic()
+                pool.until(targets, deadline)
+                phases["locked_catch_up"] = phases.get("locked_catch_up", 0.0) + time.monotonic() - started_locked
+
             for attempt in range(1, switch_attempts + 1):
                 live = read_offsets(conn, names.live, topic) if live_exists else {}
                 ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
                 catch_up = time.monotonic()
                 pool.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
                 phases["catch_up"] = phases.get("catch_up", 0.0) + time.monotonic() - catch_up
+                failpoint("rebuild.before_switch")
                 try:
-                    offsets = _switch(conn, names, topic, live_exists, keep_retired, lock_timeout_s)
+                    offsets = _switch(
+                        conn, names, topic, live_exists, keep_retired, lock_timeout_s, locked_catch_up, max_gap
+                    )
+                except _GapTooLarge as exc:
+                    max_gap = None  # the next switch catches up under the lock whatever the gap: it converges
+                    reasons.append(str(exc))
+                    _log.info("switch retried", extra={"attempt": attempt, "reason": str(exc)})
+                    continue
                 except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+                    reasons.append(repr(exc))
                     _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
                     continue
                 phases["switch"] = time.monotonic() - mark - phases["catch_up"]
@@ -284,7 +333,10 @@ def rebuild(
                     phases=phases,
                     work=work,
                 )
-            raise TimeoutError(f"the switch to the rebuilt projection failed {switch_attempts} times")
+            raise TimeoutError(
+                f"the switch to the rebuilt projection failed {switch_attempts} times; last reason: "
+                f"{reasons[-1] if reasons else 'none'}"
+            )
         finally:
             pool.close()
     finally:
@@ -292,21 +344,60 @@ def rebuild(
 
 
 def _switch(
-    conn: Conn, names: ProjectionNames, topic: str, live_exists: bool, keep_retired: bool, lock_timeout_s: float
+    conn: Conn,
+    names: ProjectionNames,
+    topic: str,
+    live_exists: bool,
+    keep_retired: bool,
+    lock_timeout_s: float,
+    catch_up: Callable[[dict[int, int]], None],
+    max_gap: int | None,
 ) -> dict[int, int]:
-    """One switch transaction: lock the live version, check the new one is not behind it, rename both."""
+    """One switch transaction (module doc): hold the live projector back, catch up to it, then rename both versions.
+
+    Args:
+        conn: The rebuild's autocommit connection.
+        names: The projection's schema names.
+        topic: The log topic.
+        live_exists: Whether there is a live version to replace.
+        keep_retired: Keep the replaced version as ``<base>__retired``.
+        lock_timeout_s: ``lock_timeout`` of every lock wait here, in seconds.
+        catch_up: Catches the new version up to some offsets (through other connections, which write only the new
+            version, so no lock held here stops them).
+        max_gap: Most offsets to catch up while holding the live projector back; None: no bound.
+
+    Returns:
+        The new version's next offset per partition.
+
+    Raises:
+        _GapTooLarge: More than ``max_gap`` offsets to catch up (rolled back).
+        _Behind: The new version is still behind the live one after the catch-up (rolled back).
+        psycopg.errors.LockNotAvailable: A lock wait took longer than ``lock_timeout_s`` (rolled back).
+        psycopg.errors.DeadlockDetected: A reader and the switch waited on each other (rolled back).
+    """
     live, building, retired = (sql.Identifier(n) for n in (names.live, names.building, names.retired))
+    live_tables = sql.SQL(", ").join(sql.Identifier(names.live, t) for t in ("meta", "offsets", *TABLES))
     with conn.transaction():
         conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
         stored: dict[int, int] = {}
         if live_exists:
-            tables = sql.SQL(", ").join(sql.Identifier(names.live, t) for t in ("meta", "offsets", *TABLES))
-            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(tables))
-            stored = read_offsets(conn, names.live, topic)
+            # EXCLUSIVE: the live projector (its offset row first, ROW SHARE) cannot commit, readers still read.
+            conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(live_tables))
+            stored = read_offsets(conn, names.live, topic)  # fixed until this transaction ends
+            new = read_offsets(conn, names.building, topic)
+            gap = sum(max(0, o - new.get(p, 0)) for p, o in stored.items())
+            if max_gap is not None and gap > max_gap:
+                raise _GapTooLarge(
+                    f"{gap} offsets to catch up (more than {max_gap}) while holding the live projector back"
+                )
+            if gap:
+                catch_up(stored)
+            # ACCESS EXCLUSIVE: wait out the readers, so that none reads one version and then the other.
+            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(live_tables))
         new = read_offsets(conn, names.building, topic)
         behind = {p: (new.get(p, 0), o) for p, o in stored.items() if new.get(p, 0) < o}
         if behind:
-            raise _Behind(f"the rebuilt version is behind the live one at partitions {behind}")
+            raise _Behind(f"the rebuilt version is behind the live one at partitions {behind} after its catch-up")
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(retired))
         if live_exists:
             conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(live, retired))
