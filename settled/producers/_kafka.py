@@ -114,6 +114,24 @@ _NO_LEADER_YET = frozenset(
 )
 
 
+def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float, deadline: float) -> int:
+    """The partition's end offset for ``consumer``'s isolation level, from the broker (not the cache).
+
+    A new topic has no leader for a moment, and a fresh client may not know the partition yet
+    (``_UNKNOWN_PARTITION`` under load): both are waited out until ``deadline`` (``time.monotonic()`` seconds).
+
+    Raises:
+        KafkaException: Any other error, or still no leader at ``deadline``.
+    """
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1])
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 @dataclass(frozen=True)
 class EndOffsets:
     """A partition's end offsets.
@@ -158,16 +176,7 @@ def end_offsets(settings: Settings, topic: str, partition: int, timeout_s: float
             }
         )
         try:
-            while True:
-                try:
-                    tp = TopicPartition(topic, partition)
-                    out.append(c.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1])
-                    break
-                except KafkaException as exc:
-                    # A new topic has no leader for a moment: wait for one, within the bound.
-                    if exc.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            out.append(_end_offset(c, TopicPartition(topic, partition), timeout_s, deadline))
         finally:
             c.close()
     return EndOffsets(last_stable=out[0], high_watermark=out[1])
@@ -206,11 +215,11 @@ def read_partition(
     )
     try:
         tp = TopicPartition(topic, partition)
-        end = c.get_watermark_offsets(tp, timeout=timeout_s, cached=False)[1]
+        deadline = time.monotonic() + timeout_s
+        end = _end_offset(c, tp, timeout_s, deadline)
         if start_offset >= end:
             return
         c.assign([TopicPartition(topic, partition, start_offset)])
-        deadline = time.monotonic() + timeout_s
         while True:
             msg = c.poll(0.2)
             if msg is not None:
