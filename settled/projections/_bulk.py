@@ -36,6 +36,7 @@ from psycopg import sql
 
 from settled._settings import Settings
 from settled.producers import consume_promptly
+from settled.projections._avroread import READ_ERRORS
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
 from settled.projections._rows import ProjectionState, RowSet, project_chunk
@@ -272,7 +273,11 @@ class BulkReplay:
         try:
             consumer.assign([TopicPartition(topic, p, 0) for p in sorted(active)])
             # Built (unless this process has one already) while the first fetch is in flight.
-            decode = shared_decoder().decode
+            decoder = shared_decoder()
+            decode = decoder.decode
+            fast = decoder.fast_path()
+            header, read = (b"", None) if fast is None else fast
+            skip = len(header)
             while active:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the replay of {topic} did not reach {want} in time (at {nexts})")
@@ -286,30 +291,51 @@ class BulkReplay:
                 t0 = clock()
                 todo: dict[int, list[tuple[int, LogBatch]]] = {}
                 failure: Exception | None = None
+                # The partition of the previous record, its chunk and target: a poll's records come in runs of one
+                # partition, so these are looked up once per run, not per record.
+                last_p: int | None = None
+                chunk: list[tuple[int, LogBatch]] = []
+                target = 0
                 try:
                     for msg in msgs:
-                        if not is_record(msg):
+                        if msg.error() is not None and not is_record(msg):
                             continue
                         p = msg.partition()
                         offset = msg.offset()
-                        if p not in active or p is None or offset is None:
+                        if p is None:
                             continue
-                        if offset >= want[p]:
-                            self._done(consumer, topic, p, want[p], nexts, active)
+                        if p != last_p:
+                            if p not in active:
+                                continue
+                            last_p, target = p, want[p]
+                            found = todo.get(p)
+                            chunk = todo[p] = [] if found is None else found
+                        if offset is None:
                             continue
-                        batch = decode(msg.value(), topic=topic, partition=p, offset=offset)
-                        chunk = todo.get(p)
-                        if chunk is None:
-                            chunk = todo[p] = []
+                        if offset >= target:
+                            self._done(consumer, topic, p, target, nexts, active)
+                            last_p = None
+                            continue
+                        value = msg.value()
+                        batch: LogBatch | None = None
+                        if read is not None and value is not None and value.startswith(header):
+                            try:
+                                batch = read(value, skip)
+                            except READ_ERRORS:
+                                batch = None  # `decode` decodes it the slow way or says why
+                        if batch is None:
+                            batch = decode(value, topic=topic, partition=p, offset=offset)
                         chunk.append((offset, batch))
                         nexts[p] = offset + 1
-                        if offset + 1 >= want[p]:
-                            self._done(consumer, topic, p, want[p], nexts, active)
+                        if offset + 1 >= target:
+                            self._done(consumer, topic, p, target, nexts, active)
+                            last_p = None
                 except Exception as exc:  # noqa: BLE001 - re-raised below, once the records before it are folded
                     failure = exc
                 t1 = clock()
-                for p, chunk in todo.items():  # partitions are independent: each folds its own records in order
-                    states[p] = project_chunk(states[p], chunk, rowsets[p])
+                for p, records in todo.items():  # partitions are independent: each folds its own records in order
+                    if records:
+                        states[p] = project_chunk(states[p], records, rowsets[p])
                 if failure is not None:
                     raise failure
                 timings.decode += t1 - t0

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -57,6 +58,7 @@ from settled.schemas import (
     Genesis,
     LogBatch,
     ModelResponseCompleted,
+    ModelResponseDelta,
     OwnershipClaimed,
     Settlement,
     SettlementOutcome,
@@ -180,7 +182,9 @@ class RowSet:
             batch (a bulk replay: only the merged rows are written). Their merged row is a function of the last
             row emitted for the key and, for the `MergeRule.STICKY` columns, of the first row with a value, so only
             those emissions are kept (`defer_conversation`, `defer_submission`); `finish` builds exactly the row the
-            per-batch merge gives. Call `finish` before reading `tables`.
+            per-batch merge gives. Call `finish` before reading `tables`. So are the ``attempts`` rows a batch
+            emits for an attempt that stays in its state (`defer_attempt`): merged into the table when another row
+            of the attempt comes (`add_attempt`) or in `finish`.
     """
 
     tables: dict[str, dict[tuple[Any, ...], Row]] = field(default_factory=lambda: {name: {} for name in TABLES})
@@ -195,6 +199,10 @@ class RowSet:
     _sub_first: dict[str, tuple[Submission, datetime, int]] = field(default_factory=dict, repr=False)
     _sub_started: dict[str, datetime] = field(default_factory=dict, repr=False)
     _sub_settled: dict[str, datetime] = field(default_factory=dict, repr=False)
+    _att_last: dict[str, tuple[str, str, int, str, datetime, int]] = field(default_factory=dict, repr=False)
+    _att_first: dict[str, datetime] = field(default_factory=dict, repr=False)
+    _att_ended: dict[str, datetime] = field(default_factory=dict, repr=False)
+    _att_step: dict[str, str] = field(default_factory=dict, repr=False)
 
     def defer_conversation(self, conv: ConversationState, partition: int, t: datetime, offset: int) -> None:
         """Note a ``conversations`` row emitted by the batch at ``offset`` (``deferred`` sets; see `finish`).
@@ -229,8 +237,57 @@ class RowSet:
             self._sub_settled[sid] = t
         self._sub_last[sid] = (conversation_id, sub, partition, t, offset)
 
+    def defer_attempt(
+        self, attempt_id: str, sid: str, conversation_id: str, attempt: int, status: str, step: str | None,
+        t: datetime, offset: int,
+    ) -> None:  # fmt: skip
+        """Note the ``attempts`` row of an attempt that stays in its state, emitted by the batch at ``offset``.
+
+        The row is ``(attempt_id, sid, conversation_id, attempt, None, status, None, None, None, None, step, None, t,
+        None if status == "running" else t, t, offset)`` (`_BatchProjector.attempt_row` of a status other than
+        ``waiting``). Consecutive such rows of an attempt merge into one by the table's rules (each associative: the
+        last value, the first non-null ``STICKY`` one, the last non-null ``LATEST`` one), so only the last row and
+        the first ``started_at``, the first ``ended_at`` and the last ``current_step`` that have a value are kept;
+        `add_attempt` and `finish` merge that one row into `tables`.
+
+        Args:
+            attempt_id: The attempt.
+            sid: Its submission.
+            conversation_id: Its conversation.
+            attempt: Its attempt number.
+            status: Its status (not ``waiting``).
+            step: Its current step as of the batch's events, or None.
+            t: The batch's ``recorded_at``.
+            offset: The batch's offset.
+        """
+        if attempt_id not in self._att_first:
+            self._att_first[attempt_id] = t
+        if status != "running" and attempt_id not in self._att_ended:
+            self._att_ended[attempt_id] = t
+        if step is not None:
+            self._att_step[attempt_id] = step
+        self._att_last[attempt_id] = (sid, conversation_id, attempt, status, t, offset)
+
+    def add_attempt(self, row: Row) -> None:
+        """Merge an ``attempts`` row, after the deferred rows of its attempt (`defer_attempt`).
+
+        Args:
+            row: The row, in the table's column order.
+        """
+        if row[0] in self._att_last:
+            self._flush_attempt(row[0])
+        self.add(ATTEMPTS, row)
+
+    def _flush_attempt(self, attempt_id: str) -> None:
+        sid, cid, attempt, status, t, offset = self._att_last.pop(attempt_id)
+        self.add(
+            ATTEMPTS,
+            (attempt_id, sid, cid, attempt, None, status, None, None, None, None, self._att_step.pop(attempt_id, None),
+             None, self._att_first.pop(attempt_id), self._att_ended.pop(attempt_id, None), t, offset),
+        )  # fmt: skip
+
     def finish(self) -> None:
-        """Merge the deferred ``conversations`` and ``submissions`` rows into `tables` (nothing when none is).
+        """Merge the deferred ``conversations``, ``submissions`` and ``attempts`` rows into `tables` (if any).
 
         Each is the row the per-batch merge gives: the last emitted row, with the `MergeRule.STICKY` columns taken
         from the first emission that had a value (``created_at``; ``tools_offered``, ``admitted_at``,
@@ -252,6 +309,8 @@ class RowSet:
             )  # fmt: skip
         for pending in (self._conv_last, self._conv_first, self._sub_last, self._sub_first, started, settled):
             pending.clear()
+        for attempt_id in list(self._att_last):
+            self._flush_attempt(attempt_id)
 
     def add(self, spec: TableSpec, row: Row) -> None:
         """Merge one row into the set.
@@ -587,8 +646,12 @@ class _BatchProjector:
         steps: dict[str, str] = {}
         handled: list[tuple[int, Any, Callable[[_BatchProjector, int, Any], None]]] = []
         info = _EVENT_INFO
+        delta = ModelResponseDelta
         for i, event in enumerate(events):
             kind = type(event)
+            if kind is delta:  # the commonest event (streamed text): it names its submission, has no step and no rows
+                own[event.submission_id] = None  # type: ignore[union-attr,index]  # a ModelResponseDelta: a str
+                continue
             found = info.get(kind)
             if found is None:
                 if kind is OwnershipClaimed:
@@ -651,9 +714,21 @@ class _BatchProjector:
             for i, event, handler in self.handled:
                 handler(self, i, event)
         touched_convs: Iterable[str] = after_convs if claimed else (cid,)
-        touched_subs = self.touched = self.touched_by(self.own)
+        own = self.own
+        # `touched_by`, inlined (every batch passes here): the batch's own submissions, then those its transitions moved
+        touched_subs: dict[str, dict[str, None]] = {cid: own} if own else {}
+        for tr in self.trace:
+            found = touched_subs.get(tr.conversation_id)
+            if found is None:
+                touched_subs[tr.conversation_id] = {tr.submission_id: None}
+            else:
+                found[tr.submission_id] = None
+        self.touched = touched_subs
         add = self.add
         deferred = rows.deferred
+        p, t, offset = self.p, self.t, self.offset
+        state = self.state
+        calls_overlay, calls_base = state.calls_overlay, state.calls
         for conversation_id in touched_convs:
             if conversation_id.startswith(_PARTITION_PREFIX):  # is_partition_conversation, inlined
                 continue
@@ -662,7 +737,7 @@ class _BatchProjector:
             if old is conv:
                 continue
             if deferred:
-                rows.defer_conversation(conv, self.p, self.t, self.offset)
+                rows.defer_conversation(conv, p, t, offset)
             else:
                 add(CONVERSATIONS, self.conversation_row(conv))
             subs = conv.submissions
@@ -672,10 +747,15 @@ class _BatchProjector:
                 if sub is None or (old_subs is not None and old_subs.get(sid) is sub):
                     continue
                 if deferred:
-                    rows.defer_submission(conversation_id, sub, self.p, self.t, self.offset)
+                    rows.defer_submission(conversation_id, sub, p, t, offset)
                 else:
                     add(SUBMISSIONS, self.submission_row(conversation_id, sub))
-                self.abandon_calls(sub)
+                # `abandon_calls` only when the submission has calls in flight (`ProjectionState.calls_of`, inlined)
+                calls = calls_overlay.get(sid)
+                if calls is None:
+                    calls = calls_base.get(sid)
+                if calls:
+                    self.abandon_calls(sub)
         self.attempt_rows(self.steps)
 
     def touched_by(self, own: dict[str, None]) -> dict[str, dict[str, None]]:
@@ -713,7 +793,9 @@ class _BatchProjector:
         Args:
             steps: Attempt id → its current step as of the batch's events (the last one of each attempt).
         """
-        add = self.add
+        rows = self.rows
+        deferred = rows.deferred
+        add_attempt: Callable[[Row], None] = rows.add_attempt if deferred else partial(rows.add, ATTEMPTS)
         emitted: set[str] = set()
         if self.trace:
             current: dict[str, str | None] = {}
@@ -724,8 +806,7 @@ class _BatchProjector:
                 if isinstance(cause, AttemptStarted):
                     started = cause
                     current[sid] = started.attempt_id
-                    add(
-                        ATTEMPTS,
+                    add_attempt(
                         self.attempt_row(
                             tr.conversation_id,
                             sid,
@@ -755,8 +836,7 @@ class _BatchProjector:
                     if isinstance(cause, OwnershipClaimed):
                         end_reason = f"{tr.edge.label}: owner epoch {cause.owner_epoch} claimed by {cause.worker_id}"
                 moved = after_convs[tr.conversation_id].submissions[sid]
-                add(
-                    ATTEMPTS,
+                add_attempt(
                     self.attempt_row(
                         tr.conversation_id,
                         sid,
@@ -783,8 +863,13 @@ class _BatchProjector:
                 status = _ATTEMPT_STATUS.get(touched.state)
                 if status is None:
                     continue
-                add(
-                    ATTEMPTS,
+                if deferred and status != "waiting":  # see RowSet.defer_attempt: the row this would add
+                    rows.defer_attempt(
+                        touched.attempt_id, sid, self.cid, touched.attempt_count, status,
+                        steps.get(touched.attempt_id), self.t, self.offset,
+                    )  # fmt: skip
+                    continue
+                add_attempt(
                     self.attempt_row(
                         self.cid,
                         sid,

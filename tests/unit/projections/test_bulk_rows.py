@@ -73,3 +73,29 @@ def test_a_refused_batch_in_a_chunk_raises_after_the_rows_before_it() -> None:
     with pytest.raises(ChainBroken):
         project_chunk(ProjectionState.empty(0), [*enumerate(batches[:5]), (5, broken)], rows)
     assert rows.tables == _rows(batches[:5], deferred=False).tables
+
+
+def test_deferred_attempt_rows_are_merged_before_a_later_row_of_the_attempt_and_at_finish() -> None:
+    """An in-state attempt row a deferred set keeps back merges before the attempt's next transition row.
+
+    The scripted log holds all three cases: rows kept back (`RowSet.defer_attempt`), a transition row of an attempt
+    with rows kept back (merged after them, `RowSet.add_attempt`), and a ``waiting`` row (added at once).
+    """
+    batches = script_log()
+    for end in range(1, len(batches) + 1):
+        rows = RowSet(deferred=True)
+        state = ProjectionState.empty(0)
+        for offset, batch in enumerate(batches[:end]):
+            state = project_batch(state, batch, offset, rows)
+        rows.finish()
+        assert rows.tables["attempts"] == _rows(batches[:end], deferred=False).tables["attempts"], f"after {end}"
+        assert not rows._att_last and not rows._att_first and not rows._att_ended and not rows._att_step
+
+
+def test_the_delta_shortcut_of_the_fold_pass_is_what_the_event_table_says() -> None:
+    """`_BatchProjector.fold` skips `ModelResponseDelta` by name: it must have no rows, no step and a submission."""
+    from settled.projections._rows import _EVENT_INFO
+    from settled.schemas import ModelResponseDelta
+
+    assert _EVENT_INFO[ModelResponseDelta] == (None, True, None)
+    assert ModelResponseDelta.model_fields["submission_id"].annotation is str
