@@ -39,10 +39,10 @@ from settled.producers import consume_promptly
 from settled.projections._avroread import READ_ERRORS
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
-from settled.projections._rows import ProjectionState, RowSet, project_chunk
+from settled.projections._rows import ProjectionState, Row, RowSet, project_chunk
 from settled.projections._schema import ProjectionNames
 from settled.projections._store import ProjectionWriter
-from settled.projections._tables import TABLES
+from settled.projections._tables import TABLES, TRANSCRIPT, TableSpec
 from settled.schemas import Codec, LogBatch
 
 __all__ = [
@@ -200,6 +200,8 @@ class BulkReplay:
         partitions: The log partitions replayed.
         max_records: Records consumed per poll.
         poll_timeout_s: Longest wait of one poll, in seconds.
+        stream: ``COPY`` the transcript rows while the replay goes on, in its transaction (the other tables once
+            at its end): Postgres stores them while this process folds, instead of after it.
         timings: Where the time went (filled by `run`).
     """
 
@@ -208,6 +210,7 @@ class BulkReplay:
     partitions: Sequence[int]
     max_records: int = 10_000
     poll_timeout_s: float = 0.2
+    stream: bool = True
     timings: ReplayTimings = field(default_factory=ReplayTimings)
 
     def run(
@@ -236,8 +239,7 @@ class BulkReplay:
         gc.disable()  # the replay builds a large, acyclic heap: the cycle collector only rescans it
         cpu = time.process_time()
         try:
-            states, nexts, rowsets = self._replay(targets, deadline, progress)
-            self._write(rowsets, nexts)
+            states, nexts = self._replay_and_write(targets, deadline, progress)
         finally:
             self.timings.cpu += time.process_time() - cpu
             if was_enabled:
@@ -249,12 +251,14 @@ class BulkReplay:
         targets: Mapping[int, int],
         deadline: float,
         progress: Callable[[dict[int, int], int, int], None] | None,
+        stream: Callable[[Row], None] | None = None,
     ) -> tuple[dict[int, ProjectionState], dict[int, int], dict[int, RowSet]]:
         topic = self.settings.topic("log")
         clock = time.perf_counter
         want = {p: int(targets.get(p, 0)) for p in self.partitions}
         states = {p: ProjectionState.empty(p) for p in self.partitions}
-        rowsets = {p: RowSet(clock=clock, deferred=True) for p in self.partitions}
+        streamed = TRANSCRIPT if stream is not None else None
+        rowsets = {p: RowSet(clock=clock, deferred=True, streamed=streamed) for p in self.partitions}
         nexts = dict.fromkeys(self.partitions, 0)
         active = {p for p, t in want.items() if t > 0}
         timings = self.timings
@@ -339,7 +343,17 @@ class BulkReplay:
                 if failure is not None:
                     raise failure
                 timings.decode += t1 - t0
-                timings.rows += clock() - t1
+                t2 = clock()
+                timings.rows += t2 - t1
+                if stream is not None:  # the poll's new transcript rows, into the open COPY
+                    for p in todo:
+                        fresh = rowsets[p].fresh
+                        if fresh:
+                            for row in fresh:
+                                stream(row)
+                            timings.rows_written += len(fresh)
+                            fresh.clear()
+                    timings.write += clock() - t2
                 # Offsets below a target may hold no record a read_committed reader sees (markers, aborted ones).
                 for p in list(active):
                     position = consumer.position([TopicPartition(topic, p)])[0].offset
@@ -368,19 +382,48 @@ class BulkReplay:
         active.discard(p)
         consumer.pause([TopicPartition(topic, p)])
 
-    def _write(self, rowsets: Mapping[int, RowSet], nexts: Mapping[int, int]) -> None:
+    def _replay_and_write(
+        self,
+        targets: Mapping[int, int],
+        deadline: float,
+        progress: Callable[[dict[int, int], int, int], None] | None,
+    ) -> tuple[dict[int, ProjectionState], dict[int, int]]:
+        """Replay inside the write's transaction, then write the other rows and the offsets (DUR-015: one commit).
+
+        With `stream`, the transcript rows go into a ``COPY`` open during the replay (`_replay`'s ``stream``).
+        """
         started = time.perf_counter()
         topic = self.settings.topic("log")
         writer = ProjectionWriter(self.schema, topic)
         conn: Conn = psycopg.connect(self.settings.postgres_dsn, autocommit=True, application_name="settled-rebuild")
         conn.prepare_threshold = None
+        replayed: tuple[dict[int, ProjectionState], dict[int, int], dict[int, RowSet]] | None = None
+        replay_s = 0.0
         try:
             types = copy_types(conn, self.schema)
             writer.ensure_offsets(conn, self.partitions)
             try:
-                with conn.transaction():
-                    self._copy(conn, writer, types, rowsets, nexts)
+                with conn.transaction(), conn.cursor() as cur:
+                    for p in self.partitions:
+                        self._expect_offset(conn, writer, p, 0)
+                    if self.stream:
+                        with cur.copy(self._copy_statement(TRANSCRIPT)) as copy:
+                            copy.set_types(types[TRANSCRIPT.name])
+                            replay_started = time.perf_counter()
+                            replayed = self._replay(targets, deadline, progress, copy.write_row)
+                            replay_s = time.perf_counter() - replay_started
+                    else:
+                        replay_started = time.perf_counter()
+                        replayed = self._replay(targets, deadline, progress)
+                        replay_s = time.perf_counter() - replay_started
+                    _, nexts, rowsets = replayed
+                    self._copy(cur, types, rowsets, skip=TRANSCRIPT if self.stream else None)
+                    for p in self.partitions:
+                        writer.set_offset(conn, p, nexts[p])
             except psycopg.errors.UniqueViolation as exc:
+                if replayed is None:
+                    raise
+                _, nexts, rowsets = replayed
                 # A key written by another process (a request id or submission id reused across partitions):
                 # write through the upserts instead, which merge it as the live projector does.
                 _log.info("bulk copy conflicted; writing through upserts", extra={"error": str(exc)})
@@ -391,36 +434,37 @@ class BulkReplay:
                         writer.set_offset(conn, p, nexts[p])
         finally:
             conn.close()
-        self.timings.write += time.perf_counter() - started
+            # The write is what the replay's own phases do not cover (the streamed rows were timed as they went).
+            self.timings.write += time.perf_counter() - started - replay_s
+        states, nexts, _ = replayed
+        return states, nexts
+
+    def _copy_statement(self, spec: TableSpec) -> sql.Composed:
+        columns = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
+        return sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+            sql.Identifier(self.schema, spec.name), columns
+        )
 
     def _copy(
         self,
-        conn: Conn,
-        writer: ProjectionWriter,
+        cur: psycopg.Cursor[tuple[Any, ...]],
         types: Mapping[str, list[str]],
         rowsets: Mapping[int, RowSet],
-        nexts: Mapping[int, int],
+        skip: TableSpec | None,
     ) -> None:
-        for p in self.partitions:
-            self._expect_offset(conn, writer, p, 0)
-        with conn.cursor() as cur:
-            for name, spec in TABLES.items():
-                parts = [rowsets[p].tables[name] for p in self.partitions if rowsets[p].tables[name]]
-                if not parts:
-                    continue
-                columns = sql.SQL(", ").join(sql.Identifier(c) for c in spec.columns)
-                statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-                    sql.Identifier(self.schema, name), columns
-                )
-                with cur.copy(statement) as copy:
-                    copy.set_types(types[name])
-                    write_row = copy.write_row
-                    for rows in parts:
-                        for row in rows.values():
-                            write_row(row)
-                        self.timings.rows_written += len(rows)
-        for p in self.partitions:
-            writer.set_offset(conn, p, nexts[p])
+        for name, spec in TABLES.items():
+            if spec is skip:
+                continue
+            parts = [rowsets[p].tables[name] for p in self.partitions if rowsets[p].tables[name]]
+            if not parts:
+                continue
+            with cur.copy(self._copy_statement(spec)) as copy:
+                copy.set_types(types[name])
+                write_row = copy.write_row
+                for rows in parts:
+                    for row in rows.values():
+                        write_row(row)
+                    self.timings.rows_written += len(rows)
 
     def _expect_offset(self, conn: Conn, writer: ProjectionWriter, p: int, expected: int) -> None:
         stored = writer.lock_offset(conn, p)

@@ -185,6 +185,9 @@ class RowSet:
             per-batch merge gives. Call `finish` before reading `tables`. So are the ``attempts`` rows a batch
             emits for an attempt that stays in its state (`defer_attempt`): merged into the table when another row
             of the attempt comes (`add_attempt`) or in `finish`.
+        streamed: An append-only table (`TableMode.APPEND`) whose new rows are also collected in ``fresh``, for a
+            caller that writes them while the replay goes on (the bulk replay's ``COPY``); None: none is.
+        fresh: The rows added to ``streamed`` since the caller last emptied this list, in the order added.
     """
 
     tables: dict[str, dict[tuple[Any, ...], Row]] = field(default_factory=lambda: {name: {} for name in TABLES})
@@ -193,6 +196,8 @@ class RowSet:
     clock: Callable[[], float] | None = None
     fold_s: float = 0.0
     deferred: bool = False
+    streamed: TableSpec | None = None
+    fresh: list[Row] = field(default_factory=list)
     _conv_last: dict[str, tuple[ConversationState, int, datetime, int]] = field(default_factory=dict, repr=False)
     _conv_first: dict[str, datetime] = field(default_factory=dict, repr=False)
     _sub_last: dict[str, tuple[str, Submission, int, datetime, int]] = field(default_factory=dict, repr=False)
@@ -327,6 +332,8 @@ class RowSet:
         old = rows.get(key)
         if old is None:
             rows[key] = row
+            if spec is self.streamed:
+                self.fresh.append(row)
         elif spec.mode is _UPSERT:
             rows[key] = merge_rows(spec, old, row)
         elif spec.mode is _APPEND:
