@@ -564,6 +564,17 @@ _CALL_STATUS_I = _CALL_I["status"]
 _CALL_PREPARED_I = _CALL_I["prepared_at"]
 _CALL_UPDATED_I = _CALL_I["updated_at"]
 _CALL_OFFSET_I = _CALL_I["last_offset"]
+_CALL_RESULT_DIGEST_I = _CALL_I["result_digest"]
+_CALL_ERROR_TYPE_I = _CALL_I["error_type"]
+_CALL_ERROR_MESSAGE_I = _CALL_I["error_message"]
+_CALL_ENDED_I = _CALL_I["ended_at"]
+_CALL_DURATION_I = _CALL_I["duration_ms"]
+_PREPARED_COLUMNS = tuple(
+    "submission_id call_id conversation_id attempt_id run_id ordinal tool args_digest idempotency_key owner_epoch "
+    "status result_digest error_type error_message reason resolution_kind resolution_outcome prepared_at ended_at "
+    "unknown_since duration_ms updated_at last_offset".split()
+)
+"""The ``tool_calls`` columns in the order `_BatchProjector.on_prepared` builds its row (a test: `TOOL_CALLS`'s)."""
 _NO_COMMANDS: Mapping[str, str] = MappingProxyType({})
 
 
@@ -1018,24 +1029,12 @@ class _BatchProjector:
 
     def on_prepared(self, i: int, event: ToolCallPrepared) -> None:
         t = self.t
-        row = self.call_row(
-            {
-                "submission_id": event.submission_id,
-                "call_id": event.call_id,
-                "conversation_id": self.cid,
-                "attempt_id": event.attempt_id,
-                "run_id": event.run_id,
-                "ordinal": event.ordinal,
-                "tool": event.tool,
-                "args_digest": event.args_digest,
-                "idempotency_key": event.idempotency_key,
-                "owner_epoch": event.owner_epoch,
-                "status": "prepared",
-                "prepared_at": t,
-                "updated_at": t,
-                "last_offset": self.offset,
-            }
-        )
+        # The row in `TOOL_CALLS` column order (`_PREPARED_COLUMNS`, checked at import), as `call_row` builds it.
+        row = (
+            event.submission_id, event.call_id, self.cid, event.attempt_id, event.run_id, event.ordinal, event.tool,
+            event.args_digest, event.idempotency_key, event.owner_epoch, "prepared", None, None, None, None, None,
+            None, t, None, None, None, t, self.offset,
+        )  # fmt: skip
         self.set_call((event.submission_id, event.call_id), row)
         self.add(TOOL_CALLS, row)
         self.transcript(
@@ -1046,17 +1045,21 @@ class _BatchProjector:
     def on_tool_settled(self, i: int, event: ToolCallSettled) -> None:
         key = (event.submission_id, event.call_id)
         old = self.call(key)
-        prepared_at = None if old is None else old[_CALL_PREPARED_I]
+        if old is None:  # what `update_call` raises
+            raise ValueError(f"tool call {key!r} is not in flight in partition {self.p} at offset {self.offset}")
         error = event.error
-        row = self.update_call(
-            key,
-            status="error" if error is not None else "settled",
-            result_digest=event.result_digest,
-            error_type=None if error is None else error.type,
-            error_message=None if error is None else error.message,
-            ended_at=self.t,
-            duration_ms=_ms(self.t, prepared_at),
-        )
+        t = self.t
+        # `update_call` with these columns, by position (every settled call passes here).
+        changed = list(old)
+        changed[_CALL_STATUS_I] = "error" if error is not None else "settled"
+        changed[_CALL_RESULT_DIGEST_I] = event.result_digest
+        changed[_CALL_ERROR_TYPE_I] = None if error is None else error.type
+        changed[_CALL_ERROR_MESSAGE_I] = None if error is None else error.message
+        changed[_CALL_ENDED_I] = t
+        changed[_CALL_DURATION_I] = _ms(t, old[_CALL_PREPARED_I])
+        changed[_CALL_UPDATED_I] = t
+        changed[_CALL_OFFSET_I] = self.offset
+        row = tuple(changed)
         self.set_call(key, None)
         self.add(TOOL_CALLS, row)
         content = event.result_json
@@ -1243,12 +1246,14 @@ def project_chunk(state: ProjectionState, batches: Sequence[tuple[int, LogBatch]
     failure: Exception | None = None
     current = state
     try:
+        append = folded.append
         for offset, batch in batches:
             projector = _BatchProjector(current, batch, offset, rows)
             projector.fold()
-            projector.keep_fold()
-            folded.append(projector)
-            current = projector.state_after()
+            current.overlay.update(projector.after_convs)  # `keep_fold`, inlined
+            append(projector)
+            if projector.head is not current.head:  # `state_after`, inlined: the same state unless the head moved
+                current = projector.state_after()
     except Exception as exc:  # noqa: BLE001 - raised below, once the batches before it have their rows
         failure = exc
     if rows_clock is not None:

@@ -99,3 +99,10 @@ def test_the_delta_shortcut_of_the_fold_pass_is_what_the_event_table_says() -> N
 
     assert _EVENT_INFO[ModelResponseDelta] == (None, True, None)
     assert ModelResponseDelta.model_fields["submission_id"].annotation is str
+
+
+def test_the_prepared_call_row_is_built_in_the_tables_column_order() -> None:
+    from settled.projections._rows import _PREPARED_COLUMNS
+    from settled.projections._tables import TOOL_CALLS
+
+    assert TOOL_CALLS.columns == _PREPARED_COLUMNS
