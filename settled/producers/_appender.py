@@ -21,8 +21,13 @@ The checkpoint, in numbered steps (the numbers appear in the code):
    retried alone; one whose records fail alone twice with a record fault (oversized, invalid) is poison and replaced
    by ``replace_poison``. When no record failed (a rebalance fenced the group metadata, a coordinator error), the
    remaining batches are returned as deferred: the caller keeps them pending, polls (which rejoins the group) and
-   checkpoints again. On a retriable error: call the same function again. On a fatal error (``_FENCED`` included):
-   raise; the caller drops the producer and the partition's in-memory state.
+   checkpoints again. When the abort came from step 4 (the group coordinator refused the offsets, e.g.
+   ``COORDINATOR_LOAD_IN_PROGRESS`` or ``NOT_COORDINATOR`` right after a broker restart, or ``UNKNOWN_MEMBER_ID`` after
+   a rebalance), the next checkpoint first replaces the producer (``init_transactions`` on a new one, which fences the
+   old): librdkafka 2.16's ``send_offsets_to_transaction`` on the producer that saw that error was seen to block past
+   its timeout, for good (librdkafka#5456, #5511; scenario 20 under CPU load). On a retriable error: call the same
+   function again. On a fatal error (``_FENCED`` included): raise; the caller drops the producer and the partition's
+   in-memory state.
 7. When a commit or abort times out its outcome is unknown: replace the producer (its ``init_transactions`` fences
    any request still in flight; librdkafka has no KIP-890 part 2), check that no transaction is open on the log
    partition (LSO = high watermark), read the log tail written since this checkpoint began, and count the batches
@@ -227,6 +232,7 @@ class TransactionalAppender:
     max_record_bytes: int = 1_000_000
     open_transaction_wait_s: float = 10.0
     _producer: Producer | None = field(default=None, init=False, repr=False)
+    _renew_producer: bool = field(default=False, init=False, repr=False)  # step 6: the offsets were refused
     _log_end: int = field(default=0, init=False, repr=False)
     _delivered_log_offsets: list[int] = field(default_factory=list, init=False, repr=False)
 
@@ -306,6 +312,8 @@ class TransactionalAppender:
         """
         if self._producer is None:
             raise AppenderFatalError("checkpoint() before open(): the partition has no producer")
+        if self._renew_producer:
+            self._renew()
         committed: list[AppendBatch] = []
         replaced: list[tuple[Run, Run]] = []
         canonical: set[int] = set()
@@ -387,6 +395,25 @@ class TransactionalAppender:
             queue.insert(0, _Group([run], alone=True, poisoned=True))
         return CheckpointResult(tuple(committed), tuple(replaced), tuple(deferred), input_offset, transactions, aborts)
 
+    def _renew(self) -> None:
+        """Replace the producer before this checkpoint's first transaction (step 6: the offsets were refused).
+
+        Called at the start of the checkpoint after the one that aborted, so after the caller's poll: a revoke in that
+        poll dropped the partition instead. The old producer's transaction was aborted; the new one's
+        ``init_transactions`` fences it.
+
+        Raises:
+            AppenderFatalError: The new producer could not be initialised (the caller claims the partition again).
+        """
+        self._renew_producer = False
+        try:
+            self._producer = self._new_producer()
+        except KafkaException as exc:
+            self._producer = None
+            raise AppenderFatalError(
+                f"partition {self.partition}: replacing the producer after refused offsets failed: {exc}"
+            ) from exc
+
     def _replacement(self, run: Run, reason: str, replaced: list[tuple[Run, Run]]) -> Run:
         replacement = tuple(self.replace_poison(run, reason))
         before = {o for b in run for o in b.inputs}
@@ -410,6 +437,7 @@ class TransactionalAppender:
         assert producer is not None  # checked by checkpoint()
         failed: dict[str, set[int]] = {}
         self._delivered_log_offsets.clear()
+        sending_offsets = False
         try:
             if input_offset is not None and fault_enabled("offsets_in_separate_transaction"):
                 # Fault switch: the input offset commits in its own transaction before the records (the classic
@@ -439,10 +467,12 @@ class TransactionalAppender:
             if input_offset is not None:
                 offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
                 meta = self.group_metadata()
+                sending_offsets = True
                 self._call(
                     lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
                     "send_offsets_to_transaction",
                 )
+                sending_offsets = False
             # Step 5.
             failpoint("appender.before_commit")
             try:
@@ -463,6 +493,7 @@ class TransactionalAppender:
                     if abort_exc.args[0].code() == KafkaError._TIMED_OUT:
                         return "unknown", failed
                     raise self._fatal(abort_exc.args[0]) from abort_exc
+                self._renew_producer = sending_offsets  # step 6: the offsets were refused
                 return "aborted", failed
             raise self._fatal(err) from exc
         except SystemError as exc:
