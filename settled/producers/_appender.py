@@ -25,9 +25,9 @@ The checkpoint, in numbered steps (the numbers appear in the code):
    ``COORDINATOR_LOAD_IN_PROGRESS`` or ``NOT_COORDINATOR`` right after a broker restart, or ``UNKNOWN_MEMBER_ID`` after
    a rebalance), the next checkpoint first replaces the producer (``init_transactions`` on a new one, which fences the
    old): librdkafka 2.16's ``send_offsets_to_transaction`` on the producer that saw that error was seen to block past
-   its timeout, for good (librdkafka#5456, #5511; scenario 20 under CPU load). On a retriable error: call the same
-   function again. On a fatal error (``_FENCED`` included): raise; the caller drops the producer and the partition's
-   in-memory state.
+   its timeout until the process was killed (librdkafka#5456, #5511; scenario 20 under CPU load). On a retriable
+   error: call the same function again. On a fatal error (``_FENCED`` included): raise; the caller drops the producer
+   and the partition's in-memory state.
 7. When a commit or abort times out its outcome is unknown: replace the producer (its ``init_transactions`` fences
    any request still in flight; librdkafka has no KIP-890 part 2), check that no transaction is open on the log
    partition (LSO = high watermark), read the log tail written since this checkpoint began, and count the batches
