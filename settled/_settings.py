@@ -50,7 +50,7 @@ class Settings(BaseSettings):
         worker_turn_watchdog_s: Bound on one phase of a worker turn (one partition's checkpoint, a poll), in
             seconds; a worker whose phase runs past it logs CRITICAL, dumps its threads' stacks and exits 75 so a
             supervisor restarts it (librdkafka#5456, docs/architecture.md). Unset: derived from the Kafka timeouts
-            (``settled.processors.default_turn_watchdog_s``, 62.5 s by default); claims and graceful releases get
+            (``settled.processors.default_turn_watchdog_s``, 72.5 s by default); claims and graceful releases get
             their restore and revoke bounds on top. 0 disables the watchdog.
     """
 

@@ -51,9 +51,10 @@ _log = logging.getLogger(__name__)
 WATCHDOG_EXIT_CODE = 75
 
 #: Blocking Kafka calls one partition's checkpoint may make in a normal transaction and its abort path, each bounded
-#: by ``Settings.kafka_call_timeout_s``: flush, send_offsets_to_transaction, commit_transaction, abort_transaction,
-#: and after an abort the end-offset read of the LSO wait and the retry's flush (`settled.producers`' appender).
-_CHECKPOINT_CALLS = 6
+#: by ``Settings.kafka_call_timeout_s``: the new producer's init_transactions when the last transaction's offsets were
+#: refused (appender step 6), flush, send_offsets_to_transaction, commit_transaction, abort_transaction, and after an
+#: abort the end-offset read of the LSO wait and the retry's flush (`settled.producers`' appender).
+_CHECKPOINT_CALLS = 7
 
 #: A check credits the phase with at most this many check intervals, however long ago the previous check was.
 MAX_CREDIT_INTERVALS = 3.0
@@ -67,7 +68,7 @@ def default_turn_watchdog_s(settings: Settings) -> float:
 
     One phase is at most one partition's checkpoint: its transaction's blocking calls are each bounded by
     ``kafka_call_timeout_s`` (`_CHECKPOINT_CALLS` of them on the abort path), and the coordinator aborts a transaction
-    older than ``transaction_timeout_ms``. The bound is their sum, and at least 60 s (62.5 s with the default 10 s
+    older than ``transaction_timeout_ms``. The bound is their sum, and at least 60 s (72.5 s with the default 10 s
     call timeout and 2.5 s transaction timeout): well above anything a healthy turn waits for, so a firing means a
     call ignored its own timeout. Claims and graceful releases get more (see `settled.processors.Worker`).
 

@@ -122,10 +122,10 @@ def test_a_phase_needs_a_positive_bound() -> None:
 
 def test_the_derived_bound_covers_a_checkpoints_bounded_calls_and_the_transaction_timeout() -> None:
     s = Settings()
-    assert default_turn_watchdog_s(s) == 62.5  # 6 calls x 10 s + 2.5 s
+    assert default_turn_watchdog_s(s) == 72.5  # 7 calls x 10 s + 2.5 s
     assert default_turn_watchdog_s(s) > s.transaction_timeout_ms / 1000 + 4 * s.kafka_call_timeout_s
     slow = s.model_copy(update={"kafka_call_timeout_s": 30.0, "transaction_timeout_ms": 60_000})
-    assert default_turn_watchdog_s(slow) == 240.0
+    assert default_turn_watchdog_s(slow) == 270.0
     fast = s.model_copy(update={"kafka_call_timeout_s": 1.0})
     assert default_turn_watchdog_s(fast) == 60.0  # never below the floor
 
