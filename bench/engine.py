@@ -1,7 +1,7 @@
 """Benchmark: the durable engine's overhead per tool call vs a bare transactional commit (issue 6).
 
     .venv/bin/python bench/engine.py [--calls 20] [--rounds 5] [--conversations 50] [--bare 200]
-                                     [--bare-paced 60]
+                                     [--bare-paced 60] [--segments ROUNDS]
                                      [--bootstrap HOST:PORT] [--keep]
 
 One process, one fresh namespace (one partition per topic), one in-process `settled` worker (`build_worker`) running
