@@ -4,11 +4,13 @@ A rebuild writes into a fresh schema version nobody reads, so it needs none of t
 upserts: `BulkReplay` reads its partitions from offset 0 up to target offsets (read_committed), decodes each record
 once (`FastBatchDecoder`), folds and projects it as the live projector's `project_batch` does (`project_chunk`: a
 poll's records of a partition folded first, then their rows) into one `RowSet` per partition — merged per key in
-memory by the tables' own merge rules (conversations and submissions built once per key at the end:
-`RowSet.finish`), so the rows are those the live projector would have upserted chunk by chunk — and writes the final
-rows with binary ``COPY`` together with the partitions' offset rows in **one** transaction (rows and offsets
-together, DUR-015). A row another process wrote first (a key shared across partitions) makes that transaction roll
-back and write again through the upserts of `ProjectionWriter`, which merge it.
+memory by the tables' own merge rules (conversations, submissions and the in-state attempt rows built once per key:
+`RowSet.finish`), so the rows are those the live projector would have upserted chunk by chunk — and writes the rows
+with binary ``COPY`` together with the partitions' offset rows in **one** transaction (rows and offsets together,
+DUR-015). That transaction is open during the replay: the transcript rows (append-only, most of the rows) go into
+its ``COPY`` poll by poll, the other tables' final rows and the offsets after the replay. A row another process wrote
+first (a key shared across partitions) makes that transaction roll back and write again through the upserts of
+`ProjectionWriter`, which merge it.
 
 `RebuildShare` is one process's share of a rebuild: the bulk replay, then catch-up on demand through a `Projector`
 seeded with the folded states (`Projector.seed`), so nothing is read twice. `SharePool` runs the shares, in this
