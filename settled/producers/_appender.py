@@ -21,11 +21,14 @@ The checkpoint, in numbered steps (the numbers appear in the code):
    retried alone; one whose records fail alone twice with a record fault (oversized, invalid) is poison and replaced
    by ``replace_poison``. When no record failed (a rebalance fenced the group metadata, a coordinator error), the
    remaining batches are returned as deferred: the caller keeps them pending, polls (which rejoins the group) and
-   checkpoints again. When the abort came from step 4 (the group coordinator refused the offsets, e.g.
-   ``COORDINATOR_LOAD_IN_PROGRESS`` or ``NOT_COORDINATOR`` right after a broker restart, or ``UNKNOWN_MEMBER_ID`` after
-   a rebalance), the next checkpoint first replaces the producer (``init_transactions`` on a new one, which fences the
-   old): librdkafka 2.16's ``send_offsets_to_transaction`` on the producer that saw that error was seen to block past
-   its timeout until the process was killed (librdkafka#5456, #5511; scenario 20 under CPU load). On a retriable
+   checkpoints again. When the abort came from step 4 because the group coordinator was stale
+   (``COORDINATOR_LOAD_IN_PROGRESS``, ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE`` right after a broker restart),
+   the next checkpoint first replaces the producer (``init_transactions`` on a new one, which fences the old):
+   librdkafka 2.16's ``send_offsets_to_transaction`` on the producer that saw that error was seen to block past its
+   timeout until the process was killed (librdkafka#5456, #5511; scenario 20 under CPU load). A membership refusal
+   (``UNKNOWN_MEMBER_ID``, ``ILLEGAL_GENERATION``…) keeps the producer: the partition may already have a new owner,
+   whose producer a new ``init_transactions`` here would fence (claim step 2 inverted); this one is fenced instead and
+   its next checkpoint raises `ProducerFencedError`. On a retriable
    error: call the same function again. On a fatal error (``_FENCED`` included): raise; the caller drops the producer
    and the partition's in-memory state.
 7. When a commit or abort times out its outcome is unknown: replace the producer (its ``init_transactions`` fences
@@ -78,6 +81,16 @@ _RECORD_FAULTS = frozenset(
         KafkaError.INVALID_TIMESTAMP,
         KafkaError.INVALID_REQUIRED_ACKS,
         KafkaError.POLICY_VIOLATION,
+    }
+)
+
+#: Step-4 refusals that mean the producer's cached group coordinator is stale (after a broker restart): the producer
+#: is replaced before the next checkpoint (step 6; librdkafka#5456, #5511). Membership refusals are not in it.
+_STALE_COORDINATOR = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
     }
 )
 
@@ -232,7 +245,7 @@ class TransactionalAppender:
     max_record_bytes: int = 1_000_000
     open_transaction_wait_s: float = 10.0
     _producer: Producer | None = field(default=None, init=False, repr=False)
-    _renew_producer: bool = field(default=False, init=False, repr=False)  # step 6: the offsets were refused
+    _renew_producer: bool = field(default=False, init=False, repr=False)  # step 6: a stale coordinator refused offsets
     _log_end: int = field(default=0, init=False, repr=False)
     _delivered_log_offsets: list[int] = field(default_factory=list, init=False, repr=False)
 
@@ -409,10 +422,10 @@ class TransactionalAppender:
         try:
             self._producer = self._new_producer()
         except KafkaException as exc:
+            raise self._fatal(exc.args[0]) from exc  # `_FENCED`: a newer owner took the partition meanwhile
+        except AppenderFatalError:
             self._producer = None
-            raise AppenderFatalError(
-                f"partition {self.partition}: replacing the producer after refused offsets failed: {exc}"
-            ) from exc
+            raise
 
     def _replacement(self, run: Run, reason: str, replaced: list[tuple[Run, Run]]) -> Run:
         replacement = tuple(self.replace_poison(run, reason))
@@ -468,6 +481,14 @@ class TransactionalAppender:
                 offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
                 meta = self.group_metadata()
                 sending_offsets = True
+                try:
+                    failpoint("appender.offsets_refused_by_coordinator")
+                except FailpointError as exc:
+                    # Test hook: the group coordinator refuses the offsets as right after a broker restart (the
+                    # real refusal needs the coordinator still loading its state: scenario 20 under load).
+                    raise KafkaException(
+                        KafkaError(KafkaError.NOT_COORDINATOR, f"injected: {exc}", txn_requires_abort=True)
+                    ) from exc
                 self._call(
                     lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
                     "send_offsets_to_transaction",
@@ -493,7 +514,8 @@ class TransactionalAppender:
                     if abort_exc.args[0].code() == KafkaError._TIMED_OUT:
                         return "unknown", failed
                     raise self._fatal(abort_exc.args[0]) from abort_exc
-                self._renew_producer = sending_offsets  # step 6: the offsets were refused
+                # Step 6: a stale group coordinator refused the offsets: a new producer for the next checkpoint.
+                self._renew_producer = sending_offsets and err.code() in _STALE_COORDINATOR
                 return "aborted", failed
             raise self._fatal(err) from exc
         except SystemError as exc:
