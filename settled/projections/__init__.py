@@ -8,7 +8,8 @@
 * `TABLES` (`_tables`): the tables, their keys and per-column merge rules; the SQL migrations under
   ``settled/projections/sql/`` mirror them (`migrate`, `check_layout`, `ProjectionNames` in `_schema`).
 * `rebuild` and `check` (`_rebuild`): replay from offset 0 into a new schema version and switch atomically; compare
-  live, a fresh rebuild and the reference fold at identical offsets. The replay (`_bulk`) folds whole partitions in
+  live, a fresh rebuild and the reference fold at identical offsets; one at a time per projection (an advisory lock,
+  `maintenance_lock_key`; a second raises `RebuildInProgress`). The replay (`_bulk`) folds whole partitions in
   memory and writes their final rows once with COPY, one process per share of the partitions (`ReplayTimings` says
   where its time went), then catches up through projectors seeded with the folded states.
 * `ProjectionReader` (`_queries`): queries that accept ``after=<receipt>`` (read-your-writes).
@@ -23,10 +24,12 @@ from settled.projections._queries import ProjectionReader, ReadYourWritesTimeout
 from settled.projections._rebuild import (
     CheckReport,
     Difference,
+    RebuildInProgress,
     RebuildProgress,
     RebuildResult,
     check,
     log_end_offsets,
+    maintenance_lock_key,
     rebuild,
 )
 from settled.projections._rows import (
@@ -75,6 +78,7 @@ __all__ = [
     "Projector",
     "ProjectorConfig",
     "ReadYourWritesTimeout",
+    "RebuildInProgress",
     "RebuildProgress",
     "RebuildResult",
     "RebuildWorkerError",
@@ -88,6 +92,7 @@ __all__ = [
     "fold_reference",
     "is_partition_conversation",
     "log_end_offsets",
+    "maintenance_lock_key",
     "merge_rows",
     "migrate",
     "migrations",

@@ -15,12 +15,24 @@ switch in one transaction:
 3. take the same tables ``IN ACCESS EXCLUSIVE MODE`` (waiting out readers), check that the new version is at or
    past every live offset, and rename ``<base>`` → ``<base>__retired`` and ``<base>__next`` → ``<base>``.
 
-Every lock wait is bounded by ``lock_timeout``; a lock timeout or a deadlock rolls the switch back and it is tried
-again (the new version keeps what it caught up). Step 2 holds the live projector back for as long as it takes, so
+The new version's offsets are read before the switch transaction begins (autocommit; only this rebuild's catch-up
+writes them), so while the switch waits for its catch-up it holds nothing on ``<base>__next``. Every lock wait is
+bounded by ``lock_timeout``; a lock timeout or a deadlock rolls the switch back and it is tried again (the new version
+keeps what it caught up). Step 2 holds the live projector back for as long as it takes, so
 when the gap is larger than ``locked_catch_up_max_offsets`` the switch rolls back once for one more catch-up round
 outside the lock, and the next switch catches up under the lock whatever the gap: the switch converges. A reader sees
 the old version or the new one, never a mix; the live projector's next transaction finds the new version's offsets at
 or ahead of its own, folds the records in between without writing them, and goes on writing the new version.
+
+One at a time: `rebuild` and `check` both drop and recreate a schema version of the projection (``<base>__next``,
+``<base>__retired``, ``<base>__check``), so each first takes the projection's session advisory lock
+(``pg_try_advisory_lock`` on a dedicated connection, held until it returns; key: `maintenance_lock_key`) and a second
+one started meanwhile raises `RebuildInProgress` at once — without it a second rebuild's ``DROP SCHEMA <base>__next``
+could drop the version the first had just switched to live, or wait on the first's switch while the first waited on
+its catch-up behind that ``DROP`` (a deadlock PostgreSQL cannot see: one side of it waits in Python).
+
+Known limit: the catch-up under the lock (step 2) has no time bound of its own — it ends when the new version reaches
+the fixed live offsets, or at the rebuild's ``timeout_s`` deadline; that long the live projector waits.
 
 Failpoint ``rebuild.before_switch``: the new version is caught up, the switch transaction not yet begun (a test
 appends there so that the live projector is ahead at every switch).
@@ -35,6 +47,7 @@ inside one ``REPEATABLE READ`` snapshot.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -64,10 +77,12 @@ from settled.schemas import Codec, LogBatch
 __all__ = [
     "CheckReport",
     "Difference",
+    "RebuildInProgress",
     "RebuildProgress",
     "RebuildResult",
     "check",
     "log_end_offsets",
+    "maintenance_lock_key",
     "rebuild",
 ]
 
@@ -174,6 +189,67 @@ def _connect(settings: Settings) -> Conn:
     return conn
 
 
+class RebuildInProgress(RuntimeError):
+    """Another `rebuild` or `check` of the same projection holds its maintenance lock (module doc: one at a time).
+
+    Attributes:
+        base: The projection's base schema name.
+        holder: Who holds the lock (PostgreSQL pid and application name), when it could be seen.
+    """
+
+    def __init__(self, base: str, holder: str | None) -> None:
+        self.base = base
+        self.holder = holder
+        by = f" (held by {holder})" if holder else ""
+        super().__init__(
+            f"another rebuild or check of projection {base!r} is in progress{by}: "
+            f"wait for it to finish, then run this one again"
+        )
+
+
+def maintenance_lock_key(base: str) -> int:
+    """Return the advisory lock key that serialises `rebuild` and `check` of one projection (module doc).
+
+    The key is the first 8 bytes of BLAKE2b over ``settled.projection-maintenance:<base>`` as a signed big-endian
+    64-bit integer — the one-key (bigint) form of ``pg_try_advisory_lock``, a key space apart from the projector's
+    two-key per-partition locks.
+
+    Args:
+        base: The projection's base schema name (`ProjectionNames.base`).
+
+    Returns:
+        The bigint lock key.
+    """
+    digest = hashlib.blake2b(f"settled.projection-maintenance:{base}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _maintenance_lock(settings: Settings, names: ProjectionNames, what: str) -> Conn:
+    """Take the projection's maintenance lock on a dedicated session, or raise `RebuildInProgress` at once.
+
+    Returns:
+        The session holding the lock; closing it releases the lock.
+    """
+    key = maintenance_lock_key(names.base)
+    conn = psycopg.connect(settings.postgres_dsn, autocommit=True, application_name=f"settled-projections-{what}")
+    try:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", (key,)).fetchone()
+        if row is not None and row[0]:
+            return conn
+        holder = conn.execute(
+            "SELECT l.pid, a.application_name FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    conn.close()
+    raise RebuildInProgress(names.base, f"pid {holder[0]}, {holder[1]!r}" if holder else None)
+
+
 class _Behind(Exception):
     """The new version is behind the live one after its catch-up (the switch rolls back and is tried again)."""
 
@@ -251,6 +327,7 @@ def rebuild(
 
     Raises:
         ValueError: ``switch_attempts`` is below 1 or ``locked_catch_up_max_offsets`` below 0.
+        RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
         settled.protocol.ProtocolError: The fold refused a batch (replaying in this process).
@@ -263,6 +340,43 @@ def rebuild(
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
     phases: dict[str, float] = {}
+    with _maintenance_lock(settings, names, "rebuild"):
+        return _rebuild(
+            settings,
+            names,
+            deadline=deadline,
+            started=started,
+            phases=phases,
+            progress=progress,
+            keep_retired=keep_retired,
+            timeout_s=timeout_s,
+            switch_attempts=switch_attempts,
+            lock_timeout_s=lock_timeout_s,
+            locked_catch_up_max_offsets=locked_catch_up_max_offsets,
+            max_records=max_records,
+            workers=workers,
+            parallel_min_records=parallel_min_records,
+        )
+
+
+def _rebuild(
+    settings: Settings,
+    names: ProjectionNames,
+    *,
+    deadline: float,
+    started: float,
+    phases: dict[str, float],
+    progress: Callable[[RebuildProgress], None] | None,
+    keep_retired: bool,
+    timeout_s: float,
+    switch_attempts: int,
+    lock_timeout_s: float,
+    locked_catch_up_max_offsets: int,
+    max_records: int,
+    workers: int | None,
+    parallel_min_records: int,
+) -> RebuildResult:
+    """`rebuild` once its maintenance lock is held (same arguments)."""
     conn = _connect(settings)
     topic = settings.topic("log")
     try:
@@ -377,6 +491,9 @@ def _switch(
     """
     live, building, retired = (sql.Identifier(n) for n in (names.live, names.building, names.retired))
     live_tables = sql.SQL(", ").join(sql.Identifier(names.live, t) for t in ("meta", "offsets", *TABLES))
+    # Outside the transaction (autocommit): only `catch_up` moves them, so they hold until it runs, and the switch
+    # holds no lock on the new version while it waits for its catch-up.
+    new = read_offsets(conn, names.building, topic)
     with conn.transaction():
         conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
         stored: dict[int, int] = {}
@@ -384,7 +501,6 @@ def _switch(
             # EXCLUSIVE: the live projector (its offset row first, ROW SHARE) cannot commit, readers still read.
             conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(live_tables))
             stored = read_offsets(conn, names.live, topic)  # fixed until this transaction ends
-            new = read_offsets(conn, names.building, topic)
             gap = sum(max(0, o - new.get(p, 0)) for p, o in stored.items())
             if max_gap is not None and gap > max_gap:
                 raise _GapTooLarge(
@@ -539,13 +655,13 @@ def check(
 
     Raises:
         LookupError: The live projection or the log topic does not exist.
+        RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
         TimeoutError: The check did not finish in time.
         RebuildWorkerError: A replaying child process failed.
     """
     deadline = time.monotonic() + timeout_s
     topic = settings.topic("log")
-    conn = _connect(settings)
-    try:
+    with _maintenance_lock(settings, names, "check"), _connect(settings) as conn:
         if not schema_exists(conn, names.live):
             raise LookupError(f"projection schema {names.live!r} does not exist: run `settled projections run`")
         first = read_offsets(conn, names.live, topic)
@@ -589,8 +705,6 @@ def check(
         if not keep_scratch:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.scratch)))
         return _compare(at, snapshot, reference)
-    finally:
-        conn.close()
 
 
 @dataclass

@@ -4,6 +4,7 @@
 * ``rebuild`` replays the log from offset 0 into a new schema version with a progress bar (events/s, ETA), catches up
   to the live position and switches atomically.
 * ``check`` compares live, a fresh rebuild and the reference fold at identical offsets; exit code 1 on any difference.
+* Either exits with code 3 when another rebuild or check of the same projection is running (`RebuildInProgress`).
 
 Settings come from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``, ``SETTLED_POSTGRES_DSN``);
 without them the running dev stack's broker and PostgreSQL are used. The projection schema defaults to the namespace
@@ -27,6 +28,7 @@ from settled.projections import (
     ProjectionNames,
     Projector,
     ProjectorConfig,
+    RebuildInProgress,
     RebuildProgress,
     check,
     default_schema,
@@ -161,7 +163,11 @@ def rebuild_command(
         def report(p: RebuildProgress) -> None:
             bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
 
-        result = rebuild(settings, names, progress=report, keep_retired=keep_retired, timeout_s=timeout_s)
+        try:
+            result = rebuild(settings, names, progress=report, keep_retired=keep_retired, timeout_s=timeout_s)
+        except RebuildInProgress as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(3) from exc
     Console().print(
         f"switched {result.schema} to generation {result.generation}: {result.batches} batches, {result.events} events "
         f"in {result.elapsed_s:.1f} s ({result.events / max(result.elapsed_s, 1e-9):,.0f} events/s), offsets "
@@ -186,7 +192,11 @@ def check_command(
         def report(p: RebuildProgress) -> None:
             bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
 
-        report_ = check(settings, names, progress=report, keep_scratch=keep_scratch, timeout_s=timeout_s)
+        try:
+            report_ = check(settings, names, progress=report, keep_scratch=keep_scratch, timeout_s=timeout_s)
+        except RebuildInProgress as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(3) from exc
     out = Console()
     out.print(f"compared at offsets {report_.offsets}; rows (live): {report_.rows}")
     if report_.ok:
