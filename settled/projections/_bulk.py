@@ -532,6 +532,7 @@ class RebuildShare:
         *,
         exact: bool = False,
         progress: Callable[[dict[int, int], int, int], None] | None = None,
+        stop_at: float | None = None,
     ) -> dict[int, int]:
         """Catch up to ``targets`` through a projector seeded with the bulk replay's states.
 
@@ -540,6 +541,8 @@ class RebuildShare:
             deadline: ``time.monotonic()`` bound.
             exact: Apply nothing at or past the targets (the check compares at identical offsets).
             progress: Called with (next offsets, records, events) so far.
+            stop_at: ``time.monotonic()`` after which it returns where it is, short of the targets, without raising
+                (the caller compares the positions with its targets; checked between projector steps).
 
         Returns:
             Partition → the projector's next offset.
@@ -561,7 +564,10 @@ class RebuildShare:
             projector.set_limits(mine)
         next_report = 0.0
         while not projector.caught_up(mine):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if stop_at is not None and now > stop_at:
+                break
+            if now > deadline:
                 raise TimeoutError(f"catch-up did not reach {mine} in time (at {projector.positions()})")
             projector.step()
             if progress is not None and time.monotonic() >= next_report:
@@ -635,8 +641,8 @@ def _share_main(
             command = conn.recv()
             if command[0] == "stop":
                 break
-            _, wanted, exact = command
-            nexts = share.until(wanted, deadline, exact=exact, progress=progress)
+            _, wanted, exact, stop_at = command
+            nexts = share.until(wanted, deadline, exact=exact, progress=progress, stop_at=stop_at)
             conn.send(("at", nexts, share.timings.as_dict()))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises RebuildWorkerError
         conn.send(("error", type(exc).__name__, str(exc), traceback.format_exc()))
@@ -741,21 +747,25 @@ class SharePool:
             return self._local.bulk(self.targets, deadline, self.progress)
         return self._collect("bulk", deadline)
 
-    def until(self, targets: Mapping[int, int], deadline: float, *, exact: bool = False) -> dict[int, int]:
+    def until(
+        self, targets: Mapping[int, int], deadline: float, *, exact: bool = False, stop_at: float | None = None
+    ) -> dict[int, int]:
         """Have every share catch up to ``targets`` (`RebuildShare.until`).
 
         Args:
             targets: Partition → offset to reach.
-            deadline: ``time.monotonic()`` bound.
+            deadline: ``time.monotonic()`` bound (TimeoutError past it).
             exact: Apply nothing at or past the targets.
+            stop_at: ``time.monotonic()`` after which each share answers where it is, short of the targets: every
+                command still gets exactly one answer, so a later command never reads a stale one.
 
         Returns:
             Partition → next offset.
         """
         if self._local is not None:
-            return self._local.until(targets, deadline, exact=exact, progress=self.progress)
+            return self._local.until(targets, deadline, exact=exact, progress=self.progress, stop_at=stop_at)
         for child in self._children:
-            child.conn.send(("until", {p: int(targets.get(p, 0)) for p in child.partitions}, exact))
+            child.conn.send(("until", {p: int(targets.get(p, 0)) for p in child.partitions}, exact, stop_at))
         return self._collect("at", deadline)
 
     def _collect(self, kind: str, deadline: float) -> dict[int, int]:

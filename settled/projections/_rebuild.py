@@ -18,9 +18,11 @@ switch in one transaction:
 The new version's offsets are read before the switch transaction begins (autocommit; only this rebuild's catch-up
 writes them), so while the switch waits for its catch-up it holds nothing on ``<base>__next``. Every lock wait is
 bounded by ``lock_timeout``; a lock timeout or a deadlock rolls the switch back and it is tried again (the new version
-keeps what it caught up). Step 2 holds the live projector back for as long as it takes, so
-when the gap is larger than ``locked_catch_up_max_offsets`` the switch rolls back once for one more catch-up round
-outside the lock, and the next switch catches up under the lock whatever the gap: the switch converges. A reader sees
+keeps what it caught up). Step 2 holds the live projector back, so it is bounded twice: when the gap is larger than
+``locked_catch_up_max_offsets`` the switch rolls back once for one more catch-up round outside the lock (the next
+switch catches up under the lock whatever the gap), and a catch-up still short of the live offsets after
+``locked_catch_up_timeout_s`` rolls the switch back (the live projector goes on) and uses up an attempt; each attempt
+first catches up outside the lock, so the gap left for the lock is what arrived during one round. A reader sees
 the old version or the new one, never a mix; the live projector's next transaction finds the new version's offsets at
 or ahead of its own, folds the records in between without writing them, and goes on writing the new version.
 
@@ -31,8 +33,8 @@ one started meanwhile raises `RebuildInProgress` at once — without it a second
 could drop the version the first had just switched to live, or wait on the first's switch while the first waited on
 its catch-up behind that ``DROP`` (a deadlock PostgreSQL cannot see: one side of it waits in Python).
 
-Known limit: the catch-up under the lock (step 2) has no time bound of its own — it ends when the new version reaches
-the fixed live offsets, or at the rebuild's ``timeout_s`` deadline; that long the live projector waits.
+The live projector waits for step 2 at most ``locked_catch_up_timeout_s`` (plus one projector step, as the bound is
+checked between steps) and the lock waits' ``lock_timeout``.
 
 Failpoint ``rebuild.before_switch``: the new version is caught up, the switch transaction not yet begun (a test
 appends there so that the live projector is ahead at every switch).
@@ -295,6 +297,7 @@ def rebuild(
     switch_attempts: int = 20,
     lock_timeout_s: float = 5.0,
     locked_catch_up_max_offsets: int = 10_000,
+    locked_catch_up_timeout_s: float = 5.0,
     max_records: int = 10_000,
     workers: int | None = None,
     parallel_min_records: int = 20_000,
@@ -311,12 +314,14 @@ def rebuild(
         progress: Called as the replay advances.
         keep_retired: Keep the replaced version as ``<base>__retired`` (else drop it in the switch).
         timeout_s: Bound on the whole rebuild, in seconds.
-        switch_attempts: Switch transactions to try before giving up (lock timeouts, deadlocks with readers and at
-            most one gap above ``locked_catch_up_max_offsets`` use them up; the live projector's progress cannot,
-            module doc).
+        switch_attempts: Switch transactions to try before giving up (lock timeouts, deadlocks with readers, at most
+            one gap above ``locked_catch_up_max_offsets`` and catch-ups under the lock past
+            ``locked_catch_up_timeout_s`` use them up, module doc).
         lock_timeout_s: ``lock_timeout`` of one switch transaction, in seconds.
         locked_catch_up_max_offsets: Most offsets (all partitions together) the first switch catches up while it
             holds the live projector back; above it, one more catch-up round runs outside the lock first.
+        locked_catch_up_timeout_s: Longest the switch holds the live projector back while it catches up, in seconds;
+            a catch-up still short then rolls the switch back and uses up an attempt.
         max_records: Records consumed per poll.
         workers: Processes replaying (None: one per core when the log holds at least ``parallel_min_records``
             records, else 1, which replays in this process).
@@ -326,7 +331,8 @@ def rebuild(
         What was rebuilt.
 
     Raises:
-        ValueError: ``switch_attempts`` is below 1 or ``locked_catch_up_max_offsets`` below 0.
+        ValueError: ``switch_attempts`` is below 1, ``locked_catch_up_max_offsets`` below 0 or
+            ``locked_catch_up_timeout_s`` not above 0.
         RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
@@ -337,6 +343,8 @@ def rebuild(
         raise ValueError(f"switch_attempts must be at least 1, got {switch_attempts}")
     if locked_catch_up_max_offsets < 0:
         raise ValueError(f"locked_catch_up_max_offsets must be at least 0, got {locked_catch_up_max_offsets}")
+    if not locked_catch_up_timeout_s > 0:
+        raise ValueError(f"locked_catch_up_timeout_s must be above 0, got {locked_catch_up_timeout_s}")
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -353,6 +361,7 @@ def rebuild(
             switch_attempts=switch_attempts,
             lock_timeout_s=lock_timeout_s,
             locked_catch_up_max_offsets=locked_catch_up_max_offsets,
+            locked_catch_up_timeout_s=locked_catch_up_timeout_s,
             max_records=max_records,
             workers=workers,
             parallel_min_records=parallel_min_records,
@@ -372,6 +381,7 @@ def _rebuild(
     switch_attempts: int,
     lock_timeout_s: float,
     locked_catch_up_max_offsets: int,
+    locked_catch_up_timeout_s: float,
     max_records: int,
     workers: int | None,
     parallel_min_records: int,
@@ -407,10 +417,11 @@ def _rebuild(
             max_gap: int | None = locked_catch_up_max_offsets
             reasons: list[str] = []
 
-            def locked_catch_up(targets: dict[int, int]) -> None:
+            def locked_catch_up(targets: dict[int, int]) -> bool:
                 started_locked = time.monotonic()
-                pool.until(targets, deadline)
+                reached = pool.until(targets, deadline, stop_at=started_locked + locked_catch_up_timeout_s)
                 phases["locked_catch_up"] = phases.get("locked_catch_up", 0.0) + time.monotonic() - started_locked
+                return all(reached.get(p, 0) >= o for p, o in targets.items())
 
             for attempt in range(1, switch_attempts + 1):
                 live = read_offsets(conn, names.live, topic) if live_exists else {}
@@ -464,7 +475,7 @@ def _switch(
     live_exists: bool,
     keep_retired: bool,
     lock_timeout_s: float,
-    catch_up: Callable[[dict[int, int]], None],
+    catch_up: Callable[[dict[int, int]], bool],
     max_gap: int | None,
 ) -> dict[int, int]:
     """One switch transaction (module doc): hold the live projector back, catch up to it, then rename both versions.
@@ -477,7 +488,7 @@ def _switch(
         keep_retired: Keep the replaced version as ``<base>__retired``.
         lock_timeout_s: ``lock_timeout`` of every lock wait here, in seconds.
         catch_up: Catches the new version up to some offsets (through other connections, which write only the new
-            version, so no lock held here stops them).
+            version, so no lock held here stops them) within its time bound; returns whether it reached them.
         max_gap: Most offsets to catch up while holding the live projector back; None: no bound.
 
     Returns:
@@ -485,7 +496,8 @@ def _switch(
 
     Raises:
         _GapTooLarge: More than ``max_gap`` offsets to catch up (rolled back).
-        _Behind: The new version is still behind the live one after the catch-up (rolled back).
+        _Behind: The catch-up under the lock hit its time bound, or the new version is still behind the live one
+            after it (rolled back).
         psycopg.errors.LockNotAvailable: A lock wait took longer than ``lock_timeout_s`` (rolled back).
         psycopg.errors.DeadlockDetected: A reader and the switch waited on each other (rolled back).
     """
@@ -506,8 +518,10 @@ def _switch(
                 raise _GapTooLarge(
                     f"{gap} offsets to catch up (more than {max_gap}) while holding the live projector back"
                 )
-            if gap:
-                catch_up(stored)
+            if gap and not catch_up(stored):
+                raise _Behind(
+                    f"the catch-up of {gap} offsets under the live lock took over its bound; the live projector goes on"
+                )
             # ACCESS EXCLUSIVE: wait out the readers, so that none reads one version and then the other.
             conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(live_tables))
         new = read_offsets(conn, names.building, topic)

@@ -254,6 +254,93 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
     promise("DUR-015.rebuild", report.ok, f"live, rebuild and reference fold differ at {report.offsets}:\n{shown}")
 
 
+def test_a_catch_up_under_the_lock_past_its_bound_rolls_the_switch_back_and_the_live_projector_goes_on(
+    topics: Settings, names: ProjectionNames, live_projector: Projector, tmp_path: Path
+) -> None:
+    """The live projector waits for the switch's catch-up at most ``locked_catch_up_timeout_s`` (review finding 5).
+
+    Every switch begins behind the live projector (as above), and from the first switch on every projector commit in
+    this process is slowed (``projector.before_commit``: 1 s) while the rebuild catches up one record per step: the
+    catch-up under the lock cannot reach the live offsets within its 0.3 s bound. Each switch must then roll back
+    (the live version stays, the live projector goes on) instead of holding the live projector back until the
+    catch-up ends; with two attempts the rebuild gives up naming the bound.
+    """
+    s = topics
+    fp_dir = tmp_path / "fp"
+    _failpoints.configure(f"{BEFORE_SWITCH}=1+*pause(60s)", control_dir=fp_dir)
+    control = _failpoints.FailpointControl(fp_dir)
+    sent: list[str] = []
+    outcome: list[RebuildResult | BaseException] = []
+    reader = _Reader(s, names)
+    kwargs: dict[str, Any] = {
+        "switch_attempts": 2,
+        "workers": 1,
+        "max_records": 1,
+        "locked_catch_up_timeout_s": 0.3,
+        "timeout_s": 120.0,
+    }
+
+    def run_rebuild() -> None:
+        try:
+            outcome.append(rebuild(s, names, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - examined in the test thread below
+            outcome.append(exc)
+
+    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
+    try:
+        with running(worker), Client(s) as client:
+            for i in range(8):
+                sent.append(client.submit(f"tb-{i % 4}", {"i": i}, timeout_s=30).request_id)
+            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
+            wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+            reader.thread.start()
+            rebuilding = threading.Thread(target=run_rebuild, daemon=True)
+            rebuilding.start()
+            handled: set[tuple[int, int]] = set()
+            deadline = time.monotonic() + 120
+            while rebuilding.is_alive() and time.monotonic() < deadline:
+                hits = [h for h in control.waiting(BEFORE_SWITCH) if (h.pid, h.hit) not in handled]
+                if not hits:
+                    time.sleep(0.01)
+                    continue
+                new = _offsets(s, names.building)
+                for _ in range(2):  # a gap of several records: several one-record steps of 1 s each
+                    i = len(sent)
+                    sent.append(client.submit(f"tb-{i % 4}", {"i": i}, timeout_s=30).request_id)
+                _wait_live_ahead(s, names, new)
+                control.arm("projector.before_commit", "1+*delay(1s)")
+                handled.update((h.pid, h.hit) for h in hits)
+                control.release(BEFORE_SWITCH)
+            rebuilding.join(60)
+            assert outcome, "the rebuild did not finish"
+            result = outcome[0]
+            assert isinstance(result, TimeoutError), f"the switch waited for its slow catch-up: {result!r}"
+            assert "bound" in str(result), result
+            # The live projector goes on: everything is projected into the (old) live version.
+            control.disarm("projector.before_commit")
+            i = len(sent)
+            sent.append(client.submit(f"tb-{i % 4}", {"i": i, "after": True}, timeout_s=30).request_id)
+            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "every submission settled")
+        ends = _last_records(s)
+        wait_for(
+            lambda: all(_offsets(s, names.live).get(p, 0) >= o for p, o in ends.items()),
+            60,
+            "the live projector caught up after the rolled-back switches",
+        )
+    finally:
+        reader.stop.set()
+        if reader.thread.is_alive():
+            reader.thread.join(30)
+        _failpoints.reset()
+
+    promise("DUR-015.atomic-switch", not reader.mixes, f"a reader saw a mix: {reader.mixes[:5]}")
+    assert {g for g, _, _ in reader.polls} == {1}, "a rolled-back switch changed the live version"
+    with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
+        projected = {r[0] for r in conn.execute(sql.SQL("SELECT submission_id FROM {}").format(
+            sql.Identifier(names.live, "submissions"))).fetchall()}  # fmt: skip
+    assert set(sent) <= projected, f"missing from the live version: {set(sent) - projected}"
+
+
 def _last_records(s: Settings) -> dict[int, int]:
     """Per partition, the offset after the last committed log record (what a caught-up projector stores)."""
     out: dict[int, int] = {}
