@@ -393,10 +393,15 @@ class Worker(Generic[S]):
         try:
             owner.claim(_RESTORE_TIMEOUT_S)
         except ProducerFencedError:
+            # A newer producer of this transactional.id fenced the claim: a newer owner (the group revokes the
+            # partition from us at a coming poll, which also takes it off the claims) or a zombie of ours. As after a
+            # fenced checkpoint: claim it again once a session timeout has passed with it still assigned — never
+            # leave it assigned, paused and unowned.
             _log.warning("fenced while claiming", extra={"partition": p})
-            self._to_claim.discard(p)
+            owner.appender.close()
             if conductor is not None:
                 conductor.close()
+            self._claim_not_before[p] = time.monotonic() + self.settings.session_timeout_ms / 1000
             return
         except (KafkaException, AppenderFatalError, OpenTransactionError) as exc:
             # The broker is unreachable or a foreign transaction is still open: the partition stays paused and
