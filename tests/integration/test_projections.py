@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -46,7 +45,7 @@ from settled.schemas import LogBatch, Receipt
 from settled.services._worker_service import build_worker
 from tests._promise import promise
 from tests.integration.admission_load import make_load, produce_load, receipts, settlements
-from tests.integration.helpers import CODEC, read_topic, running, wait_for
+from tests.integration.helpers import CODEC, fresh_projection, projecting, read_topic, running, wait_for
 from tests.integration.projection_script import CHECKPOINT, script_log
 from tests.integration.workerproc import spawn_worker
 
@@ -68,18 +67,8 @@ def topics(settings: Settings) -> Settings:
 @pytest.fixture
 def names(postgres_dsn: str) -> Iterator[ProjectionNames]:
     """A fresh projection (its live, building, retired and scratch schemas are dropped at teardown)."""
-    n = ProjectionNames(f"p_{uuid.uuid4().hex[:12]}")
-    yield n
-    _drop(postgres_dsn, n)
-
-
-def _drop(dsn: str, n: ProjectionNames) -> None:
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            for schema in (n.live, n.building, n.retired, n.scratch):
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-    except psycopg.OperationalError:
-        pass  # a private server already destroyed
+    with fresh_projection(postgres_dsn) as n:
+        yield n
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -194,22 +183,8 @@ def run_load(s: Settings, seed: int, total: int, *, conversations: int = 8) -> i
 @pytest.fixture
 def live_projector(topics: Settings, names: ProjectionNames) -> Iterator[Projector]:
     """An in-process live projector running in a thread for the test's duration."""
-    projector = Projector(topics, ProjectorConfig(names=names))
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            projector.run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread below
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    yield projector
-    projector.stop()
-    thread.join(30)
-    if errors:
-        raise errors[0]
+    with projecting(topics, names) as live:
+        yield live.projector
 
 
 def _assert_matches_topics(s: Settings, names: ProjectionNames) -> None:

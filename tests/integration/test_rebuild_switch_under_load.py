@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,13 @@ from settled import _failpoints
 from settled._settings import Settings
 from settled.client import Client
 from settled.producers import provision_topics
-from settled.projections import ProjectionNames, Projector, ProjectorConfig, RebuildResult, check, read_offsets, rebuild
+from settled.projections import ProjectionNames, Projector, RebuildResult, check, read_offsets, rebuild
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.services._worker_service import build_worker
 from tests._promise import promise
 from tests.integration.admission_load import settlements
-from tests.integration.helpers import CODEC, read_topic, running, wait_for
+from tests.integration.helpers import CODEC, committed_log_ends, fresh_projection, projecting, running, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,31 +48,14 @@ def topics(settings: Settings) -> Settings:
 
 @pytest.fixture
 def names(postgres_dsn: str) -> Iterator[ProjectionNames]:
-    n = ProjectionNames(f"rs_{uuid.uuid4().hex[:12]}")
-    yield n
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        for schema in (n.live, n.building, n.retired, n.scratch):
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    with fresh_projection(postgres_dsn) as n:
+        yield n
 
 
 @pytest.fixture
 def live_projector(topics: Settings, names: ProjectionNames) -> Iterator[Projector]:
-    projector = Projector(topics, ProjectorConfig(names=names))
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            projector.run()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread below
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    yield projector
-    projector.stop()
-    thread.join(30)
-    if errors:
-        raise errors[0]
+    with projecting(topics, names) as live:
+        yield live.projector
 
 
 def _offsets(s: Settings, schema: str) -> dict[int, int]:
@@ -91,6 +73,79 @@ def _ahead(live: dict[int, int], new: dict[int, int]) -> bool:
 def _wait_live_ahead(s: Settings, names: ProjectionNames, new: dict[int, int]) -> None:
     """Wait until the live projector has projected past the new version's offsets at some partition."""
     wait_for(lambda: _ahead(_offsets(s, names.live), new), 30, f"the live projector ahead of the rebuild at {new}")
+
+
+def _wait_live_caught_up(s: Settings, names: ProjectionNames, timeout_s: float, what: str) -> None:
+    """Wait until the live version has projected every committed log record."""
+    ends = committed_log_ends(s)
+    wait_for(lambda: all(_offsets(s, names.live).get(p, 0) >= o for p, o in ends.items()), timeout_s, what)
+
+
+def _submit(client: Client, sent: list[str], prefix: str, **extra: Any) -> None:
+    """Submit turn ``len(sent)`` of four conversations ``<prefix>-0..3``; remember its request id."""
+    i = len(sent)
+    sent.append(client.submit(f"{prefix}-{i % 4}", {"i": i, **extra}, timeout_s=30).request_id)
+
+
+def _projected(s: Settings, names: ProjectionNames) -> set[str]:
+    """The submission ids in the live version."""
+    with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
+        query = sql.SQL("SELECT submission_id FROM {}").format(sql.Identifier(names.live, "submissions"))
+        return {r[0] for r in conn.execute(query).fetchall()}
+
+
+def _rebuild_with_the_live_projector_ahead(
+    s: Settings,
+    names: ProjectionNames,
+    control: _failpoints.FailpointControl,
+    client: Client,
+    sent: list[str],
+    kwargs: dict[str, Any],
+    *,
+    prefix: str,
+    turns: int,
+    join_s: float,
+    before_release: Callable[[], None] = lambda: None,
+) -> tuple[RebuildResult | BaseException, list[tuple[dict[int, int], dict[int, int]]]]:
+    """Run ``rebuild(s, names, **kwargs)`` in a thread, with the live projector ahead of it at every switch.
+
+    At each hit of `BEFORE_SWITCH` (armed to pause; the new version caught up, the switch not begun): submit
+    ``turns`` turns, wait until the live projector has projected past the new version, call ``before_release``, and
+    let the switch go on.
+
+    Returns:
+        What the rebuild returned or raised, and per switch: (the new version's offsets, the live offsets when the
+        switch was let go on).
+    """
+    outcome: list[RebuildResult | BaseException] = []
+
+    def run_rebuild() -> None:
+        try:
+            outcome.append(rebuild(s, names, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - examined by the caller
+            outcome.append(exc)
+
+    rebuilding = threading.Thread(target=run_rebuild, daemon=True)
+    rebuilding.start()
+    handled: set[tuple[int, int]] = set()
+    behind_at_switch: list[tuple[dict[int, int], dict[int, int]]] = []
+    deadline = time.monotonic() + 120
+    while rebuilding.is_alive() and time.monotonic() < deadline:
+        hits = [h for h in control.waiting(BEFORE_SWITCH) if (h.pid, h.hit) not in handled]
+        if not hits:
+            time.sleep(0.01)
+            continue
+        new = _offsets(s, names.building)
+        for _ in range(turns):
+            _submit(client, sent, prefix)
+        _wait_live_ahead(s, names, new)
+        behind_at_switch.append((new, _offsets(s, names.live)))
+        before_release()
+        handled.update((h.pid, h.hit) for h in hits)
+        control.release(BEFORE_SWITCH)
+    rebuilding.join(join_s)
+    assert outcome, "the rebuild did not finish"
+    return outcome[0], behind_at_switch
 
 
 class _Reader:
@@ -155,7 +210,6 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
     _failpoints.configure(f"{BEFORE_SWITCH}=1+*pause(60s)", control_dir=fp_dir)
     control = _failpoints.FailpointControl(fp_dir)
     sent: list[str] = []
-    outcome: list[RebuildResult | BaseException] = []
     reader = _Reader(s, names)
     # Every switch begins behind the live projector: a switch that merely retries gives up after these.
     kwargs: dict[str, Any] = {
@@ -167,43 +221,19 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
     if max_gap is not None:
         kwargs["locked_catch_up_max_offsets"] = max_gap
 
-    def run_rebuild() -> None:
-        try:
-            outcome.append(rebuild(s, names, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - examined in the test thread below
-            outcome.append(exc)
-
     worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     try:
         with running(worker), Client(s) as client:
-            for i in range(12):
-                sent.append(client.submit(f"sw-{i % 4}", {"i": i}, timeout_s=30).request_id)
+            for _ in range(12):
+                _submit(client, sent, "sw")
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
             wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
             reader.thread.start()
-            rebuilding = threading.Thread(target=run_rebuild, daemon=True)
-            rebuilding.start()
-            handled: set[tuple[int, int]] = set()
-            behind_at_switch: list[tuple[dict[int, int], dict[int, int]]] = []
-            live_at_last_release: dict[int, int] = {}
-            deadline = time.monotonic() + 120
-            while rebuilding.is_alive() and time.monotonic() < deadline:
-                hits = [h for h in control.waiting(BEFORE_SWITCH) if (h.pid, h.hit) not in handled]
-                if not hits:
-                    time.sleep(0.01)
-                    continue
-                # The new version is caught up; append and let the live projector get ahead of it before the switch.
-                new = _offsets(s, names.building)
-                i = len(sent)
-                sent.append(client.submit(f"sw-{i % 4}", {"i": i}, timeout_s=30).request_id)
-                _wait_live_ahead(s, names, new)
-                live_at_last_release = _offsets(s, names.live)
-                behind_at_switch.append((new, live_at_last_release))
-                handled.update((h.pid, h.hit) for h in hits)
-                control.release(BEFORE_SWITCH)
-            rebuilding.join(30)
-            assert outcome, "the rebuild did not finish"
-            result = outcome[0]
+            # The new version is caught up at each switch; one more turn puts the live projector ahead of it.
+            result, behind_at_switch = _rebuild_with_the_live_projector_ahead(
+                s, names, control, client, sent, kwargs, prefix="sw", turns=1, join_s=30
+            )
+            live_at_last_release = behind_at_switch[-1][1] if behind_at_switch else {}
             promise(
                 "DUR-015.rebuild-switch-converges",
                 isinstance(result, RebuildResult),
@@ -222,15 +252,9 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
             )
             # Records appended after the switch go on into the new version.
             for j in range(4):
-                i = len(sent)
-                sent.append(client.submit(f"sw-{i % 4}", {"i": i, "after": j}, timeout_s=30).request_id)
+                _submit(client, sent, "sw", after=j)
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "every submission settled")
-        ends = _last_records(s)
-        wait_for(
-            lambda: all(_offsets(s, names.live).get(p, 0) >= o for p, o in ends.items()),
-            30,
-            "the live projector caught up after the switch",
-        )
+        _wait_live_caught_up(s, names, 30, "the live projector caught up after the switch")
     finally:
         reader.stop.set()
         if reader.thread.is_alive():
@@ -245,9 +269,7 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
     promise("DUR-015.atomic-switch", counts == sorted(counts), "the submission count went down between two polls")
     at = [o for _, _, o in reader.polls]
     promise("DUR-015.atomic-switch", at == sorted(at), "the projected offsets went down between two polls")
-    with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
-        projected = {r[0] for r in conn.execute(sql.SQL("SELECT submission_id FROM {}").format(
-            sql.Identifier(names.live, "submissions"))).fetchall()}  # fmt: skip
+    projected = _projected(s, names)
     promise("DUR-015.atomic-switch", set(sent) <= projected, f"missing after the rebuild: {set(sent) - projected}")
     report = check(s, names, timeout_s=60)
     shown = "\n".join(f"  {d}" for d in report.differences[:15])
@@ -270,7 +292,6 @@ def test_a_catch_up_under_the_lock_past_its_bound_rolls_the_switch_back_and_the_
     _failpoints.configure(f"{BEFORE_SWITCH}=1+*pause(60s)", control_dir=fp_dir)
     control = _failpoints.FailpointControl(fp_dir)
     sent: list[str] = []
-    outcome: list[RebuildResult | BaseException] = []
     reader = _Reader(s, names)
     kwargs: dict[str, Any] = {
         "switch_attempts": 2,
@@ -280,53 +301,34 @@ def test_a_catch_up_under_the_lock_past_its_bound_rolls_the_switch_back_and_the_
         "timeout_s": 120.0,
     }
 
-    def run_rebuild() -> None:
-        try:
-            outcome.append(rebuild(s, names, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - examined in the test thread below
-            outcome.append(exc)
-
     worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     try:
         with running(worker), Client(s) as client:
-            for i in range(8):
-                sent.append(client.submit(f"tb-{i % 4}", {"i": i}, timeout_s=30).request_id)
+            for _ in range(8):
+                _submit(client, sent, "tb")
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
             wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
             reader.thread.start()
-            rebuilding = threading.Thread(target=run_rebuild, daemon=True)
-            rebuilding.start()
-            handled: set[tuple[int, int]] = set()
-            deadline = time.monotonic() + 120
-            while rebuilding.is_alive() and time.monotonic() < deadline:
-                hits = [h for h in control.waiting(BEFORE_SWITCH) if (h.pid, h.hit) not in handled]
-                if not hits:
-                    time.sleep(0.01)
-                    continue
-                new = _offsets(s, names.building)
-                for _ in range(2):  # a gap of several records: several one-record steps of 1 s each
-                    i = len(sent)
-                    sent.append(client.submit(f"tb-{i % 4}", {"i": i}, timeout_s=30).request_id)
-                _wait_live_ahead(s, names, new)
-                control.arm("projector.before_commit", "1+*delay(1s)")
-                handled.update((h.pid, h.hit) for h in hits)
-                control.release(BEFORE_SWITCH)
-            rebuilding.join(60)
-            assert outcome, "the rebuild did not finish"
-            result = outcome[0]
+            # Two turns a switch: a gap of several records, several one-record steps of 1 s each.
+            result, _behind = _rebuild_with_the_live_projector_ahead(
+                s,
+                names,
+                control,
+                client,
+                sent,
+                kwargs,
+                prefix="tb",
+                turns=2,
+                join_s=60,
+                before_release=lambda: control.arm("projector.before_commit", "1+*delay(1s)"),
+            )
             assert isinstance(result, TimeoutError), f"the switch waited for its slow catch-up: {result!r}"
             assert "bound" in str(result), result
             # The live projector goes on: everything is projected into the (old) live version.
             control.disarm("projector.before_commit")
-            i = len(sent)
-            sent.append(client.submit(f"tb-{i % 4}", {"i": i, "after": True}, timeout_s=30).request_id)
+            _submit(client, sent, "tb", after=True)
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "every submission settled")
-        ends = _last_records(s)
-        wait_for(
-            lambda: all(_offsets(s, names.live).get(p, 0) >= o for p, o in ends.items()),
-            60,
-            "the live projector caught up after the rolled-back switches",
-        )
+        _wait_live_caught_up(s, names, 60, "the live projector caught up after the rolled-back switches")
     finally:
         reader.stop.set()
         if reader.thread.is_alive():
@@ -335,15 +337,5 @@ def test_a_catch_up_under_the_lock_past_its_bound_rolls_the_switch_back_and_the_
 
     promise("DUR-015.atomic-switch", not reader.mixes, f"a reader saw a mix: {reader.mixes[:5]}")
     assert {g for g, _, _ in reader.polls} == {1}, "a rolled-back switch changed the live version"
-    with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
-        projected = {r[0] for r in conn.execute(sql.SQL("SELECT submission_id FROM {}").format(
-            sql.Identifier(names.live, "submissions"))).fetchall()}  # fmt: skip
+    projected = _projected(s, names)
     assert set(sent) <= projected, f"missing from the live version: {set(sent) - projected}"
-
-
-def _last_records(s: Settings) -> dict[int, int]:
-    """Per partition, the offset after the last committed log record (what a caught-up projector stores)."""
-    out: dict[int, int] = {}
-    for r in read_topic(s, "log"):
-        out[r.partition] = r.offset + 1
-    return out
