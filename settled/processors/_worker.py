@@ -392,25 +392,23 @@ class Worker(Generic[S]):
             conductor.join_process(self._wake.set, self._gate)
         try:
             owner.claim(_RESTORE_TIMEOUT_S)
-        except ProducerFencedError:
-            # A newer producer of this transactional.id fenced the claim: a newer owner (the group revokes the
-            # partition from us at a coming poll, which also takes it off the claims) or a zombie of ours. As after a
-            # fenced checkpoint: claim it again once a session timeout has passed with it still assigned — never
-            # leave it assigned, paused and unowned.
-            _log.warning("fenced while claiming", extra={"partition": p})
+        except (ProducerFencedError, KafkaException, AppenderFatalError, OpenTransactionError) as exc:
+            # The partition stays paused and is claimed again later, from scratch (nothing of this attempt was
+            # appended). The broker is unreachable or a foreign transaction is still open: after _CLAIM_RETRY_S. A
+            # newer producer of this transactional.id fenced the claim (a newer owner, whose group revokes the
+            # partition from us at a coming poll and so takes it off the claims, or a zombie of ours): as after a
+            # fenced checkpoint, once a session timeout has passed with it still assigned, so that it is never left
+            # assigned, paused and unowned.
+            fenced = isinstance(exc, ProducerFencedError)
+            _log.warning(
+                "fenced while claiming" if fenced else "claim failed, retrying",
+                extra={"partition": p, "error": str(exc)},
+            )
             owner.appender.close()
             if conductor is not None:
                 conductor.close()
-            self._claim_not_before[p] = time.monotonic() + self.settings.session_timeout_ms / 1000
-            return
-        except (KafkaException, AppenderFatalError, OpenTransactionError) as exc:
-            # The broker is unreachable or a foreign transaction is still open: the partition stays paused and
-            # is claimed again later (from scratch: nothing of this attempt was appended).
-            _log.warning("claim failed, retrying", extra={"partition": p, "error": str(exc)})
-            owner.appender.close()
-            if conductor is not None:
-                conductor.close()
-            self._claim_not_before[p] = time.monotonic() + _CLAIM_RETRY_S
+            retry_s = self.settings.session_timeout_ms / 1000 if fenced else _CLAIM_RETRY_S
+            self._claim_not_before[p] = time.monotonic() + retry_s
             return
         self._to_claim.discard(p)
         genesis = owner.genesis
