@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import os
 import sqlite3
 import time
@@ -53,12 +54,39 @@ CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY);
 """
 
 
+#: The world files this process has seen created (`_create_once`).
+_created: set[str] = set()
+
+
+def _create_once(path: str) -> None:
+    """Create the world database (WAL, the tables) once, under an exclusive file lock shared by every process.
+
+    Switching a database to WAL takes an exclusive lock, and SQLite answers a concurrent switch with "database is
+    locked" at once, without waiting out its busy timeout: 50 tool calls starting together in a fresh world saw it.
+    So the first opener creates the world while holding ``<path>.lock`` and later openers skip it (WAL mode is
+    persistent in the file).
+    """
+    if path in _created:
+        return
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            finally:
+                conn.close()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _created.add(path)
+
+
 def world(path: str | None = None) -> sqlite3.Connection:
-    """Open the world database (autocommit, WAL: several processes write it)."""
-    conn = sqlite3.connect(path or os.environ[WORLD_ENV], timeout=30, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.executescript(_SCHEMA)
-    return conn
+    """Open the world database (autocommit, WAL: several processes write it), creating it on first use."""
+    where = path or os.environ[WORLD_ENV]
+    _create_once(where)
+    return sqlite3.connect(where, timeout=30, isolation_level=None)
 
 
 def _invoked(tool: str, call: ToolCall) -> int:
