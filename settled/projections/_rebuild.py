@@ -28,10 +28,12 @@ or ahead of its own, folds the records in between without writing them, and goes
 
 One at a time: `rebuild` and `check` both drop and recreate a schema version of the projection (``<base>__next``,
 ``<base>__retired``, ``<base>__check``), so each first takes the projection's session advisory lock
-(``pg_try_advisory_lock`` on a dedicated connection, held until it returns; key: `maintenance_lock_key`) and a second
+(``pg_try_advisory_lock`` on a session held until it returns; key: `maintenance_lock_key`) and a second
 one started meanwhile raises `RebuildInProgress` at once — without it a second rebuild's ``DROP SCHEMA <base>__next``
 could drop the version the first had just switched to live, or wait on the first's switch while the first waited on
-its catch-up behind that ``DROP`` (a deadlock PostgreSQL cannot see: one side of it waits in Python).
+its catch-up behind that ``DROP`` (a deadlock PostgreSQL cannot see: one side of it waits in Python). Its own
+statements (drop, migrate, the switch) run on that session, so once the session is gone, and the lock with it, the
+switch fails with the connection instead of renaming schemas that another rebuild may be using.
 
 The live projector waits for step 2 at most ``locked_catch_up_timeout_s`` (plus one projector step, as the bound is
 checked between steps) and the lock waits' ``lock_timeout``.
@@ -230,10 +232,13 @@ def _maintenance_lock(settings: Settings, names: ProjectionNames, what: str) -> 
     """Take the projection's maintenance lock on a dedicated session, or raise `RebuildInProgress` at once.
 
     Returns:
-        The session holding the lock; closing it releases the lock.
+        The session holding the lock; closing it releases the lock. The rebuild or check does its own work (drop,
+        migrate, switch) on this session, so a session that has dropped (and with it the lock) fails that work
+        instead of letting it go on unserialised.
     """
     key = maintenance_lock_key(names.base)
     conn = psycopg.connect(settings.postgres_dsn, autocommit=True, application_name=f"settled-projections-{what}")
+    conn.prepare_threshold = None
     try:
         row = conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", (key,)).fetchone()
         if row is not None and row[0]:
@@ -348,10 +353,11 @@ def rebuild(
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
     phases: dict[str, float] = {}
-    with _maintenance_lock(settings, names, "rebuild"):
+    with _maintenance_lock(settings, names, "rebuild") as conn:
         return _rebuild(
             settings,
             names,
+            conn,
             deadline=deadline,
             started=started,
             phases=phases,
@@ -371,6 +377,7 @@ def rebuild(
 def _rebuild(
     settings: Settings,
     names: ProjectionNames,
+    conn: Conn,
     *,
     deadline: float,
     started: float,
@@ -386,86 +393,82 @@ def _rebuild(
     workers: int | None,
     parallel_min_records: int,
 ) -> RebuildResult:
-    """`rebuild` once its maintenance lock is held (same arguments)."""
-    conn = _connect(settings)
+    """`rebuild` once its maintenance lock is held on ``conn`` (same arguments)."""
     topic = settings.topic("log")
+    live_exists = schema_exists(conn, names.live)
+    generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
+    migrate(conn, names.building, generation=generation)
+    targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
+    relay = _Relay(sum(targets.values()), progress)
+    pool = SharePool(
+        settings,
+        names,
+        names.building,
+        targets,
+        workers=_workers(workers, targets, parallel_min_records),
+        max_records=max_records,
+        timeout_s=timeout_s,
+        progress=relay,
+    )
+    phases["setup"] = time.monotonic() - started
     try:
-        live_exists = schema_exists(conn, names.live)
-        generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
-        migrate(conn, names.building, generation=generation)
-        targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
-        relay = _Relay(sum(targets.values()), progress)
-        pool = SharePool(
-            settings,
-            names,
-            names.building,
-            targets,
-            workers=_workers(workers, targets, parallel_min_records),
-            max_records=max_records,
-            timeout_s=timeout_s,
-            progress=relay,
-        )
-        phases["setup"] = time.monotonic() - started
-        try:
-            mark = time.monotonic()
-            pool.bulk(deadline)
-            phases["replay"] = time.monotonic() - mark
-            work = pool.timings()
-            relay.caught_up(work.records, work.events)
-            mark = time.monotonic()
-            max_gap: int | None = locked_catch_up_max_offsets
-            reasons: list[str] = []
+        mark = time.monotonic()
+        pool.bulk(deadline)
+        phases["replay"] = time.monotonic() - mark
+        work = pool.timings()
+        relay.caught_up(work.records, work.events)
+        mark = time.monotonic()
+        max_gap: int | None = locked_catch_up_max_offsets
+        reasons: list[str] = []
 
-            def locked_catch_up(targets: dict[int, int]) -> bool:
-                started_locked = time.monotonic()
-                reached = pool.until(targets, deadline, stop_at=started_locked + locked_catch_up_timeout_s)
-                phases["locked_catch_up"] = phases.get("locked_catch_up", 0.0) + time.monotonic() - started_locked
-                return all(reached.get(p, 0) >= o for p, o in targets.items())
+        def locked_catch_up(targets: dict[int, int]) -> bool:
+            started_locked = time.monotonic()
+            reached = pool.until(targets, deadline, stop_at=started_locked + locked_catch_up_timeout_s)
+            phases["locked_catch_up"] = phases.get("locked_catch_up", 0.0) + time.monotonic() - started_locked
+            return all(reached.get(p, 0) >= o for p, o in targets.items())
 
-            for attempt in range(1, switch_attempts + 1):
-                live = read_offsets(conn, names.live, topic) if live_exists else {}
-                ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
-                catch_up = time.monotonic()
-                pool.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
-                phases["catch_up"] = phases.get("catch_up", 0.0) + time.monotonic() - catch_up
-                failpoint("rebuild.before_switch")
-                try:
-                    offsets = _switch(
-                        conn, names, topic, live_exists, keep_retired, lock_timeout_s, locked_catch_up, max_gap
-                    )
-                except _GapTooLarge as exc:
-                    max_gap = None  # the next switch catches up under the lock whatever the gap: it converges
-                    reasons.append(str(exc))
-                    _log.info("switch retried", extra={"attempt": attempt, "reason": str(exc)})
-                    continue
-                except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
-                    reasons.append(repr(exc))
-                    _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
-                    continue
-                phases["switch"] = time.monotonic() - mark - phases["catch_up"]
-                _log.info("projection switched", extra={"schema": names.live, "generation": generation})
-                work = pool.timings()
-                return RebuildResult(
-                    names.live,
-                    generation,
-                    offsets,
-                    work.records,
-                    work.events,
-                    time.monotonic() - started,
-                    attempt,
-                    workers=pool.workers,
-                    phases=phases,
-                    work=work,
+        for attempt in range(1, switch_attempts + 1):
+            live = read_offsets(conn, names.live, topic) if live_exists else {}
+            ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
+            catch_up = time.monotonic()
+            pool.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
+            phases["catch_up"] = phases.get("catch_up", 0.0) + time.monotonic() - catch_up
+            failpoint("rebuild.before_switch")
+            try:
+                offsets = _switch(
+                    conn, names, topic, live_exists, keep_retired, lock_timeout_s, locked_catch_up, max_gap
                 )
-            raise TimeoutError(
-                f"the switch to the rebuilt projection failed {switch_attempts} times; last reason: "
-                f"{reasons[-1] if reasons else 'none'}"
+            except _GapTooLarge as exc:
+                max_gap = None  # the next switch catches up under the lock whatever the gap: it converges
+                reasons.append(str(exc))
+                _log.info("switch retried", extra={"attempt": attempt, "reason": str(exc)})
+                continue
+            except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+                reasons.append(repr(exc))
+                _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
+                continue
+            phases["switch"] = time.monotonic() - mark - phases["catch_up"]
+            _log.info("projection switched", extra={"schema": names.live, "generation": generation})
+            work = pool.timings()
+            return RebuildResult(
+                names.live,
+                generation,
+                offsets,
+                work.records,
+                work.events,
+                time.monotonic() - started,
+                attempt,
+                workers=pool.workers,
+                phases=phases,
+                work=work,
             )
-        finally:
-            pool.close()
+        raise TimeoutError(
+            f"the switch to the rebuilt projection failed {switch_attempts} times; last reason: "
+            f"{reasons[-1] if reasons else 'none'}"
+        )
     finally:
-        conn.close()
+        pool.close()
 
 
 def _switch(
@@ -675,7 +678,7 @@ def check(
     """
     deadline = time.monotonic() + timeout_s
     topic = settings.topic("log")
-    with _maintenance_lock(settings, names, "check"), _connect(settings) as conn:
+    with _maintenance_lock(settings, names, "check") as conn:
         if not schema_exists(conn, names.live):
             raise LookupError(f"projection schema {names.live!r} does not exist: run `settled projections run`")
         first = read_offsets(conn, names.live, topic)

@@ -29,6 +29,7 @@ from settled.projections import (
     RebuildResult,
     check,
     maintenance_lock_key,
+    read_meta,
     rebuild,
     schema_exists,
 )
@@ -149,3 +150,56 @@ def test_a_rebuild_and_a_check_are_refused_while_the_lock_is_held_and_change_not
         with psycopg.connect(topics.postgres_dsn, autocommit=True) as conn:
             assert not schema_exists(conn, names.building)
             assert not schema_exists(conn, names.scratch)
+
+
+def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebuild_does(
+    topics: Settings,  # noqa: F811
+    names: ProjectionNames,  # noqa: F811
+    live_projector: Projector,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The rebuild switches on the session that holds its maintenance lock: once that session is gone (here
+    terminated at ``rebuild.before_switch``; a network drop or an administrator does the same), the lock is gone, so
+    another rebuild could have started, and the switch must fail instead of renaming the schemas unserialised."""
+    s = topics
+    fp_dir = tmp_path / "fp"
+    _failpoints.configure(f"{BEFORE_SWITCH}=1*pause(60s)", control_dir=fp_dir)
+    control = _failpoints.FailpointControl(fp_dir)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["A"] = rebuild(s, names, workers=1, timeout_s=40.0)
+        except BaseException as exc:  # noqa: BLE001 - examined below
+            outcome["A"] = exc
+
+    key = maintenance_lock_key(names.base)
+    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
+    first = threading.Thread(target=run, daemon=True)
+    try:
+        with running(worker), Client(s) as client:
+            sent = [client.submit(f"rd-{i % 2}", {"i": i}, timeout_s=30).request_id for i in range(4)]
+            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the submissions settled")
+            wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+            first.start()
+            control.wait_reached(BEFORE_SWITCH, 60)
+            with psycopg.connect(s.postgres_dsn, autocommit=True) as admin:
+                ended = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND objsubid = 1 AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+                ).fetchall()
+            assert ended == [(True,)], f"the rebuild's lock session: {ended}"
+            control.release(BEFORE_SWITCH)
+            first.join(45)
+            assert not first.is_alive(), "the rebuild did not end"
+    finally:
+        _failpoints.reset()
+    a = outcome.get("A")
+    assert isinstance(a, psycopg.OperationalError), f"the rebuild without its lock: {a!r}"
+    with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
+        assert read_meta(conn, names.live).get("generation") == "1", "the live version was switched without the lock"
+    again = rebuild(s, names, workers=1, timeout_s=40.0)
+    assert again.generation == 2
+    report = check(s, names, timeout_s=60.0)
+    assert report.ok, report.differences
