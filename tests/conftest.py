@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -19,6 +20,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from settled._settings import Settings
+from settled.producers._topics import provision_topics
+from settled.schemas import Codec
 from settled.services._devstack import (
     DevStack,
     KafkaBroker,
@@ -106,6 +109,23 @@ def namespace(kafka_admin: AdminClient) -> Iterator[str]:
 def settings(namespace: str, kafka_bootstrap: str, postgres_dsn: str) -> Settings:
     """Settings bound to this test's namespace and the session's services."""
     return Settings(namespace=namespace, kafka_bootstrap=kafka_bootstrap, postgres_dsn=postgres_dsn)
+
+
+#: ``provisioned(partitions)`` → the test's settings with that many partitions, every settled topic provisioned.
+Provisioned = Callable[[int], Settings]
+
+
+@pytest.fixture
+def provisioned(settings: Settings) -> Provisioned:
+    """Factory: ``provisioned(2)`` provisions every settled topic of the test's namespace with 2 partitions and
+    returns the test's settings with ``partitions=2`` (the modules' ``topics`` fixtures choose their count)."""
+
+    def make(partitions: int) -> Settings:
+        s = settings.model_copy(update={"partitions": partitions})
+        provision_topics(s, Codec(), datetime.now(UTC))
+        return s
+
+    return make
 
 
 TopicFactory = Callable[..., str]

@@ -21,7 +21,6 @@ import pytest
 
 from settled._settings import Settings
 from settled.processors import partition_for_key
-from settled.producers import provision_topics
 from settled.schemas import (
     LogEvent,
     OwnershipClaimed,
@@ -33,7 +32,8 @@ from settled.schemas import (
     SubmissionProposed,
 )
 from tests._promise import promise
-from tests.integration.helpers import CODEC, proposal
+from tests.conftest import Provisioned
+from tests.integration.helpers import proposal
 from tests.integration.workerproc import ChildWorker, Inbox, Tail, batches, spawn_worker
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -47,10 +47,8 @@ SEED = 20261129
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": PARTITIONS})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(PARTITIONS)
 
 
 def _conversations() -> list[str]:

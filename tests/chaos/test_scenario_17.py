@@ -24,7 +24,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -32,10 +31,10 @@ import pytest
 
 from settled._failpoints import FailpointControl
 from settled._settings import Settings
-from settled.producers import provision_topics
 from settled.schemas import LogEvent, SettlementRecord, ToolCallSettled
+from tests.conftest import Provisioned
 from tests.integration.engine._helpers import MODEL_APP, TIMEOUT_S, check_parallel_batch, killed, start_worker
-from tests.integration.helpers import CODEC, proposal
+from tests.integration.helpers import proposal
 from tests.integration.workerproc import Inbox, Tail, batches
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -74,11 +73,9 @@ class _Incarnation:
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
+def topics(provisioned: Provisioned) -> Settings:
     """One partition: every repetition's conversation has the same owner."""
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+    return provisioned(1)
 
 
 @pytest.fixture

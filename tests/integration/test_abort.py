@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ import pytest
 from settled import _failpoints
 from settled._settings import Settings
 from settled.processors import Worker
-from settled.producers import provision_topics
 from settled.projections import ProjectionNames
 from settled.protocol import PartitionState
 from settled.runtime import App
@@ -35,8 +33,8 @@ from settled.schemas import (
 )
 from settled.services._worker_service import build_worker
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.helpers import (
-    CODEC,
     LiveProjector,
     check_clean,
     fresh_projection,
@@ -52,10 +50,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(1)
 
 
 @pytest.fixture

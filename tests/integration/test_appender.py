@@ -10,9 +10,9 @@ import pytest
 
 from settled._settings import Settings
 from settled.processors import Worker, WorkerConfig
-from settled.producers._topics import provision_topics
 from settled.schemas import LogBatch, Receipt, ReceiptOutcome, SubmissionAdmitted, verify_chain
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 from tests.integration.txproc import TxDecider, TxState
 
@@ -20,10 +20,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(1)
 
 
 def _receipts(s: Settings) -> list[Receipt]:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from settled import _failpoints
 from settled._settings import Settings
 from settled.processors import Worker
-from settled.producers import BATCH_ID_HEADER, producer_config, provision_topics, transactional_id
+from settled.producers import BATCH_ID_HEADER, producer_config, transactional_id
 from settled.schemas import LogBatch, OwnershipClaimed, Receipt, SubmissionAdmitted, verify_chain
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 from tests.integration.txproc import TxDecider, TxState
 
@@ -31,10 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(1)
 
 
 def _spawn(s: Settings, fp_dir: Path | None = None, failpoints: str = "") -> subprocess.Popen[bytes]:

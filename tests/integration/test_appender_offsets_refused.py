@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,16 @@ from confluent_kafka import Consumer
 
 from settled import _failpoints
 from settled._settings import Settings
-from settled.producers import AppendBatch, OutRecord, ProducerFencedError, TransactionalAppender, provision_topics
-from tests.integration.helpers import CODEC, read_topic, wait_for
+from settled.producers import AppendBatch, OutRecord, ProducerFencedError, TransactionalAppender
+from tests.conftest import Provisioned
+from tests.integration.helpers import read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(1)
 
 
 def _member(s: Settings) -> Consumer:

@@ -10,7 +10,6 @@ session timeout has passed with the partition still assigned, as after a fenced 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,21 +18,20 @@ from confluent_kafka import Producer
 from settled import _failpoints
 from settled._settings import Settings
 from settled.client import Client
-from settled.producers import producer_config, provision_topics, transactional_id
+from settled.producers import producer_config, transactional_id
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.schemas import ReceiptOutcome
 from settled.services._worker_service import build_worker
-from tests.integration.helpers import CODEC, running
+from tests.conftest import Provisioned
+from tests.integration.helpers import running
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(1)
 
 
 def test_a_claim_fenced_before_its_first_checkpoint_is_claimed_again_and_admits(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from settled import _failpoints
 from settled._settings import Settings
-from settled.producers import provision_topics
 from settled.projections import ProjectionNames
 from settled.schemas import LogBatch, OwnershipClaimed, Settlement, SettlementOutcome, SettlementRecord
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.helpers import (
     CODEC,
     LiveProjector,
@@ -45,10 +44,8 @@ BARRIER = "conductor.before_settle"
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(1)
 
 
 @pytest.fixture

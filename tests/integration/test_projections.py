@@ -44,6 +44,7 @@ from settled.runtime.echo import EchoAgent
 from settled.schemas import LogBatch, Receipt
 from settled.services._worker_service import build_worker
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.admission_load import make_load, produce_load, receipts, settlements
 from tests.integration.helpers import CODEC, fresh_projection, projecting, read_topic, running, wait_for
 from tests.integration.projection_script import CHECKPOINT, script_log
@@ -58,10 +59,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 2})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(2)
 
 
 @pytest.fixture

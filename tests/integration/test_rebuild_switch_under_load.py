@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,14 @@ from psycopg import sql
 from settled import _failpoints
 from settled._settings import Settings
 from settled.client import Client
-from settled.producers import provision_topics
 from settled.projections import ProjectionNames, Projector, RebuildResult, check, read_offsets, rebuild
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.services._worker_service import build_worker
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.admission_load import settlements
-from tests.integration.helpers import CODEC, committed_log_ends, fresh_projection, projecting, running, wait_for
+from tests.integration.helpers import committed_log_ends, fresh_projection, projecting, running, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +39,8 @@ SWITCH_ATTEMPTS = 3
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 2})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(2)
 
 
 @pytest.fixture

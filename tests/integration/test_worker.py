@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from datetime import UTC, datetime
 
 import pytest
 
 from settled._settings import Settings
 from settled.processors import Worker
-from settled.producers import provision_topics
 from settled.protocol import PartitionState
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.schemas import Receipt, ReceiptOutcome, SettlementOutcome, SettlementRecord, SubmissionAdmitted
 from settled.services._worker_service import build_worker
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 2})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+def topics(provisioned: Provisioned) -> Settings:
+    return provisioned(2)
 
 
 def _records(s: Settings, short: str) -> list:

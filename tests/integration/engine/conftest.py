@@ -6,26 +6,22 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from settled import _failpoints
 from settled._settings import Settings
-from settled.producers import provision_topics
+from tests.conftest import Provisioned
 from tests.integration.engine.engine_app import WORLD_ENV
-from tests.integration.helpers import CODEC
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
+def topics(provisioned: Provisioned) -> Settings:
     """The test's namespace with its topics provisioned, one partition (every conversation shares one owner)."""
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+    return provisioned(1)
 
 
 @pytest.fixture

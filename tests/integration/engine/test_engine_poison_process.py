@@ -11,28 +11,25 @@ Two partitions, one worker at a time, restarted by the test after every death li
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime
 
 import pytest
 
 from settled._settings import Settings
 from settled.processors import partition_for_key
-from settled.producers import provision_topics
 from settled.schemas import SettlementOutcome
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.engine._helpers import plan, send, settled, settlements, supervise_until_settled
 from tests.integration.engine.conftest import SpawnWorker
-from tests.integration.helpers import CODEC, proposal
+from tests.integration.helpers import proposal
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
+def topics(provisioned: Provisioned) -> Settings:
     """Two partitions: the healthy conversations on one, the poison one on the other."""
-    s = settings.model_copy(update={"partitions": 2})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+    return provisioned(2)
 
 
 def on_partition(prefix: str, partition: int, n: int) -> list[str]:

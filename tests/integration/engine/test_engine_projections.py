@@ -24,7 +24,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from settled._settings import Settings
-from settled.producers import partition_for_key, provision_topics
+from settled.producers import partition_for_key
 from settled.projections import ProjectionNames
 from settled.schemas import (
     Receipt,
@@ -42,6 +41,7 @@ from settled.schemas import (
     ToolCallSettled,
 )
 from tests._promise import promise
+from tests.conftest import Provisioned
 from tests.integration.engine._helpers import TIMEOUT_S, count, log_events, settlements
 from tests.integration.engine.conftest import ROOT, SpawnWorker
 from tests.integration.engine.engine_app import WORLD_ENV, world
@@ -69,11 +69,9 @@ MAX_SUBMISSIONS = 300
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
+def topics(provisioned: Provisioned) -> Settings:
     """Two partitions (this module's override of the engine fixture; `spawn_worker` uses it too)."""
-    s = settings.model_copy(update={"partitions": PARTITIONS})
-    provision_topics(s, CODEC, datetime.now(UTC))
-    return s
+    return provisioned(PARTITIONS)
 
 
 @pytest.fixture
