@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,6 @@ from settled._settings import Settings
 from settled.processors import Worker, WorkerConfig
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
 from settled.producers import producer_config
-from settled.producers._topics import provision_topics
 from settled.schemas import (
     SINGLE_OBJECT_MAGIC,
     InputQuarantined,
@@ -49,6 +47,7 @@ from settled.schemas import (
     SubmissionProposed,
 )
 from settled.services.cli import app
+from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 from tests.integration.txproc import QUARANTINE_RAW_BYTES, TxDecider, TxState
 
@@ -77,9 +76,8 @@ BOMB_RECORD_BYTES = 256 * 1024
 
 
 @pytest.fixture
-def topics(settings: Settings) -> Settings:
-    s = settings.model_copy(update={"partitions": 1})
-    provision_topics(s, CODEC, datetime.now(UTC))
+def topics(provisioned: Provisioned) -> Settings:
+    s = provisioned(1)
     admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
     resource = ConfigResource(
         ConfigResource.Type.TOPIC,
