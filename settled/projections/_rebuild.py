@@ -284,6 +284,41 @@ class _Relay:
             self.progress(RebuildProgress(self.total, self.total, records, events, time.monotonic() - self.started))
 
 
+def _fresh_version(
+    settings: Settings,
+    names: ProjectionNames,
+    conn: Conn,
+    schema: str,
+    targets: Mapping[int, int],
+    *,
+    generation: int | None,
+    progress: Callable[[RebuildProgress], None] | None,
+    workers: int | None,
+    parallel_min_records: int,
+    max_records: int,
+    timeout_s: float,
+) -> tuple[_Relay, SharePool]:
+    """Drop and recreate ``schema`` (a fresh version of the projection) and start the shares replaying into it.
+
+    Runs on ``conn``, the session holding the maintenance lock (module doc). ``targets`` (offset per partition) sizes
+    the shares and the progress total; the caller then runs `SharePool.bulk` and `SharePool.until`.
+    """
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    migrate(conn, schema, generation=generation)
+    relay = _Relay(sum(targets.values()), progress)
+    pool = SharePool(
+        settings,
+        names,
+        schema,
+        targets,
+        workers=_workers(workers, targets, parallel_min_records),
+        max_records=max_records,
+        timeout_s=timeout_s,
+        progress=relay,
+    )
+    return relay, pool
+
+
 def _workers(requested: int | None, targets: Mapping[int, int], parallel_min_records: int) -> int:
     if requested is not None:
         return max(1, requested)
@@ -397,19 +432,19 @@ def _rebuild(
     topic = settings.topic("log")
     live_exists = schema_exists(conn, names.live)
     generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
-    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.building)))
-    migrate(conn, names.building, generation=generation)
     targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
-    relay = _Relay(sum(targets.values()), progress)
-    pool = SharePool(
+    relay, pool = _fresh_version(
         settings,
         names,
+        conn,
         names.building,
         targets,
-        workers=_workers(workers, targets, parallel_min_records),
+        generation=generation,
+        progress=progress,
+        workers=workers,
+        parallel_min_records=parallel_min_records,
         max_records=max_records,
         timeout_s=timeout_s,
-        progress=relay,
     )
     phases["setup"] = time.monotonic() - started
     try:
@@ -684,18 +719,18 @@ def check(
         first = read_offsets(conn, names.live, topic)
         partitions = sorted(log_end_offsets(settings, settings.kafka_call_timeout_s))
         first = {p: first.get(p, 0) for p in partitions}
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(names.scratch)))
-        migrate(conn, names.scratch)
-        relay = _Relay(sum(first.values()), progress)
-        pool = SharePool(
+        relay, pool = _fresh_version(
             settings,
             names,
+            conn,
             names.scratch,
             first,
-            workers=_workers(workers, first, parallel_min_records),
+            generation=None,
+            progress=progress,
+            workers=workers,
+            parallel_min_records=parallel_min_records,
             max_records=max_records,
             timeout_s=timeout_s,
-            progress=relay,
         )
         reference = _Reference(settings, partitions)
         try:

@@ -52,6 +52,24 @@ BEFORE_SWITCH = "rebuild.before_switch"
 FAIL_FAST_S = 5.0
 
 
+def _settled_then_held_at_the_switch(
+    s: Settings,
+    names: ProjectionNames,  # noqa: F811
+    client: Client,
+    prefix: str,
+    rebuilding: threading.Thread,
+    control: _failpoints.FailpointControl,
+) -> list[str]:
+    """Settle four turns and see them projected live, then start the rebuild thread and wait until it is held at
+    ``rebuild.before_switch`` (armed by the caller). Returns the turns' request ids."""
+    sent = [client.submit(f"{prefix}-{i % 2}", {"i": i}, timeout_s=30).request_id for i in range(4)]
+    wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
+    wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+    rebuilding.start()
+    control.wait_reached(BEFORE_SWITCH, 60)
+    return sent
+
+
 def test_the_maintenance_lock_key_is_deterministic_and_per_projection() -> None:
     assert maintenance_lock_key("settled") == maintenance_lock_key("settled")
     assert maintenance_lock_key("settled") != maintenance_lock_key("other")
@@ -86,11 +104,7 @@ def test_a_second_rebuild_during_the_locked_catch_up_fails_fast_and_the_first_sw
     first.daemon = True
     try:
         with running(worker), Client(s) as client:
-            sent = [client.submit(f"rs-{i % 2}", {"i": i}, timeout_s=30).request_id for i in range(4)]
-            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
-            wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
-            first.start()
-            control.wait_reached(BEFORE_SWITCH, 60)
+            sent = _settled_then_held_at_the_switch(s, names, client, "rs", first, control)
             new = _offsets(s, names.building)
             for i in range(3):
                 sent.append(client.submit(f"rs-{i % 2}", {"i": 100 + i}, timeout_s=30).request_id)
@@ -178,11 +192,7 @@ def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebu
     first = threading.Thread(target=run, daemon=True)
     try:
         with running(worker), Client(s) as client:
-            sent = [client.submit(f"rd-{i % 2}", {"i": i}, timeout_s=30).request_id for i in range(4)]
-            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the submissions settled")
-            wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
-            first.start()
-            control.wait_reached(BEFORE_SWITCH, 60)
+            _settled_then_held_at_the_switch(s, names, client, "rd", first, control)
             with psycopg.connect(s.postgres_dsn, autocommit=True) as admin:
                 ended = admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
