@@ -39,7 +39,8 @@ The live projector waits for step 2 at most ``locked_catch_up_timeout_s`` (plus 
 checked between steps) and the lock waits' ``lock_timeout``.
 
 Failpoint ``rebuild.before_switch``: the new version is caught up, the switch transaction not yet begun (a test
-appends there so that the live projector is ahead at every switch).
+appends there so that the live projector is ahead at every switch). Failpoint ``check.before_snapshot``: the scratch
+copy and the reference are at the live offsets, the live and scratch tables not yet read.
 
 `check`: compares three projections of the same log prefix — the live tables, a fresh rebuild into
 ``<base>__check``, and the reference computed in memory from an independent read of the log (the rows of
@@ -374,6 +375,7 @@ def rebuild(
         ValueError: ``switch_attempts`` is below 1, ``locked_catch_up_max_offsets`` below 0 or
             ``locked_catch_up_timeout_s`` not above 0.
         RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
+        psycopg.OperationalError: The session holding the maintenance lock was lost (the live version is not switched).
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
         settled.protocol.ProtocolError: The fold refused a batch (replaying in this process).
@@ -708,6 +710,8 @@ def check(
     Raises:
         LookupError: The live projection or the log topic does not exist.
         RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
+        psycopg.OperationalError: The session holding the maintenance lock was lost before the tables were read (no
+            report: another rebuild or check may have changed ``<base>__check`` meanwhile).
         TimeoutError: The check did not finish in time.
         RebuildWorkerError: A replaying child process failed.
     """
@@ -750,7 +754,11 @@ def check(
                 work = pool.timings()
                 relay.caught_up(work.records, work.events)
                 reference.extend(at, deadline)
+                failpoint("check.before_snapshot")
                 snapshot = _snapshot(settings, names, topic)
+                # The snapshot is read on its own session: that it was read under the maintenance lock is shown by
+                # the lock's session still being there now (a session lock ends only with its session).
+                conn.execute("SELECT 1")
         finally:
             pool.close()
             reference.close()

@@ -52,22 +52,35 @@ BEFORE_SWITCH = "rebuild.before_switch"
 FAIL_FAST_S = 5.0
 
 
-def _settled_then_held_at_the_switch(
+def _settled_then_held(
     s: Settings,
     names: ProjectionNames,  # noqa: F811
     client: Client,
     prefix: str,
-    rebuilding: threading.Thread,
+    maintaining: threading.Thread,
     control: _failpoints.FailpointControl,
+    point: str = BEFORE_SWITCH,
 ) -> list[str]:
-    """Settle four turns and see them projected live, then start the rebuild thread and wait until it is held at
-    ``rebuild.before_switch`` (armed by the caller). Returns the turns' request ids."""
+    """Settle four turns and see them projected live, then start the rebuild or check thread and wait until it is
+    held at the failpoint ``point`` (armed by the caller). Returns the turns' request ids."""
     sent = [client.submit(f"{prefix}-{i % 2}", {"i": i}, timeout_s=30).request_id for i in range(4)]
     wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
     wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
-    rebuilding.start()
-    control.wait_reached(BEFORE_SWITCH, 60)
+    maintaining.start()
+    control.wait_reached(point, 60)
     return sent
+
+
+def _end_lock_session(s: Settings, names: ProjectionNames) -> list[tuple[Any, ...]]:  # noqa: F811
+    """Terminate the session holding the projection's maintenance lock (as a network cut or an administrator's
+    ``pg_terminate_backend`` does); returns one ``(True,)`` per session ended."""
+    key = maintenance_lock_key(names.base)
+    with psycopg.connect(s.postgres_dsn, autocommit=True) as admin:
+        return admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND objsubid = 1 AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+            ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+        ).fetchall()
 
 
 def test_the_maintenance_lock_key_is_deterministic_and_per_projection() -> None:
@@ -104,7 +117,7 @@ def test_a_second_rebuild_during_the_locked_catch_up_fails_fast_and_the_first_sw
     first.daemon = True
     try:
         with running(worker), Client(s) as client:
-            sent = _settled_then_held_at_the_switch(s, names, client, "rs", first, control)
+            sent = _settled_then_held(s, names, client, "rs", first, control)
             new = _offsets(s, names.building)
             for i in range(3):
                 sent.append(client.submit(f"rs-{i % 2}", {"i": 100 + i}, timeout_s=30).request_id)
@@ -187,18 +200,12 @@ def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebu
         except BaseException as exc:  # noqa: BLE001 - examined below
             outcome["A"] = exc
 
-    key = maintenance_lock_key(names.base)
     worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     first = threading.Thread(target=run, daemon=True)
     try:
         with running(worker), Client(s) as client:
-            _settled_then_held_at_the_switch(s, names, client, "rd", first, control)
-            with psycopg.connect(s.postgres_dsn, autocommit=True) as admin:
-                ended = admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                    "AND objsubid = 1 AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
-                    ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
-                ).fetchall()
+            _settled_then_held(s, names, client, "rd", first, control)
+            ended = _end_lock_session(s, names)
             assert ended == [(True,)], f"the rebuild's lock session: {ended}"
             control.release(BEFORE_SWITCH)
             first.join(45)
@@ -212,4 +219,41 @@ def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebu
     again = rebuild(s, names, workers=1, timeout_s=40.0)
     assert again.generation == 2
     report = check(s, names, timeout_s=60.0)
+    assert report.ok, report.differences
+
+
+def test_a_check_whose_lock_session_dropped_reports_nothing(
+    topics: Settings,  # noqa: F811
+    names: ProjectionNames,  # noqa: F811
+    live_projector: Projector,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A check reads the live and scratch tables on sessions of their own: once its lock's session is gone another
+    rebuild or check may rewrite ``<base>__check``, so it must fail instead of returning a report."""
+    s = topics
+    fp_dir = tmp_path / "fp"
+    _failpoints.configure("check.before_snapshot=1*pause(60s)", control_dir=fp_dir)
+    control = _failpoints.FailpointControl(fp_dir)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["check"] = check(s, names, timeout_s=40.0, keep_scratch=True)
+        except BaseException as exc:  # noqa: BLE001 - examined below
+            outcome["check"] = exc
+
+    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
+    checking = threading.Thread(target=run, daemon=True)
+    try:
+        with running(worker), Client(s) as client:
+            _settled_then_held(s, names, client, "cd", checking, control, "check.before_snapshot")
+            assert _end_lock_session(s, names) == [(True,)]
+            control.release("check.before_snapshot")
+            checking.join(45)
+            assert not checking.is_alive(), "the check did not end"
+    finally:
+        _failpoints.reset()
+    result = outcome.get("check")
+    assert isinstance(result, psycopg.OperationalError), f"the check without its lock: {result!r}"
+    report = check(s, names, timeout_s=60.0)  # the lock is free again
     assert report.ok, report.differences

@@ -66,7 +66,7 @@ def _create_once(path: str) -> None:
     So the first opener creates the world while holding ``<path>.lock`` and later openers skip it (WAL mode is
     persistent in the file).
     """
-    if path in _created:
+    if path in _created and os.path.exists(path):
         return
     with open(f"{path}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
