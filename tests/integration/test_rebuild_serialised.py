@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from tests.integration.admission_load import settlements
 from tests.integration.helpers import running, wait_for
 from tests.integration.test_rebuild_switch_under_load import (  # noqa: F401 - fixtures
     _offsets,
+    _settled_and_projected,
+    _submit,
     _wait_live_ahead,
     live_projector,
     names,
@@ -63,9 +66,8 @@ def _settled_then_held(
 ) -> list[str]:
     """Settle four turns and see them projected live, then start the rebuild or check thread and wait until it is
     held at the failpoint ``point`` (armed by the caller). Returns the turns' request ids."""
-    sent = [client.submit(f"{prefix}-{i % 2}", {"i": i}, timeout_s=30).request_id for i in range(4)]
-    wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
-    wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+    sent: list[str] = []
+    _settled_and_projected(s, names, client, sent, prefix, 4)
     maintaining.start()
     control.wait_reached(point, 60)
     return sent
@@ -119,8 +121,8 @@ def test_a_second_rebuild_during_the_locked_catch_up_fails_fast_and_the_first_sw
         with running(worker), Client(s) as client:
             sent = _settled_then_held(s, names, client, "rs", first, control)
             new = _offsets(s, names.building)
-            for i in range(3):
-                sent.append(client.submit(f"rs-{i % 2}", {"i": 100 + i}, timeout_s=30).request_id)
+            for _ in range(3):
+                _submit(client, sent, "rs")
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the later submissions settled")
             _wait_live_ahead(s, names, new)
             # Slow catch-up commits: A's switch catches up under the live lock for a few seconds.
@@ -179,6 +181,42 @@ def test_a_rebuild_and_a_check_are_refused_while_the_lock_is_held_and_change_not
             assert not schema_exists(conn, names.scratch)
 
 
+def _held_while_its_lock_session_ends(
+    s: Settings,
+    names: ProjectionNames,  # noqa: F811
+    point: str,
+    call: Callable[[], object],
+    tmp_path: Path,
+) -> object:
+    """Run ``call`` (a rebuild or a check) in a thread once four turns are settled and projected, hold it at the
+    failpoint ``point``, end the session holding its maintenance lock (`_end_lock_session`), release it, and return
+    what it returned or raised."""
+    fp_dir = tmp_path / "fp"
+    _failpoints.configure(f"{point}=1*pause(60s)", control_dir=fp_dir)
+    control = _failpoints.FailpointControl(fp_dir)
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - returned, examined by the caller
+            outcome.append(exc)
+
+    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
+    maintaining = threading.Thread(target=run, daemon=True)
+    try:
+        with running(worker), Client(s) as client:
+            _settled_then_held(s, names, client, "ld", maintaining, control, point)
+            ended = _end_lock_session(s, names)
+            assert ended == [(True,)], f"the lock's session: {ended}"
+            control.release(point)
+            maintaining.join(45)
+            assert not maintaining.is_alive(), f"held at {point}: it did not end"
+    finally:
+        _failpoints.reset()
+    return outcome[0]
+
+
 def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebuild_does(
     topics: Settings,  # noqa: F811
     names: ProjectionNames,  # noqa: F811
@@ -189,30 +227,9 @@ def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebu
     terminated at ``rebuild.before_switch``; a network drop or an administrator does the same), the lock is gone, so
     another rebuild could have started, and the switch must fail instead of renaming the schemas unserialised."""
     s = topics
-    fp_dir = tmp_path / "fp"
-    _failpoints.configure(f"{BEFORE_SWITCH}=1*pause(60s)", control_dir=fp_dir)
-    control = _failpoints.FailpointControl(fp_dir)
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["A"] = rebuild(s, names, workers=1, timeout_s=40.0)
-        except BaseException as exc:  # noqa: BLE001 - examined below
-            outcome["A"] = exc
-
-    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
-    first = threading.Thread(target=run, daemon=True)
-    try:
-        with running(worker), Client(s) as client:
-            _settled_then_held(s, names, client, "rd", first, control)
-            ended = _end_lock_session(s, names)
-            assert ended == [(True,)], f"the rebuild's lock session: {ended}"
-            control.release(BEFORE_SWITCH)
-            first.join(45)
-            assert not first.is_alive(), "the rebuild did not end"
-    finally:
-        _failpoints.reset()
-    a = outcome.get("A")
+    a = _held_while_its_lock_session_ends(
+        s, names, BEFORE_SWITCH, lambda: rebuild(s, names, workers=1, timeout_s=40.0), tmp_path
+    )
     assert isinstance(a, psycopg.OperationalError), f"the rebuild without its lock: {a!r}"
     with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
         assert read_meta(conn, names.live).get("generation") == "1", "the live version was switched without the lock"
@@ -231,29 +248,9 @@ def test_a_check_whose_lock_session_dropped_reports_nothing(
     """A check reads the live and scratch tables on sessions of their own: once its lock's session is gone another
     rebuild or check may rewrite ``<base>__check``, so it must fail instead of returning a report."""
     s = topics
-    fp_dir = tmp_path / "fp"
-    _failpoints.configure("check.before_snapshot=1*pause(60s)", control_dir=fp_dir)
-    control = _failpoints.FailpointControl(fp_dir)
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["check"] = check(s, names, timeout_s=40.0, keep_scratch=True)
-        except BaseException as exc:  # noqa: BLE001 - examined below
-            outcome["check"] = exc
-
-    worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
-    checking = threading.Thread(target=run, daemon=True)
-    try:
-        with running(worker), Client(s) as client:
-            _settled_then_held(s, names, client, "cd", checking, control, "check.before_snapshot")
-            assert _end_lock_session(s, names) == [(True,)]
-            control.release("check.before_snapshot")
-            checking.join(45)
-            assert not checking.is_alive(), "the check did not end"
-    finally:
-        _failpoints.reset()
-    result = outcome.get("check")
+    result = _held_while_its_lock_session_ends(
+        s, names, "check.before_snapshot", lambda: check(s, names, timeout_s=40.0, keep_scratch=True), tmp_path
+    )
     assert isinstance(result, psycopg.OperationalError), f"the check without its lock: {result!r}"
     report = check(s, names, timeout_s=60.0)  # the lock is free again
     assert report.ok, report.differences

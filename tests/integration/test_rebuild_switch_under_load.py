@@ -84,6 +84,16 @@ def _submit(client: Client, sent: list[str], prefix: str, **extra: Any) -> None:
     sent.append(client.submit(f"{prefix}-{i % 4}", {"i": i, **extra}, timeout_s=30).request_id)
 
 
+def _settled_and_projected(
+    s: Settings, names: ProjectionNames, client: Client, sent: list[str], prefix: str, turns: int
+) -> None:
+    """Submit ``turns`` turns (`_submit`), wait until every turn sent is settled and the live projection has offsets."""
+    for _ in range(turns):
+        _submit(client, sent, prefix)
+    wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
+    wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+
+
 def _projected(s: Settings, names: ProjectionNames) -> set[str]:
     """The submission ids in the live version."""
     with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
@@ -182,6 +192,12 @@ class _Reader:
                 self.polls.append((int(first[0]), int(n[0]), int(at[0])))
                 time.sleep(0.005)
 
+    def close(self) -> None:
+        """Stop polling and wait for the polling thread (if it was started)."""
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(30)
+
 
 @pytest.mark.parametrize(
     ("max_gap", "attempts", "workers"),
@@ -221,10 +237,7 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
     worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     try:
         with running(worker), Client(s) as client:
-            for _ in range(12):
-                _submit(client, sent, "sw")
-            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
-            wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+            _settled_and_projected(s, names, client, sent, "sw", 12)
             reader.thread.start()
             # The new version is caught up at each switch; one more turn puts the live projector ahead of it.
             result, behind_at_switch = _rebuild_with_the_live_projector_ahead(
@@ -253,9 +266,7 @@ def test_the_switch_catches_up_under_the_lock_while_the_live_projector_keeps_mov
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "every submission settled")
         _wait_live_caught_up(s, names, 30, "the live projector caught up after the switch")
     finally:
-        reader.stop.set()
-        if reader.thread.is_alive():
-            reader.thread.join(30)
+        reader.close()
         _failpoints.reset()
 
     promise("DUR-015.atomic-switch", not reader.mixes, f"a reader saw a mix: {reader.mixes[:5]}")
@@ -301,10 +312,7 @@ def test_a_catch_up_under_the_lock_past_its_bound_rolls_the_switch_back_and_the_
     worker = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
     try:
         with running(worker), Client(s) as client:
-            for _ in range(8):
-                _submit(client, sent, "tb")
-            wait_for(lambda: len(settlements(s)) >= len(sent), 60, "the first submissions settled")
-            wait_for(lambda: bool(_offsets(s, names.live)), 30, "the live projection")
+            _settled_and_projected(s, names, client, sent, "tb", 8)
             reader.thread.start()
             # Two turns a switch: a gap of several records, several one-record steps of 1 s each.
             result, _behind = _rebuild_with_the_live_projector_ahead(
@@ -327,9 +335,7 @@ def test_a_catch_up_under_the_lock_past_its_bound_rolls_the_switch_back_and_the_
             wait_for(lambda: len(settlements(s)) >= len(sent), 60, "every submission settled")
         _wait_live_caught_up(s, names, 60, "the live projector caught up after the rolled-back switches")
     finally:
-        reader.stop.set()
-        if reader.thread.is_alive():
-            reader.thread.join(30)
+        reader.close()
         _failpoints.reset()
 
     promise("DUR-015.atomic-switch", not reader.mixes, f"a reader saw a mix: {reader.mixes[:5]}")
