@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 import typer
@@ -156,18 +158,8 @@ def rebuild_command(
     """Replay the log from offset 0 into a new version, catch up to the live position, switch atomically."""
     settings = projection_settings()
     names = projection_names(settings, schema)
-    console = Console(stderr=True)
-    with _progress(console) as bar:
-        task = bar.add_task(f"rebuilding {names.live}", total=None, eps=0.0, events=0)
-
-        def report(p: RebuildProgress) -> None:
-            bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
-
-        try:
-            result = rebuild(settings, names, progress=report, keep_retired=keep_retired, timeout_s=timeout_s)
-        except RebuildInProgress as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(3) from exc
+    with _maintenance(f"rebuilding {names.live}") as report:
+        result = rebuild(settings, names, progress=report, keep_retired=keep_retired, timeout_s=timeout_s)
     Console().print(
         f"switched {result.schema} to generation {result.generation}: {result.batches} batches, {result.events} events "
         f"in {result.elapsed_s:.1f} s ({result.events / max(result.elapsed_s, 1e-9):,.0f} events/s), offsets "
@@ -185,18 +177,8 @@ def check_command(
     """Compare live, a fresh rebuild and the reference fold of the log at identical offsets; exit 1 on a difference."""
     settings = projection_settings()
     names = projection_names(settings, schema)
-    console = Console(stderr=True)
-    with _progress(console) as bar:
-        task = bar.add_task(f"rebuilding {names.scratch}", total=None, eps=0.0, events=0)
-
-        def report(p: RebuildProgress) -> None:
-            bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
-
-        try:
-            report_ = check(settings, names, progress=report, keep_scratch=keep_scratch, timeout_s=timeout_s)
-        except RebuildInProgress as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(3) from exc
+    with _maintenance(f"rebuilding {names.scratch}") as report:
+        report_ = check(settings, names, progress=report, keep_scratch=keep_scratch, timeout_s=timeout_s)
     out = Console()
     out.print(f"compared at offsets {report_.offsets}; rows (live): {report_.rows}")
     if report_.ok:
@@ -209,6 +191,27 @@ def check_command(
         table.add_row(d.table, repr(d.key), d.column, repr(d.live), repr(d.rebuild), repr(d.reference))
     out.print(table)
     raise typer.Exit(1)
+
+
+@contextmanager
+def _maintenance(description: str) -> Iterator[Callable[[RebuildProgress], None]]:
+    """Show a rebuild's or check's progress bar on stderr while the block runs; yields its progress callback.
+
+    Raises:
+        typer.Exit: Code 3 when another rebuild or check of the projection is running (`RebuildInProgress`).
+    """
+    console = Console(stderr=True)
+    with _progress(console) as bar:
+        task = bar.add_task(description, total=None, eps=0.0, events=0)
+
+        def report(p: RebuildProgress) -> None:
+            bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
+
+        try:
+            yield report
+        except RebuildInProgress as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(3) from exc
 
 
 def _progress(console: Console) -> Progress:

@@ -36,6 +36,7 @@ from settled.projections import (
     Projector,
     ProjectorConfig,
     check,
+    maintenance_lock_key,
     read_offsets,
     rebuild,
 )
@@ -522,6 +523,14 @@ def test_tool_calls_unknown_obligations_and_transcript(settings: Settings, names
                                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
             assert checked.returncode == 0, checked.stdout + checked.stderr
             assert "agree" in checked.stdout
+            # One at a time: with the projection's maintenance lock held elsewhere both exit 3, naming the holder.
+            with psycopg.connect(s.postgres_dsn, autocommit=True, application_name="cli-holder") as holder:
+                holder.execute("SELECT pg_advisory_lock(%s::bigint)", (maintenance_lock_key(names.base),))
+                for command in ("rebuild", "check"):
+                    refused = subprocess.run([sys.executable, "-m", "settled.services", "projections", command],
+                                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+                    assert refused.returncode == 3, f"{command}: {refused.returncode} {refused.stderr}"
+                    assert "cli-holder" in refused.stderr, refused.stderr
             assert [a["status"] for a in (reader.run("s1") or {})["attempts"]] == ["interrupted", "completed"]
     finally:
         projector.stop()
