@@ -391,121 +391,81 @@ def rebuild(
     started = time.monotonic()
     phases: dict[str, float] = {}
     with _maintenance_lock(settings, names, "rebuild") as conn:
-        return _rebuild(
+        topic = settings.topic("log")
+        live_exists = schema_exists(conn, names.live)
+        generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
+        targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
+        relay, pool = _fresh_version(
             settings,
             names,
             conn,
-            deadline=deadline,
-            started=started,
-            phases=phases,
+            names.building,
+            targets,
+            generation=generation,
             progress=progress,
-            keep_retired=keep_retired,
-            timeout_s=timeout_s,
-            switch_attempts=switch_attempts,
-            lock_timeout_s=lock_timeout_s,
-            locked_catch_up_max_offsets=locked_catch_up_max_offsets,
-            locked_catch_up_timeout_s=locked_catch_up_timeout_s,
-            max_records=max_records,
             workers=workers,
             parallel_min_records=parallel_min_records,
+            max_records=max_records,
+            timeout_s=timeout_s,
         )
-
-
-def _rebuild(
-    settings: Settings,
-    names: ProjectionNames,
-    conn: Conn,
-    *,
-    deadline: float,
-    started: float,
-    phases: dict[str, float],
-    progress: Callable[[RebuildProgress], None] | None,
-    keep_retired: bool,
-    timeout_s: float,
-    switch_attempts: int,
-    lock_timeout_s: float,
-    locked_catch_up_max_offsets: int,
-    locked_catch_up_timeout_s: float,
-    max_records: int,
-    workers: int | None,
-    parallel_min_records: int,
-) -> RebuildResult:
-    """`rebuild` once its maintenance lock is held on ``conn`` (same arguments)."""
-    topic = settings.topic("log")
-    live_exists = schema_exists(conn, names.live)
-    generation = int(read_meta(conn, names.live).get("generation", "0")) + 1 if live_exists else 1
-    targets = log_end_offsets(settings, settings.kafka_call_timeout_s)
-    relay, pool = _fresh_version(
-        settings,
-        names,
-        conn,
-        names.building,
-        targets,
-        generation=generation,
-        progress=progress,
-        workers=workers,
-        parallel_min_records=parallel_min_records,
-        max_records=max_records,
-        timeout_s=timeout_s,
-    )
-    phases["setup"] = time.monotonic() - started
-    try:
-        mark = time.monotonic()
-        pool.bulk(deadline)
-        phases["replay"] = time.monotonic() - mark
-        work = pool.timings()
-        relay.caught_up(work.records, work.events)
-        mark = time.monotonic()
-        max_gap: int | None = locked_catch_up_max_offsets
-        reasons: list[str] = []
-
-        def locked_catch_up(targets: dict[int, int]) -> bool:
-            started_locked = time.monotonic()
-            reached = pool.until(targets, deadline, stop_at=started_locked + locked_catch_up_timeout_s)
-            phases["locked_catch_up"] = phases.get("locked_catch_up", 0.0) + time.monotonic() - started_locked
-            return all(reached.get(p, 0) >= o for p, o in targets.items())
-
-        for attempt in range(1, switch_attempts + 1):
-            live = read_offsets(conn, names.live, topic) if live_exists else {}
-            ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
-            catch_up = time.monotonic()
-            pool.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
-            phases["catch_up"] = phases.get("catch_up", 0.0) + time.monotonic() - catch_up
-            failpoint("rebuild.before_switch")
-            try:
-                offsets = _switch(
-                    conn, names, topic, live_exists, keep_retired, lock_timeout_s, locked_catch_up, max_gap
-                )
-            except _GapTooLarge as exc:
-                max_gap = None  # the next switch catches up under the lock whatever the gap: it converges
-                reasons.append(str(exc))
-                _log.info("switch retried", extra={"attempt": attempt, "reason": str(exc)})
-                continue
-            except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
-                reasons.append(repr(exc))
-                _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
-                continue
-            phases["switch"] = time.monotonic() - mark - phases["catch_up"]
-            _log.info("projection switched", extra={"schema": names.live, "generation": generation})
+        phases["setup"] = time.monotonic() - started
+        try:
+            mark = time.monotonic()
+            pool.bulk(deadline)
+            phases["replay"] = time.monotonic() - mark
             work = pool.timings()
-            return RebuildResult(
-                names.live,
-                generation,
-                offsets,
-                work.records,
-                work.events,
-                time.monotonic() - started,
-                attempt,
-                workers=pool.workers,
-                phases=phases,
-                work=work,
+            relay.caught_up(work.records, work.events)
+            mark = time.monotonic()
+            max_gap: int | None = locked_catch_up_max_offsets
+            reasons: list[str] = []
+
+            def locked_catch_up(targets: dict[int, int]) -> bool:
+                started_locked = time.monotonic()
+                reached = pool.until(targets, deadline, stop_at=started_locked + locked_catch_up_timeout_s)
+                phases["locked_catch_up"] = phases.get("locked_catch_up", 0.0) + time.monotonic() - started_locked
+                return all(reached.get(p, 0) >= o for p, o in targets.items())
+
+            for attempt in range(1, switch_attempts + 1):
+                live = read_offsets(conn, names.live, topic) if live_exists else {}
+                ends = log_end_offsets(settings, settings.kafka_call_timeout_s)
+                catch_up = time.monotonic()
+                pool.until({p: max(end, live.get(p, 0)) for p, end in ends.items()}, deadline)
+                phases["catch_up"] = phases.get("catch_up", 0.0) + time.monotonic() - catch_up
+                failpoint("rebuild.before_switch")
+                try:
+                    offsets = _switch(
+                        conn, names, topic, live_exists, keep_retired, lock_timeout_s, locked_catch_up, max_gap
+                    )
+                except _GapTooLarge as exc:
+                    max_gap = None  # the next switch catches up under the lock whatever the gap: it converges
+                    reasons.append(str(exc))
+                    _log.info("switch retried", extra={"attempt": attempt, "reason": str(exc)})
+                    continue
+                except (_Behind, psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+                    reasons.append(repr(exc))
+                    _log.info("switch retried", extra={"attempt": attempt, "reason": repr(exc)})
+                    continue
+                phases["switch"] = time.monotonic() - mark - phases["catch_up"]
+                _log.info("projection switched", extra={"schema": names.live, "generation": generation})
+                work = pool.timings()
+                return RebuildResult(
+                    names.live,
+                    generation,
+                    offsets,
+                    work.records,
+                    work.events,
+                    time.monotonic() - started,
+                    attempt,
+                    workers=pool.workers,
+                    phases=phases,
+                    work=work,
+                )
+            raise TimeoutError(
+                f"the switch to the rebuilt projection failed {switch_attempts} times; last reason: "
+                f"{reasons[-1] if reasons else 'none'}"
             )
-        raise TimeoutError(
-            f"the switch to the rebuilt projection failed {switch_attempts} times; last reason: "
-            f"{reasons[-1] if reasons else 'none'}"
-        )
-    finally:
-        pool.close()
+        finally:
+            pool.close()
 
 
 def _switch(
