@@ -23,7 +23,7 @@ from confluent_kafka import Consumer
 
 from settled import _failpoints
 from settled._settings import Settings
-from settled.producers import AppendBatch, OutRecord, ProducerFencedError, TransactionalAppender
+from settled.producers import AppendBatch, OutRecord, ProducerFencedError, TransactionalAppender, consumer_config
 from tests.conftest import Provisioned
 from tests.integration.helpers import read_topic, wait_for
 
@@ -37,16 +37,7 @@ def topics(provisioned: Provisioned) -> Settings:
 
 def _member(s: Settings) -> Consumer:
     """A member of the workers' group that holds partition 0 of the inbox."""
-    c = Consumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": f"{s.namespace}.{s.app_id}.workers",
-            "session.timeout.ms": s.session_timeout_ms,
-            "heartbeat.interval.ms": s.heartbeat_interval_ms,
-            "partition.assignment.strategy": "cooperative-sticky",
-            "enable.auto.commit": False,
-        }
-    )
+    c = Consumer(consumer_config(s, f"{s.namespace}.{s.app_id}.workers"))  # the group of `Worker.group_id`
     assigned: list[int] = []
     c.subscribe([s.topic("inbox")], on_assign=lambda _c, tps: assigned.extend(tp.partition for tp in tps))
     wait_for(lambda: bool(c.poll(0.1)) or assigned == [0], 30, "the member to be assigned partition 0")
