@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from settled._settings import Settings
-from settled.producers import producer_config, read_partition
+from settled.producers import partition_for_key, producer_config, read_partition
 from settled.projections import (
     CheckReport,
     ProjectionNames,
@@ -79,6 +79,23 @@ def read_topic(settings: Settings, short: str, timeout_s: float = 30.0) -> list[
         for m in read_partition(settings, topic, p, 0, timeout_s):
             out.append(Rec(p, m.offset() or 0, m.key(), m.value(), list(m.headers() or [])))  # type: ignore[arg-type]
     return out
+
+
+def conversations_on(partition: int, partitions: int, prefix: str, n: int = 1) -> list[str]:
+    """The first ``n`` conversation ids ``<prefix>-<i>`` that settled's partitioner (`partition_for_key`) places on
+    ``partition`` of ``partitions``.
+
+    Raises:
+        AssertionError: Fewer than ``n`` among the first 10,000 × ``n`` candidates.
+    """
+    found: list[str] = []
+    for i in range(10_000 * n):
+        cid = f"{prefix}-{i}"
+        if partition_for_key(cid.encode(), partitions) == partition:
+            found.append(cid)
+            if len(found) == n:
+                return found
+    raise AssertionError(f"only {len(found)} of {n} conversation ids {prefix}-<i> found on partition {partition}")
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

@@ -34,7 +34,7 @@ from psycopg import sql
 
 from settled._settings import Settings
 from settled.processors import Worker
-from settled.producers import partition_for_key, provision_topics
+from settled.producers import provision_topics
 from settled.projections import (
     FOLD_COLUMNS,
     TABLES,
@@ -54,7 +54,7 @@ from settled.runtime.echo import EchoAgent
 from settled.schemas import CommandRejected, LogBatch, Settlement
 from settled.services._worker_service import build_worker
 from tests.integration.admission_load import log_batches
-from tests.integration.helpers import CODEC, committed_log_ends, proposal, running, wait_for
+from tests.integration.helpers import CODEC, committed_log_ends, conversations_on, proposal, running, wait_for
 from tests.integration.workerproc import Inbox, abort_command
 
 pytestmark = pytest.mark.integration
@@ -63,15 +63,6 @@ PER_CONVERSATION = 3
 CONFLICT_LOG = "bulk copy conflicted; writing through upserts"
 
 Tables = dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]
-
-
-def _conversation_on(partition: int, partitions: int, tag: str) -> str:
-    """A conversation id settled's partitioner puts on ``partition``."""
-    for i in range(10_000):
-        cid = f"conflict-{tag}-{i}"
-        if partition_for_key(cid.encode(), partitions) == partition:
-            return cid
-    raise AssertionError(f"no conversation id found for partition {partition}")
 
 
 @pytest.fixture
@@ -222,7 +213,7 @@ def test_a_key_conflict_writes_the_same_rows_streamed_or_not(
 ) -> None:
     s = settings.model_copy(update={"partitions": 2})
     provision_topics(s, CODEC, datetime.now(UTC))
-    convs = {p: {_conversation_on(p, 2, f"{p}{c}") for c in "ab"} for p in (0, 1)}
+    convs = {p: {conversations_on(p, 2, f"conflict-{p}{c}")[0] for c in "ab"} for p in (0, 1)}
     shared_command = f"abort-shared-{uuid.uuid4().hex[:8]}"
     proposals = [
         proposal(cid, value={"n": i}) for p in (0, 1) for cid in sorted(convs[p]) for i in range(PER_CONVERSATION)

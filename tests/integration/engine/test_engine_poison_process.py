@@ -15,13 +15,12 @@ from collections import Counter
 import pytest
 
 from settled._settings import Settings
-from settled.processors import partition_for_key
 from settled.schemas import SettlementOutcome
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.engine._helpers import plan, send, settled, settlements, supervise_until_settled
 from tests.integration.engine.conftest import SpawnWorker
-from tests.integration.helpers import proposal
+from tests.integration.helpers import conversations_on, proposal
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -32,17 +31,12 @@ def topics(provisioned: Provisioned) -> Settings:
     return provisioned(2)
 
 
-def on_partition(prefix: str, partition: int, n: int) -> list[str]:
-    found = [f"{prefix}-{i}" for i in range(200) if partition_for_key(f"{prefix}-{i}".encode(), 2) == partition]
-    return found[:n]
-
-
 def test_a_poison_submission_resumes_alone_in_the_process_and_its_neighbours_on_another_partition_complete(
     topics: Settings, spawn_worker: SpawnWorker
 ) -> None:
     s = topics
-    healthy = [proposal(c, value=plan({"sleep_s": 1.0})) for c in on_partition("conv-h", 0, 2)]
-    (poison_conv,) = on_partition("conv-p", 1, 1)
+    healthy = [proposal(c, value=plan({"sleep_s": 1.0})) for c in conversations_on(0, 2, "conv-h", 2)]
+    (poison_conv,) = conversations_on(1, 2, "conv-p")
     poison = proposal(poison_conv, value=plan({"sleep_s": 0.5}, {"exit": 1}))
     everyone = [*healthy, poison]
     send(s, *everyone)  # all four run at once on the first worker, which the poison one kills
