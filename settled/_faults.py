@@ -42,6 +42,10 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
         "admission_without_key_index": (
             "admission ignores the idempotency-key index, so a resubmitted request is admitted twice (DUR-001)"
         ),
+        "id_contract_unchecked": (
+            "admission does not check the input contract, so an id with a NUL, a control character or 400 KB is "
+            "admitted (DUR-001, issue 25)"
+        ),
         "projection_offsets_separate_transaction": (
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"

@@ -20,6 +20,7 @@ from typing import Any, Self, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from settled import protocol
 from settled._settings import Settings
 from settled.client._errors import (
     AbortOutcomeUnknown,
@@ -109,6 +110,12 @@ def _enum_value(enum_type: type[_E], value: _E | str, name: str) -> _E:
     except ValueError:
         choices = ", ".join(m.value for m in enum_type)
         raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
+
+
+def _keep_contract(violation: protocol.Violation | None) -> None:
+    """Raise a ``ValueError`` naming the field, the rule and an excerpt when a record breaks the input contract."""
+    if violation is not None:
+        raise ValueError(f"{violation.detail} (settled's input contract: docs/architecture.md)")
 
 
 def _json_field(value: Any, name: str) -> str:
@@ -246,7 +253,10 @@ class Client:
             (``original_submission_id``, ``submission_seq``) — both are success.
 
         Raises:
-            ValueError: If an argument is invalid (the field is named); nothing was sent.
+            ValueError: If an argument is invalid: an id or tool name that breaks the input contract
+                (`settled.protocol.check_proposal`: empty, over 256 characters, a NUL, lone surrogate or other
+                control character, a repeated tool name), or input that is not JSON; the field is named; nothing was
+                sent.
             PayloadTooLarge: If the encoded proposal exceeds ``max_payload_bytes``; nothing was sent.
             IdempotencyConflict: The key was admitted earlier with another payload.
             SubmissionRejected: Any other rejection (reason code, detail and field where known).
@@ -276,6 +286,7 @@ class Client:
             payload_digest=payload_digest(payload),
             proposed_at=self._clock(),
         )
+        _keep_contract(protocol.check_proposal(proposal))
         value = self._codec.encode(proposal)
         if len(value) > self._max_payload_bytes:
             raise PayloadTooLarge(conversation_id, len(value), self._max_payload_bytes)
@@ -323,7 +334,8 @@ class Client:
             The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command.
 
         Raises:
-            ValueError: If an argument is empty (named); nothing was sent.
+            ValueError: If an argument is empty or breaks the input contract (`settled.protocol.check_command`; the
+                field is named); nothing was sent.
             AbortRejected: The owner rejected it (e.g. ``unknown_target``; ``already_terminal`` names the outcome
                 that won the race).
             AbortOutcomeUnknown: No reply within the deadline; names the command id to send again.
@@ -346,6 +358,7 @@ class Client:
             reason=reason,
             requested_at=self._clock(),
         )
+        _keep_contract(protocol.check_command(command))
         encoded = self._codec.encode(command)
         receipt = self._request(
             conversation_id,
@@ -456,6 +469,7 @@ class Client:
             "requested_at": self._clock(),
         }
         unsigned = ResolveUnknown(**fields, signature=b"")
+        _keep_contract(protocol.check_command(unsigned))
         command = ResolveUnknown(**fields, signature=signing_key.sign(unsigned.signing_bytes()))
         encoded = self._codec.encode(command)
         if len(encoded) > self._max_payload_bytes:

@@ -101,11 +101,7 @@ class LedgerDecider:
         inputs = frozenset({inp.offset})
         record = inp.record
         if record is None or inp.error is not None:
-            key = inp.key or b""
-            try:
-                conversation = key.decode() or f"~quarantine/{inp.partition}"
-            except UnicodeDecodeError:
-                conversation = f"~quarantine/{inp.partition}"
+            conversation = protocol.conversation_for_key(inp.key, inp.partition)
             d = protocol.quarantine(
                 inp.ref,
                 QuarantineReason(inp.error_reason or QuarantineReason.OTHER),
@@ -117,9 +113,19 @@ class LedgerDecider:
                 key=inp.key,
             )
             return [to_loop_decision(conversation, d, inputs)]
-        conv = state.conversation(record.conversation_id)
+        # Fault switch (DUR-001; tests/fault_switches.toml): the input contract is not checked at admission, so an id
+        # with a NUL, a control character or 400 KB is admitted. Breaks the contract check only, on purpose.
+        check_contract = not fault_enabled("id_contract_unchecked")
+        # An input whose conversation id breaks the input contract is decided (rejected) under ~quarantine/<p>.
+        filed_under = (
+            protocol.filing_conversation(record.conversation_id, inp.partition)
+            if check_contract
+            else record.conversation_id
+        )
+        conv = state.conversation(filed_under)
         if isinstance(record, SubmissionProposed):
-            misrouted = self._misrouted(inp, record.conversation_id)
+            violation = protocol.check_proposal(record) if check_contract else None
+            misrouted = None if violation is not None else self._misrouted(inp, record.conversation_id)
             if misrouted is not None:
                 d = protocol.reject_submission(
                     conv, record, inp.ref, now, reason=SubmissionRejectReason.MISROUTED, field="key", detail=misrouted
@@ -129,19 +135,20 @@ class LedgerDecider:
                     # Fault switch (DUR-001; tests/fault_switches.toml): admission resolves keys against an empty
                     # key index, so a resubmitted key looks new. Breaks key resolution only, on purpose.
                     conv = dataclasses.replace(conv, key_index={})
-                d = protocol.admit(conv, record, inp.ref, now)
+                d = protocol.admit(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, AbortRequested):
-            d = protocol.abort(conv, record, inp.ref, now)
+            d = protocol.abort(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, ResolveUnknown):
-            problem = self._signature_problem(record)
+            violation = protocol.check_command(record) if check_contract else None
+            problem = None if violation is not None else self._signature_problem(record)
             if problem is not None:
                 reason, why = problem
                 d = protocol.reject_command(conv, record, inp.ref, now, reason=reason, detail=why)
             else:
-                d = protocol.resolve(conv, record, inp.ref, now)
+                d = protocol.resolve(conv, record, inp.ref, now, check_contract=check_contract)
         else:  # pragma: no cover - the codec only returns inbox types here
             raise TypeError(f"not an inbox record: {type(record).__name__}")
-        return [to_loop_decision(record.conversation_id, d, inputs)]
+        return [to_loop_decision(filed_under, d, inputs)]
 
     def poison(
         self, state: PartitionState, decisions: Sequence[Decision], reason: str, now: datetime
@@ -203,7 +210,7 @@ class LedgerDecider:
     def _misrouted(self, inp: InboxInput, conversation_id: str) -> str | None:
         key = inp.key or b""
         if key != conversation_id.encode():
-            return f"record key {key!r} is not the conversation id {conversation_id!r}"
+            return f"record key {protocol.excerpt(key)} is not the conversation id {conversation_id!r}"
         expected = partition_for_key(key, self.partition_count)
         if expected != inp.partition:
             return (

@@ -6,12 +6,35 @@
   `ConversationState`), refusing a stale owner epoch (`StaleEpoch`), a broken chain, an illegal transition or an
   inconsistent log with typed errors.
 * `classify` (`_recovery`): the recovery classifier over a submission's persisted facts (DUR-013, spec §15).
+* the input contract (`_contract`): what the inbox accepts (ids, tool names, sizes), checked by `check_input` at
+  admission and by the client before sending; `bounded_id` / `bounded_text` / `filing_conversation` keep every
+  record settled writes about an input bounded whatever the input held.
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
 No Kafka, no Postgres, no clock, no randomness here (an import-linter contract enforces it).
 """
 
+from settled.protocol._contract import (
+    EXCERPT_CHARS,
+    MAX_DETAIL_CHARS,
+    MAX_ID_CHARS,
+    MAX_TEXT_CHARS,
+    MAX_TOOLS_OFFERED,
+    RESERVED_CONVERSATION_PREFIXES,
+    Violation,
+    bounded_id,
+    bounded_text,
+    check_command,
+    check_id,
+    check_input,
+    check_proposal,
+    check_tools,
+    conversation_for_key,
+    excerpt,
+    filing_conversation,
+    quarantine_conversation,
+)
 from settled.protocol._decide import (
     Decision,
     SettleAborted,
@@ -23,6 +46,7 @@ from settled.protocol._decide import (
     quarantine,
     reason_code,
     reject_command,
+    reject_invalid,
     reject_submission,
     resolve,
     schedule,
@@ -80,8 +104,14 @@ from settled.protocol._states import (
 
 __all__ = [
     "EDGES",
+    "EXCERPT_CHARS",
     "GRACEFUL_REVOKE",
+    "MAX_DETAIL_CHARS",
+    "MAX_ID_CHARS",
+    "MAX_TEXT_CHARS",
+    "MAX_TOOLS_OFFERED",
     "NONTERMINAL_STATES",
+    "RESERVED_CONVERSATION_PREFIXES",
     "TERMINAL_STATES",
     "BatchLike",
     "ChainBroken",
@@ -110,24 +140,37 @@ __all__ = [
     "ToolSafety",
     "Transition",
     "UnknownSubmission",
+    "Violation",
     "WrongConversation",
     "abort",
     "admit",
     "apply",
     "apply_conversation",
     "apply_traced",
+    "bounded_id",
+    "bounded_text",
     "cause_qualifier",
+    "check_command",
+    "check_id",
+    "check_input",
+    "check_proposal",
+    "check_tools",
     "claim",
     "classify",
+    "conversation_for_key",
     "edges_from",
+    "excerpt",
+    "filing_conversation",
     "find_edge",
     "fold",
     "input_key",
     "interrupt",
     "outcome_state",
     "quarantine",
+    "quarantine_conversation",
     "reason_code",
     "reject_command",
+    "reject_invalid",
     "reject_submission",
     "resolve",
     "schedule",

@@ -20,6 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from settled.protocol._contract import (
+    Violation,
+    bounded_id,
+    bounded_text,
+    check_command,
+    check_proposal,
+    filing_conversation,
+)
 from settled.protocol._errors import (
     IllegalTransition,
     InputAlreadyDecided,
@@ -74,6 +82,7 @@ __all__ = [
     "quarantine",
     "reason_code",
     "reject_command",
+    "reject_invalid",
     "reject_submission",
     "resolve",
     "schedule",
@@ -166,25 +175,19 @@ def _get(state: ConversationState, submission_id: str) -> Submission:
 # ------------------------------------------------------------------------------------------------- admission
 
 
-def _invalid_field(proposal: SubmissionProposed) -> tuple[str, str] | None:
-    for name in ("submission_id", "principal", "idempotency_key"):
-        value: str = getattr(proposal, name)
-        if not value.strip():
-            return name, f"{name} is empty"
-    tools = proposal.payload.tools_offered
-    for tool in tools:
-        if not tool.strip():
-            return "payload.tools_offered", "a tool name is empty"
-    if len(set(tools)) != len(tools):
-        repeated = sorted({tool for tool in tools if tools.count(tool) > 1})
-        return "payload.tools_offered", f"tool names repeat: {repeated}"
-    return None
-
-
-def admit(state: ConversationState, proposal: SubmissionProposed, input_ref: InputRef, now: datetime) -> Decision:
+def admit(
+    state: ConversationState,
+    proposal: SubmissionProposed,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_contract: bool = True,
+) -> Decision:
     """Decide a `SubmissionProposed` (DUR-001, DESIGN.md §4, spec §4).
 
-    In order: a decodable but invalid proposal is rejected naming the field; a ``payload_digest`` that is not the
+    In order: a proposal that breaks the input contract (`settled.protocol.check_proposal`) is rejected naming the
+    field, the rule and an excerpt of the value, filed under ``~quarantine/<p>`` when its conversation id is what
+    breaks it (`filing_conversation`); a ``payload_digest`` that is not the
     digest of the canonical payload (recomputed here with `settled.schemas.payload_digest`) is rejected; the key is
     resolved in scope principal + conversation: a known key with the same digest is a duplicate (a
     `SubmissionDuplicate` and a receipt pointing at the original and its sequence), with another digest a conflict
@@ -198,20 +201,20 @@ def admit(state: ConversationState, proposal: SubmissionProposed, input_ref: Inp
         proposal: The decoded, upcast proposal.
         input_ref: Where it was read.
         now: The decision time (receipt ``decided_at``).
+        check_contract: Whether to check the input contract; ``False`` only under the fault switch
+            ``id_contract_unchecked`` (tests/fault_switches.toml).
 
     Returns:
         The decision.
 
     Raises:
-        WrongConversation: If the proposal is for another conversation.
+        WrongConversation: If ``state`` is not the conversation that files this proposal.
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
+    violation = check_proposal(proposal) if check_contract else None
+    if violation is not None:
+        return reject_invalid(state, proposal, input_ref, now, violation)
     _check_input(state, proposal.conversation_id, input_ref)
-    invalid = _invalid_field(proposal)
-    if invalid is not None:
-        return reject_submission(
-            state, proposal, input_ref, now, reason=SubmissionRejectReason.INVALID, field=invalid[0], detail=invalid[1]
-        )
     digest = payload_digest(proposal.payload)
     if digest != proposal.payload_digest:
         return reject_submission(
@@ -307,7 +310,8 @@ def reject_submission(
     """Reject a decodable proposal: `SubmissionRejected` + a rejected receipt (DESIGN.md §4).
 
     `admit` uses it; the worker calls it directly for what only the shell can see (``misrouted``: the key hashes to
-    another partition, DESIGN.md §2).
+    another partition, DESIGN.md §2). Whatever the proposal held, the rejection is bounded: ids that break the input
+    contract are replaced by their excerpt (`bounded_id`) and the detail is cut (`bounded_text`).
 
     Args:
         state: The conversation's scratch state.
@@ -322,15 +326,17 @@ def reject_submission(
         The decision.
 
     Raises:
-        WrongConversation: If the proposal is for another conversation.
+        WrongConversation: If ``state`` is not the conversation that files this proposal (`filing_conversation`).
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
-    _check_input(state, proposal.conversation_id, input_ref)
+    _check_input(state, filing_conversation(proposal.conversation_id, input_ref.partition), input_ref)
+    submission_id = bounded_id(proposal.submission_id)
+    detail = bounded_text(detail)
     return Decision(
         events=(
             SubmissionRejected(
-                submission_id=proposal.submission_id,
-                idempotency_key=proposal.idempotency_key,
+                submission_id=submission_id,
+                idempotency_key=bounded_id(proposal.idempotency_key),
                 reason=reason,
                 field=field,
                 detail=detail,
@@ -339,13 +345,51 @@ def reject_submission(
         ),
         receipt=Receipt(
             request_kind=RequestKind.SUBMISSION,
-            request_id=proposal.submission_id,
+            request_id=submission_id,
             outcome=ReceiptOutcome.REJECTED,
             reason=_reason(reason.value, detail),
             conversation_id=state.conversation_id,
             decided_at=now,
         ),
     )
+
+
+def reject_invalid(
+    state: ConversationState,
+    record: SubmissionProposed | AbortRequested | ResolveUnknown,
+    input_ref: InputRef,
+    now: datetime,
+    violation: Violation,
+) -> Decision:
+    """Reject an input that breaks the input contract, naming the field, the rule and an excerpt of the value.
+
+    Args:
+        state: The scratch state of the conversation that files it (`filing_conversation`: ``~quarantine/<p>`` when
+            the conversation id itself breaks the contract).
+        record: The decoded input.
+        input_ref: Where it was read.
+        now: The decision time.
+        violation: What breaks the contract (`check_proposal`, `check_command`).
+
+    Returns:
+        The decision: `SubmissionRejected` or `CommandRejected` (reason ``invalid``, ``field`` named) and a rejected
+        receipt, all bounded in size whatever the input held.
+
+    Raises:
+        WrongConversation: If ``state`` is not the conversation that files this input.
+        InputAlreadyDecided: If ``input_ref`` is already decided.
+    """
+    if isinstance(record, SubmissionProposed):
+        return reject_submission(
+            state,
+            record,
+            input_ref,
+            now,
+            reason=SubmissionRejectReason.INVALID,
+            field=violation.field,
+            detail=violation.detail,
+        )
+    return reject_command(state, record, input_ref, now, reason=CommandRejectReason.INVALID, detail=violation.detail)
 
 
 def quarantine(
@@ -368,7 +412,7 @@ def quarantine(
     Args:
         input_ref: Where it was read.
         reason: The reason code.
-        detail: Human-readable detail (e.g. the decode error).
+        detail: Human-readable detail (e.g. the decode error), cut to ``MAX_DETAIL_CHARS`` here.
         raw: The record's value (truncated here to ``raw_limit_bytes``).
         raw_size_bytes: The value's full size.
         now: The decision time.
@@ -385,6 +429,7 @@ def quarantine(
         raise ValueError(f"raw_limit_bytes must be >= 0, got {raw_limit_bytes}")
     if raw_size_bytes < 0:
         raise ValueError(f"raw_size_bytes must be >= 0, got {raw_size_bytes}")
+    detail = bounded_text(detail)
     return Decision(
         events=(InputQuarantined(reason=reason, detail=detail, raw_size_bytes=raw_size_bytes, input_ref=input_ref),),
         quarantine=QuarantineRecord(
@@ -649,7 +694,7 @@ def reject_command(
     """Reject a command: `CommandRejected` + a rejected receipt, nothing else (DESIGN.md §4; issue 5 items 6, 7).
 
     `abort` and `resolve` use it; the worker calls it directly for a forged or unsigned resolution
-    (``bad_signature``, ``unsigned``, ``unknown_key``) or a misrouted command.
+    (``bad_signature``, ``unsigned``, ``unknown_key``) or a misrouted command. Bounded like `reject_submission`.
 
     Args:
         state: The conversation's scratch state.
@@ -664,26 +709,26 @@ def reject_command(
         The decision.
 
     Raises:
-        WrongConversation: If the command is for another conversation.
+        WrongConversation: If ``state`` is not the conversation that files this command (`filing_conversation`).
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
-    _check_input(state, command.conversation_id, input_ref)
+    _check_input(state, filing_conversation(command.conversation_id, input_ref.partition), input_ref)
     kind = CommandKind.ABORT if isinstance(command, AbortRequested) else CommandKind.RESOLVE_UNKNOWN
+    command_id = bounded_id(command.command_id)
+    detail = bounded_text(detail)
     return Decision(
         events=(
             CommandRejected(
-                command_id=command.command_id,
+                command_id=command_id,
                 command_kind=kind,
-                submission_id=command.submission_id,
+                submission_id=bounded_id(command.submission_id),
                 reason=reason,
                 detail=detail,
                 winning_outcome=winning_outcome,
                 input_ref=input_ref,
             ),
         ),
-        receipt=_command_receipt(
-            state, command.command_id, ReceiptOutcome.REJECTED, now, _reason(reason.value, detail)
-        ),
+        receipt=_command_receipt(state, command_id, ReceiptOutcome.REJECTED, now, _reason(reason.value, detail)),
     )
 
 
@@ -701,9 +746,19 @@ def _command_receipt(
 
 
 def _precheck_command(
-    state: ConversationState, command: AbortRequested | ResolveUnknown, input_ref: InputRef, now: datetime
+    state: ConversationState,
+    command: AbortRequested | ResolveUnknown,
+    input_ref: InputRef,
+    now: datetime,
+    check_contract: bool,
 ) -> Decision | Submission:
-    """Shared checks: a repeated command id, an unknown target, a settled target. Returns the target if none hit."""
+    """Shared checks: the input contract, a repeated command id, an unknown target, a settled target.
+
+    Returns the target if none hit.
+    """
+    violation = check_command(command) if check_contract else None
+    if violation is not None:
+        return reject_invalid(state, command, input_ref, now, violation)
     _check_input(state, command.conversation_id, input_ref)
     previous_target = state.applied_commands.get(command.command_id)
     if previous_target is not None and previous_target != command.submission_id:
@@ -738,7 +793,14 @@ def _precheck_command(
     return sub
 
 
-def abort(state: ConversationState, command: AbortRequested, input_ref: InputRef, now: datetime) -> Decision:
+def abort(
+    state: ConversationState,
+    command: AbortRequested,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_contract: bool = True,
+) -> Decision:
     """Decide an `AbortRequested` (DUR-012, spec §13).
 
     * unknown target → `CommandRejected` ``unknown_target`` and nothing else;
@@ -758,15 +820,17 @@ def abort(state: ConversationState, command: AbortRequested, input_ref: InputRef
         command: The decoded command.
         input_ref: Where it was read.
         now: The decision time.
+        check_contract: Whether to check the input contract first (`check_command`: a breach is rejected
+            ``invalid`` naming the field); ``False`` only under the fault switch ``id_contract_unchecked``.
 
     Returns:
         The decision.
 
     Raises:
-        WrongConversation: If the command is for another conversation.
+        WrongConversation: If ``state`` is not the conversation that files this command (`filing_conversation`).
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
-    checked = _precheck_command(state, command, input_ref, now)
+    checked = _precheck_command(state, command, input_ref, now, check_contract)
     if isinstance(checked, Decision):
         return checked
     sub = checked
@@ -799,7 +863,14 @@ def abort(state: ConversationState, command: AbortRequested, input_ref: InputRef
     return Decision(events=(recorded,), receipt=applied)
 
 
-def resolve(state: ConversationState, command: ResolveUnknown, input_ref: InputRef, now: datetime) -> Decision:
+def resolve(
+    state: ConversationState,
+    command: ResolveUnknown,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_contract: bool = True,
+) -> Decision:
     """Decide a `ResolveUnknown` whose signature the caller has verified (DESIGN.md §4, §5; DUR-009).
 
     The worker verifies the Ed25519 signature first and answers a forged or unsigned command with
@@ -815,15 +886,17 @@ def resolve(state: ConversationState, command: ResolveUnknown, input_ref: InputR
         command: The verified command.
         input_ref: Where it was read.
         now: The decision time.
+        check_contract: Whether to check the input contract first (`check_command`: a breach is rejected
+            ``invalid`` naming the field); ``False`` only under the fault switch ``id_contract_unchecked``.
 
     Returns:
         The decision.
 
     Raises:
-        WrongConversation: If the command is for another conversation.
+        WrongConversation: If ``state`` is not the conversation that files this command (`filing_conversation`).
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
-    checked = _precheck_command(state, command, input_ref, now)
+    checked = _precheck_command(state, command, input_ref, now, check_contract)
     if isinstance(checked, Decision):
         return checked
     sub = checked
