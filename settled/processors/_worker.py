@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -29,6 +29,7 @@ from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
 from settled.processors._conductor import ResumeGate
+from settled.processors._inbox import decode_input
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.processors._watchdog import PhaseStamp, TurnWatchdog, turn_watchdog_s
 from settled.producers import (
@@ -41,7 +42,7 @@ from settled.producers import (
     consumer_config,
     describe_topics,
 )
-from settled.schemas import INBOX_TYPES, Codec, DecodeError, InboxRecord, LogBatch, QuarantineReason
+from settled.schemas import Codec, LogBatch, QuarantineReason
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -576,26 +577,6 @@ class Worker(Generic[S]):
             return self._unreadable_batch(topic, partition, offset, err)
         value = msg.value()
         raw = value.encode() if isinstance(value, str) else value
-        if raw is None:
-            return InboxInput(
-                topic, partition, offset, key_bytes, None, None, "record has no value", QuarantineReason.UNDECODABLE
-            )
-        if len(raw) > self.config.max_input_bytes:
-            return InboxInput(
-                topic,
-                partition,
-                offset,
-                key_bytes,
-                raw,
-                None,
-                f"value of {len(raw)} bytes exceeds settled's limit of {self.config.max_input_bytes}",
-                QuarantineReason.OVERSIZED,
-            )
-        try:
-            record: Any = self.codec.decode(raw, topic=topic, partition=partition, offset=offset, expected=INBOX_TYPES)
-        except DecodeError as exc:
-            return InboxInput(topic, partition, offset, key_bytes, raw, None, str(exc), exc.reason.quarantine_reason)
-        if not isinstance(record, InboxRecord):
-            why = f"{type(record).__name__} is not an inbox record"
-            return InboxInput(topic, partition, offset, key_bytes, raw, None, why, QuarantineReason.UNDECODABLE)
-        return InboxInput(topic, partition, offset, key_bytes, raw, record)
+        return decode_input(
+            self.codec, topic, partition, offset, key_bytes, raw, max_input_bytes=self.config.max_input_bytes
+        )

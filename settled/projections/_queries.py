@@ -13,6 +13,7 @@ Waiting is cheap for many threads: one listener connection per reader listens (`
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -116,7 +117,15 @@ class ProjectionReader:
         recheck_s: Longest interval between two checks of the waited-on requests, in seconds.
     """
 
-    def __init__(self, dsn: str, names: ProjectionNames, *, pool_size: int = 4, recheck_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        names: ProjectionNames,
+        *,
+        pool_size: int = 4,
+        recheck_s: float = 0.5,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
         """Create the reader; connections open lazily.
 
         Args:
@@ -124,19 +133,33 @@ class ProjectionReader:
             names: The projection's schema names.
             pool_size: Most pooled query connections.
             recheck_s: Longest interval between two checks of the waited-on requests, in seconds.
+            connect_timeout_s: Longest wait for a connection, in seconds: a query that cannot get one in time (the
+                server is down or unreachable) raises ``psycopg_pool.PoolTimeout``.
 
         Raises:
-            ValueError: ``pool_size`` or ``recheck_s`` is not positive.
+            ValueError: ``pool_size``, ``recheck_s`` or ``connect_timeout_s`` is not positive.
         """
         if pool_size < 1:
             raise ValueError(f"pool_size must be at least 1, got {pool_size}")
         if recheck_s <= 0:
             raise ValueError(f"recheck_s must be positive, got {recheck_s}")
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be positive, got {connect_timeout_s}")
         self.dsn = dsn
         self.names = names
         self.recheck_s = recheck_s
         self._pool = ConnectionPool(
-            dsn, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True, "row_factory": dict_row}
+            dsn,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            timeout=connect_timeout_s,
+            # libpq's connect_timeout is whole seconds, at least 2 (a smaller value is raised to 2).
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "connect_timeout": max(2, math.ceil(connect_timeout_s)),
+            },
         )
         self._opened = False
         self._open_lock = threading.Lock()

@@ -9,34 +9,53 @@
 
 Every command takes ``--after RECEIPT_JSON`` (the receipt line ``settled submit`` prints) and waits, up to
 ``--after-timeout-s``, until the projection holds that receipt's request: read-your-writes (DESIGN.md §4). Output is
-a table, or JSON lines with ``--json``. Exit codes: 1 not found, 2 bad input or no PostgreSQL, 3 the receipt was not
-projected in time.
+a table, or JSON lines with ``--json``. Exit codes: 1 not found, 2 bad input (an id that breaks settled's input
+contract, e.g. one that is not valid UTF-8; named on stderr) or no PostgreSQL (unreachable within
+`CONNECT_TIMEOUT_S`), 3 the receipt was not projected in time. None of them prints a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
+import psycopg
 import typer
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import PoolTimeout
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from settled import protocol
 from settled.projections import ProjectionReader, ReadYourWritesTimeout
 from settled.schemas import Receipt
 from settled.services._cli_client import keygen, resolve_unknown
 from settled.services._cli_projections import SCHEMA_ENV_VAR, projection_names, projection_settings
 
-__all__ = ["EXIT_NOT_FOUND", "EXIT_NOT_PROJECTED", "conversations_app", "runs_app", "submissions_app", "unknown_app"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "EXIT_BAD_INPUT",
+    "EXIT_NOT_FOUND",
+    "EXIT_NOT_PROJECTED",
+    "conversations_app",
+    "runs_app",
+    "submissions_app",
+    "unknown_app",
+]
 
 EXIT_NOT_FOUND = 1
 """Exit code: nothing projected under that id."""
 EXIT_NOT_PROJECTED = 3
 """Exit code: ``--after``'s receipt was not projected in time."""
+EXIT_BAD_INPUT = 2
+"""Exit code: bad input (an invalid id, a malformed ``--after``), no projection, or PostgreSQL unreachable."""
+CONNECT_TIMEOUT_S = 5.0
+"""Longest wait for a PostgreSQL connection before a read command exits `EXIT_BAD_INPUT`, in seconds."""
 
 runs_app = typer.Typer(no_args_is_help=True, help="Runs (one per submission) as the projection shows them.")
 unknown_app = typer.Typer(no_args_is_help=True, help="Calls in doubt an operator must resolve (DUR-009).")
@@ -66,12 +85,48 @@ def _receipt(text: str | None) -> Receipt | None:
         return Receipt.model_validate_json(text)
     except ValidationError as exc:
         fields = ", ".join(".".join(str(p) for p in err["loc"]) or "<root>" for err in exc.errors())
-        _fail(2, f"--after is not a receipt (fields {fields}): {exc.errors()[0]['msg']}")
+        _fail(EXIT_BAD_INPUT, f"--after is not a receipt (fields {fields}): {exc.errors()[0]['msg']}")
 
 
 def _reader(schema: str | None) -> ProjectionReader:
+    # The pool logs each failed connection attempt; the command reports the failure once, on stderr (`_query`).
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     settings = projection_settings()
-    return ProjectionReader(settings.postgres_dsn, projection_names(settings, schema))
+    return ProjectionReader(
+        settings.postgres_dsn, projection_names(settings, schema), connect_timeout_s=CONNECT_TIMEOUT_S
+    )
+
+
+def _id(argument: str, value: str | None) -> None:
+    """Exit `EXIT_BAD_INPUT` naming ``argument`` when ``value`` breaks the input contract's id rules.
+
+    No id that breaks them is ever admitted, so nothing is projected under it; an argument that is not valid UTF-8
+    arrives as lone surrogates (Python's ``surrogateescape``) and is refused here instead of failing in the driver.
+    """
+    violation = None if value is None else protocol.check_id(argument, value)
+    if violation is not None:
+        hint = " (not valid UTF-8?)" if "surrogate" in violation.rule else ""
+        _fail(EXIT_BAD_INPUT, f"{violation.detail}{hint}: not a valid id (docs/architecture.md, input contract)")
+
+
+def _why_unreachable(dsn: str, exc: Exception) -> str:
+    """The driver's reason a connection failed: ``exc``'s, or for a pool timeout one direct attempt's (at most 2 s)."""
+    if not isinstance(exc, PoolTimeout):
+        return str(exc).strip()
+    try:
+        psycopg.connect(dsn, connect_timeout=2).close()
+    except psycopg.Error as direct:
+        return str(direct).strip().splitlines()[0]
+    return str(exc)
+
+
+def _where(dsn: str) -> str:
+    """``host:port/dbname`` of a DSN, without its password."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "the configured DSN"
+    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
 
 
 def _dump(rows: list[dict[str, Any]]) -> None:
@@ -119,9 +174,16 @@ def _query(
             _fail(EXIT_NOT_PROJECTED, str(exc))
         except pg_errors.UndefinedTable as exc:
             _fail(
-                2,
+                EXIT_BAD_INPUT,
                 f"no projection in schema {reader.names.live!r} ({exc.diag.message_primary}): "
                 "start the projector (`settled projections run`) or pass --schema",
+            )
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            _fail(
+                EXIT_BAD_INPUT,
+                f"PostgreSQL at {_where(reader.dsn)} did not answer within {CONNECT_TIMEOUT_S} s "
+                f"({_why_unreachable(reader.dsn, exc)}): check SETTLED_POSTGRES_DSN, or start the local stack with "
+                "`settled dev up`",
             )
 
 
@@ -142,6 +204,7 @@ def runs_list(
     as_json: bool = _JSON,
 ) -> None:
     """List runs: status (queued, running, waiting, recovery, terminalizing, or the outcome), attempts, step."""
+    _id("--conversation", conversation)
     rows = _query(
         schema,
         after,
@@ -170,6 +233,7 @@ def runs_show(
     as_json: bool = _JSON,
 ) -> None:
     """Show one run with its attempts and tool calls."""
+    _id("SUBMISSION_ID", submission_id)
     run = _found(
         _query(schema, after, after_timeout_s, lambda r, receipt, t: r.run(submission_id, after=receipt, timeout_s=t)),
         f"run {submission_id!r}",
@@ -220,6 +284,7 @@ def submissions_show(
     as_json: bool = _JSON,
 ) -> None:
     """Show a submission's ledger row (a duplicate's id shows its receipt, pointing at the original)."""
+    _id("SUBMISSION_ID", submission_id)
     row = _found(
         _query(
             schema,
@@ -244,6 +309,7 @@ def conversations_show(
     as_json: bool = _JSON,
 ) -> None:
     """Show a conversation's run state and its transcript (inputs, replies, tool calls and results)."""
+    _id("CONVERSATION_ID", conversation_id)
     conv = _found(
         _query(
             schema,
