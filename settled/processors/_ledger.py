@@ -102,6 +102,8 @@ class LedgerDecider:
         record = inp.record
         if record is None or inp.error is not None:
             conversation = protocol.conversation_for_key(inp.key, inp.partition)
+            if inp.key and partition_for_key(inp.key, self.partition_count) != inp.partition:
+                conversation = protocol.quarantine_conversation(inp.partition)  # its conversation lives elsewhere
             d = protocol.quarantine(
                 inp.ref,
                 QuarantineReason(inp.error_reason or QuarantineReason.OTHER),
@@ -123,9 +125,14 @@ class LedgerDecider:
             else record.conversation_id
         )
         conv = state.conversation(filed_under)
+        violation = protocol.check_input(record) if check_contract else None
+        misrouted = None if violation is not None else self._misrouted(inp, record.conversation_id)
+        if misrouted is not None:
+            # The conversation lives on another partition (or the key names another one): filing the rejection under
+            # it would start a second chain of that conversation here. It goes under ~quarantine/<p> instead.
+            filed_under = protocol.quarantine_conversation(inp.partition)
+            conv = state.conversation(filed_under)
         if isinstance(record, SubmissionProposed):
-            violation = protocol.check_proposal(record) if check_contract else None
-            misrouted = None if violation is not None else self._misrouted(inp, record.conversation_id)
             if misrouted is not None:
                 d = protocol.reject_submission(
                     conv, record, inp.ref, now, reason=SubmissionRejectReason.MISROUTED, field="key", detail=misrouted
@@ -136,10 +143,13 @@ class LedgerDecider:
                     # key index, so a resubmitted key looks new. Breaks key resolution only, on purpose.
                     conv = dataclasses.replace(conv, key_index={})
                 d = protocol.admit(conv, record, inp.ref, now, check_contract=check_contract)
+        elif misrouted is not None:
+            d = protocol.reject_command(
+                conv, record, inp.ref, now, reason=CommandRejectReason.MISROUTED, detail=misrouted
+            )
         elif isinstance(record, AbortRequested):
             d = protocol.abort(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, ResolveUnknown):
-            violation = protocol.check_command(record) if check_contract else None
             problem = None if violation is not None else self._signature_problem(record)
             if problem is not None:
                 reason, why = problem

@@ -27,6 +27,7 @@ from settled.protocol._contract import (
     check_command,
     check_proposal,
     filing_conversation,
+    quarantine_conversation,
 )
 from settled.protocol._errors import (
     IllegalTransition,
@@ -163,6 +164,15 @@ def _check_input(state: ConversationState, conversation_id: str, input_ref: Inpu
         raise WrongConversation(state.conversation_id, conversation_id)
     if state.is_decided(input_ref):
         raise InputAlreadyDecided(input_ref)
+
+
+def _check_rejected_input(state: ConversationState, conversation_id: str, input_ref: InputRef) -> None:
+    """A rejection is filed under its conversation, or under ``~quarantine/<p>``, which takes any input of ``p``."""
+    if state.conversation_id == quarantine_conversation(input_ref.partition):
+        if state.is_decided(input_ref):
+            raise InputAlreadyDecided(input_ref)
+        return
+    _check_input(state, filing_conversation(conversation_id, input_ref.partition), input_ref)
 
 
 def _get(state: ConversationState, submission_id: str) -> Submission:
@@ -326,10 +336,11 @@ def reject_submission(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is not the conversation that files this proposal (`filing_conversation`).
+        WrongConversation: If ``state`` is neither the conversation that files this proposal (`filing_conversation`)
+            nor ``~quarantine/<p>`` (where the worker files what does not belong to this partition: ``misrouted``).
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
-    _check_input(state, filing_conversation(proposal.conversation_id, input_ref.partition), input_ref)
+    _check_rejected_input(state, proposal.conversation_id, input_ref)
     submission_id = bounded_id(proposal.submission_id)
     detail = bounded_text(detail)
     return Decision(
@@ -709,10 +720,11 @@ def reject_command(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is not the conversation that files this command (`filing_conversation`).
+        WrongConversation: If ``state`` is neither the conversation that files this command (`filing_conversation`)
+            nor ``~quarantine/<p>``.
         InputAlreadyDecided: If ``input_ref`` is already decided.
     """
-    _check_input(state, filing_conversation(command.conversation_id, input_ref.partition), input_ref)
+    _check_rejected_input(state, command.conversation_id, input_ref)
     kind = CommandKind.ABORT if isinstance(command, AbortRequested) else CommandKind.RESOLVE_UNKNOWN
     command_id = bounded_id(command.command_id)
     detail = bounded_text(detail)
