@@ -18,6 +18,7 @@ EXPECTED_SWITCHES = {
     "classifier_prepared_as_settled",
     "admission_without_key_index",
     "projection_offsets_separate_transaction",
+    "id_contract_unchecked",
 }
 
 
