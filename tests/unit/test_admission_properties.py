@@ -5,8 +5,11 @@ every inbox record type replaced by a hostile value of its Avro type), and ids a
 interleaved with healthy proposals. They go through the worker's own path — `decode_input` then
 `LedgerDecider.decide` on the pending state — and each run checks that every input ends admitted once (or answered
 as a duplicate), rejected or quarantined with a reason, in one bounded decision the fold accepts; that nothing
-breaking the input contract is admitted; and that every healthy proposal is admitted exactly once. The log decoders
-(`Codec.decode_batch`, the projector's `FastBatchDecoder`) return a batch or raise `DecodeError`, nothing else.
+breaking the input contract is admitted; and that every healthy proposal is admitted exactly once. The decoders
+(`Codec.decode` of every record type, as the worker and the client's receipts and settlements readers use it;
+`Codec.decode_batch` and the projector's `FastBatchDecoder` for the log) return a record or raise `DecodeError`,
+nothing else. Settling the healthy submissions is checked against the real stack by
+tests/integration/test_hostile_input.py.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from settled.processors._inbox import decode_input
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.protocol import MAX_ID_CHARS, check_input
 from settled.schemas import (
+    LOG_EVENT_TYPES,
+    TOPIC_RECORD_TYPES,
     AbortRecorded,
     AbortRequested,
     AvroRecord,
@@ -275,3 +280,23 @@ def test_the_log_decoders_return_a_batch_or_raise_decode_error(batch: LogBatch, 
         except DecodeError as exc:
             outcome = exc
         assert isinstance(outcome, LogBatch) or (outcome.reason is not None and str(outcome)), outcome
+
+
+#: Every record type settled writes or reads (topic records, events, the batch envelope).
+ALL_RECORD_TYPES: list[type[AvroRecord]] = [*TOPIC_RECORD_TYPES, *LOG_EVENT_TYPES]
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(model=st.sampled_from(ALL_RECORD_TYPES), data=st.data())
+def test_the_record_decoder_returns_a_record_or_raises_decode_error(
+    model: type[AvroRecord], data: st.DataObject
+) -> None:
+    """`Codec.decode` (the worker's, the receipts reader's and the settlements reader's decoder) on mutated bytes."""
+    value = _mutate(CODEC.encode(data.draw(records(model))), data)
+    for expected in (None, (model,)):
+        outcome: AvroRecord | DecodeError
+        try:
+            outcome = CODEC.decode(value, topic="t", partition=0, offset=0, expected=expected)
+        except DecodeError as exc:
+            outcome = exc
+        assert isinstance(outcome, AvroRecord) or (outcome.reason is not None and str(outcome)), outcome
