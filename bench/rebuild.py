@@ -1087,7 +1087,7 @@ def run_lag(bootstrap: str, dsn: str, args: argparse.Namespace) -> tuple[list[La
         BenchmarkError: A submission failed, or a record never became visible.
     """
     from worker import PARTITIONS as LOAD_PARTITIONS  # the admission benchmark (bench/worker.py)
-    from worker import _conversation_on, conversation, drive, spawn
+    from worker import _conversation_on, conversation, drive, spawn, spawn_settled_worker
 
     from settled.client import Client
     from settled.schemas import ReceiptOutcome
@@ -1102,19 +1102,7 @@ def run_lag(bootstrap: str, dsn: str, args: argparse.Namespace) -> tuple[list[La
     cells: list[LagCell] = []
     try:
         provision_topics(settings, Codec(), datetime.now(UTC))
-        worker_argv = [
-            sys.executable,
-            "-m",
-            "settled.services",
-            "worker",
-            "--app",
-            "settled.runtime.echo:app",
-            "--worker-id",
-            "bench",
-            "--log-level",
-            "WARNING",
-        ]
-        children.append(spawn("settled-worker", worker_argv, settings, log_dir, {"SETTLED_ECHO_DELAY_S": "0"}))
+        children.append(spawn_settled_worker(settings, log_dir))
         projector_argv = [sys.executable, "-m", "settled.services", "projections", "run", "--schema", names.live]
         projector = spawn("projector", projector_argv, settings, log_dir, {"SETTLED_POSTGRES_DSN": dsn})
         children.append(projector)

@@ -6,7 +6,7 @@
 In a fresh namespace (3 partitions, deleted at the end) it starts, as child processes (so clients and workers never
 share a GIL):
 
-* **settled**: ``python -m settled.services worker --app settled.runtime.echo:app`` — the echo agent, no delay;
+* **settled**: ``python -m settled.services worker --app settled.testing.echo:app`` — the echo agent, no delay;
 * **bare**: the minimal "admission" without settled: a consumer group member reading a request topic and, per poll
   batch, a transactional ``begin → produce the replies to another topic → flush → send_offsets_to_transaction →
   commit`` (one transactional producer, KIP-447 group metadata), picking records up as soon as they arrive
@@ -76,6 +76,7 @@ from settled._settings import Settings
 from settled.client import Client
 from settled.producers import consumer_config, partition_for_key, producer_config, provision_topics, topic_configs
 from settled.schemas import Codec, Receipt, ReceiptOutcome, SettlementOutcome, SettlementRecord
+from settled.testing import ECHO_APP, WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 3
@@ -187,10 +188,8 @@ class Child:
                 self.proc.wait(timeout_s)
 
 
-def spawn(
-    name: str, argv: list[str], settings: Settings, log_dir: Path, extra_env: dict[str, str] | None = None
-) -> Child:
-    """Start a child on ``settings``' namespace and broker; its stderr goes to ``<log_dir>/<name>.log``."""
+def _child_env(settings: Settings, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """A child's environment: this one without ``SETTLED_*``, then the settings' namespace, broker and partitions."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_")}
     env.update(
         {
@@ -201,14 +200,41 @@ def spawn(
             **(extra_env or {}),
         }
     )
+    return env
+
+
+def spawn(
+    name: str, argv: list[str], settings: Settings, log_dir: Path, extra_env: dict[str, str] | None = None
+) -> Child:
+    """Start a child on ``settings``' namespace and broker; its stderr goes to ``<log_dir>/<name>.log``."""
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=_child_env(settings, extra_env), stdout=subprocess.DEVNULL, stderr=log_file
+        )
     return Child(name, proc, log_path)
 
 
+def spawn_settled_worker(settings: Settings, log_dir: Path) -> Child:
+    """Start ``settled worker`` with the echo app, no delay (`settled.testing.WorkerProcess`), as ``settled-worker``.
+
+    Its log (level WARNING) goes to ``<log_dir>/settled-worker.log``; its worker id is ``bench``.
+    """
+    worker = WorkerProcess.start(
+        settings,
+        app=ECHO_APP,
+        log_path=log_dir / "settled-worker.log",
+        worker_id="bench",
+        log_level="WARNING",
+        base_env=_child_env(settings, {"SETTLED_ECHO_DELAY_S": "0"}),
+        cwd=ROOT,
+        append_log=False,
+    )
+    return Child("settled-worker", worker.proc, worker.log_path)
+
+
 def settled_worker_main(profile_path: str | None, prompt: bool) -> int:
-    """The ``--child settled`` entry: ``settled worker --app settled.runtime.echo:app``, profiled and/or patched.
+    """The ``--child settled`` entry: ``settled worker --app settled.testing.echo:app``, profiled and/or patched.
 
     Does what ``settled.services._worker_service.worker_command`` does; with ``profile_path`` a pyinstrument profiler
     runs on the loop's thread between SIGUSR1 and SIGUSR2 (the parent sends them around the settled side's
@@ -222,7 +248,7 @@ def settled_worker_main(profile_path: str | None, prompt: bool) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
-    worker = build_worker(Settings(), load_app("settled.runtime.echo:app"), worker_id="bench")
+    worker = build_worker(Settings(), load_app(ECHO_APP), worker_id="bench")
     worker.install_signal_handlers()
     profiler: Any = None
     if profile_path:
@@ -711,10 +737,9 @@ def run(args: argparse.Namespace) -> int:
             argv = [sys.executable, str(Path(__file__).resolve()), "--child", "settled"]
             argv += ["--child-profile", str(profile_path)] if args.profile else []
             argv += ["--what-if-prompt-poll"] if args.what_if_prompt_poll else []
+            children[SETTLED] = spawn("settled-worker", argv, settings, log_dir, {"SETTLED_ECHO_DELAY_S": "0"})
         else:
-            argv = [sys.executable, "-m", "settled.services", "worker", "--app", "settled.runtime.echo:app"]
-            argv += ["--worker-id", "bench", "--log-level", "WARNING"]
-        children[SETTLED] = spawn("settled-worker", argv, settings, log_dir, {"SETTLED_ECHO_DELAY_S": "0"})
+            children[SETTLED] = spawn_settled_worker(settings, log_dir)
         for side, key in ((BARE, "bare"), (BARE_POLLS, "bare2")):
             in_topic, out_topic = (settings.topic(t) for t in bare_topics[side])
             argv = [sys.executable, str(Path(__file__).resolve()), "--child", "bare", "--child-in", in_topic]

@@ -90,14 +90,15 @@ def build_worker(
 
 
 def worker_command(
-    app: str = typer.Option("settled.runtime.echo:app", help="The app object, 'package.module:attribute'."),
+    app: str = typer.Option(..., "--app", help="The app object, 'package.module:attribute' (required)."),
     worker_id: str = typer.Option("", help="This worker's id (default: random)."),
     log_level: str = typer.Option("INFO", help="Log level."),
 ) -> None:
     """Run a conversation worker until SIGTERM (a graceful revoke) or SIGINT; SIGUSR1 dumps every thread's stack.
 
-    Exit codes: 0 after a graceful stop, 1 on an unhandled error, 2 when the app does not load, 75 when the turn
-    watchdog ended a stalled worker (``SETTLED_WORKER_TURN_WATCHDOG_S``; restart it: README "Operating").
+    Exit codes: 0 after a graceful stop, 1 on an unhandled error, 2 when ``--app`` is missing or the app does not
+    load, 75 when the turn watchdog ended a stalled worker (``SETTLED_WORKER_TURN_WATCHDOG_S``; restart it: README
+    "Operating"). There is no default app: the echo app (``settled.testing.echo:app``) is a test app.
     """
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # diagnosing a stuck worker
     handler = logging.StreamHandler(sys.stderr)

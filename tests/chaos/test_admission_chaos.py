@@ -2,7 +2,7 @@
 
 The load of `tests.integration.admission_load` (originals, duplicates — some in one poll batch with their original —
 exact re-sends and conflicts over many conversations on 3 partitions) is produced up front. Real worker processes
-(``python -m settled.services worker --app settled.runtime.echo:app``) then run one after another, each armed to
+(``python -m settled.services worker --app settled.testing.echo:app``) then run one after another, each armed to
 SIGKILL itself at the next scheduled failpoint hit (`settled._failpoints.choose_schedule`); a last one runs
 unarmed until everything is answered and settled. The same promises as the in-process load test must hold.
 

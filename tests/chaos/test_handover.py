@@ -31,10 +31,11 @@ from settled.schemas import (
     SubmissionAdmitted,
     SubmissionProposed,
 )
+from settled.testing import WorkerProcess
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.helpers import proposal
-from tests.integration.workerproc import ChildWorker, Inbox, Tail, batches, spawn_worker
+from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -114,7 +115,7 @@ def _sigterm_handover(s: Settings, tmp_path: Path, delay_s: float) -> tuple[list
     sub = proposal(_conversations()[0], value={"delay_s": delay_s})
     log, settlements = Tail(s, "log"), Tail(s, "settlements")
     inbox = Inbox(s)
-    workers: list[ChildWorker] = []
+    workers: list[WorkerProcess] = []
     try:
         workers.append(spawn_worker(s, tmp_path, "first"))
         inbox.send(sub)
@@ -130,7 +131,7 @@ def _sigterm_handover(s: Settings, tmp_path: Path, delay_s: float) -> tuple[list
         log.catch_up()
     finally:
         for w in workers:
-            w.stop()
+            w.kill_and_wait()
         for t in (log, settlements):
             t.close()
     events = [e for _, _, b in batches(log) for e in b.events]
@@ -142,7 +143,7 @@ def test_sigterm_during_load_hands_partitions_over_gracefully(topics: Settings, 
     s = topics
     conversations = _conversations()
     log, receipts, settlements = Tail(s, "log"), Tail(s, "receipts"), Tail(s, "settlements")
-    workers: dict[str, ChildWorker] = {}
+    workers: dict[str, WorkerProcess] = {}
     load = _Load(s, conversations)
     try:
         workers["w1"] = spawn_worker(s, tmp_path, "w1")
@@ -181,7 +182,7 @@ def test_sigterm_during_load_hands_partitions_over_gracefully(topics: Settings, 
     finally:
         load.stop()
         for w in workers.values():
-            w.stop()
+            w.kill_and_wait()
         for t in (log, receipts, settlements):
             t.close()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import pytest
 from settled._failpoints import FailpointControl
 from settled._settings import Settings
 from settled.schemas import LogEvent, SettlementRecord, ToolCallSettled
+from settled.testing import WorkerProcess
 from tests.conftest import Provisioned
 from tests.integration.engine._helpers import MODEL_APP, TIMEOUT_S, check_parallel_batch, killed, start_worker
 from tests.integration.helpers import proposal
@@ -67,7 +67,7 @@ class _Incarnation:
     """One worker process and its own failpoint control folder."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: WorkerProcess
     control: FailpointControl
     log: Path
 

@@ -69,6 +69,7 @@ from settled.client import Client, SubmissionOutcomeUnknown
 from settled.producers import provision_topics
 from settled.schemas import Receipt, ReceiptOutcome, SubmissionAdmitted, SubmissionProposed
 from settled.services._devstack import KafkaBroker, StackError
+from settled.testing import WorkerProcess
 from tests._promise import promise
 from tests.integration.admission_load import log_batches, spawn_worker, stop_worker
 from tests.integration.helpers import CODEC, read_topic
@@ -319,7 +320,7 @@ class _Supervisor:
         self._thread = threading.Thread(target=self._watch, name="s20-supervisor", daemon=True)
         self._thread.start()
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> WorkerProcess:
         self._log_pos = self._log.stat().st_size if self._log.exists() else 0
         self._log_rest = b""
         self._claimed_at = None

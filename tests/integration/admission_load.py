@@ -21,11 +21,7 @@ promises (`tests._promise.promise`, so a fault switch is caught by name):
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -51,6 +47,7 @@ from settled.schemas import (
     payload_digest,
     verify_chain,
 )
+from settled.testing import ECHO_APP, WorkerProcess
 from tests._promise import promise
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
 
@@ -349,8 +346,8 @@ def check_load(s: Settings, load: Load, *, allow_failed: bool = False) -> None:
 
 def spawn_worker(
     s: Settings, log_path: Path, *, failpoint_env: dict[str, str] | None = None, worker_id: str = ""
-) -> subprocess.Popen[bytes]:
-    """Start ``python -m settled.services worker --app settled.runtime.echo:app`` on the test's namespace.
+) -> WorkerProcess:
+    """Start a ``settled worker`` with the echo app (no delay) on the test's namespace (`WorkerProcess`).
 
     Args:
         s: The test's settings (namespace, bootstrap).
@@ -361,29 +358,13 @@ def spawn_worker(
     Returns:
         The process.
     """
-    env = {
-        **os.environ,
-        "SETTLED_NAMESPACE": s.namespace,
-        "SETTLED_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-        "SETTLED_ECHO_DELAY_S": "0",
-        **(failpoint_env or {}),
-    }
-    argv = [sys.executable, "-m", "settled.services", "worker", "--app", "settled.runtime.echo:app"]
-    if worker_id:
-        argv += ["--worker-id", worker_id]
-    with log_path.open("ab") as log:
-        return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    env = {"SETTLED_ECHO_DELAY_S": "0", **(failpoint_env or {})}
+    return WorkerProcess.start(s, app=ECHO_APP, log_path=log_path, worker_id=worker_id, env=env, cwd=ROOT)
 
 
-def stop_worker(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+def stop_worker(proc: WorkerProcess, timeout_s: float = 30.0) -> int:
     """SIGTERM (a graceful revoke), then SIGKILL if it does not exit in time; return its exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait(timeout_s)
+    return proc.stop(timeout_s)
 
 
 def log_tail(log_path: Path, lines: int = 30) -> str:

@@ -19,7 +19,6 @@ from settled.processors import Worker
 from settled.projections import ProjectionNames
 from settled.protocol import PartitionState
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import (
     AbortRecorded,
     AttemptStarted,
@@ -32,6 +31,7 @@ from settled.schemas import (
     SettlementRecord,
 )
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.helpers import (
@@ -284,7 +284,7 @@ def test_abort_raced_against_the_final_append(
         time.sleep(1.0)  # late, wrong writes would show up by now
         receipts.poll(0.5), settlements.poll(0.5)
     finally:
-        worker.stop()
+        worker.kill_and_wait()
         for t in (receipts, settlements):
             t.close()
 

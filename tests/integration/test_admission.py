@@ -34,7 +34,6 @@ from settled.producers import BATCH_ID_HEADER, partition_for_key, producer_confi
 from settled.projections import ProjectionNames, ProjectionReader, rebuild
 from settled.protocol import PartitionState
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import (
     OwnershipClaimed,
     Receipt,
@@ -45,6 +44,7 @@ from settled.schemas import (
     SubmissionProposed,
 )
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.integration.admission_load import (
     check_load,

@@ -50,9 +50,9 @@ from settled.projections._bulk import BulkReplay
 from settled.projections._tables import TRANSCRIPT
 from settled.protocol import PartitionState, fold
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import CommandRejected, LogBatch, Settlement
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests.integration.admission_load import log_batches
 from tests.integration.helpers import CODEC, committed_log_ends, conversations_on, proposal, running, wait_for
 from tests.integration.workerproc import Inbox, abort_command

@@ -20,9 +20,9 @@ from settled._settings import Settings
 from settled.client import Client
 from settled.producers import producer_config, transactional_id
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import ReceiptOutcome
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests.conftest import Provisioned
 from tests.integration.helpers import running
 

@@ -38,7 +38,6 @@ from settled.client import (
 from settled.processors import Decision, InboxInput, Worker
 from settled.producers import producer_config, provision_topics
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import (
     AbortRecorded,
     AbortRequested,
@@ -62,6 +61,7 @@ from settled.schemas import (
 from settled.services._devstack import StackError
 from settled.services._worker_service import build_worker
 from settled.services.cli import app
+from settled.testing.echo import EchoAgent
 from tests.integration.helpers import CODEC, read_topic, running
 from tests.integration.txproc import TxDecider, TxState
 

@@ -124,9 +124,9 @@ def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(
         # The settlement's records were handed to A's producer and failed (the broker refused the old epoch).
         attempted = [line for line in a.logged("delivery failed") if line.get("batch_id", "").startswith("conv-fence:")]
     finally:
-        a.stop()
+        a.kill_and_wait()
         if b is not None:
-            b.stop()
+            b.kill_and_wait()
         for t in (log, settlements):
             t.close()
 

@@ -31,8 +31,8 @@ from settled.projections import (
     rebuild,
 )
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.integration.admission_load import make_load, produce_load, settlements
 from tests.integration.helpers import CODEC, read_topic, running, wait_for

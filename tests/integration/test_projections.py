@@ -41,9 +41,9 @@ from settled.projections import (
     rebuild,
 )
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import LogBatch, Receipt
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.admission_load import make_load, produce_load, receipts, settlements
@@ -581,7 +581,7 @@ def test_a_worker_transaction_aborted_by_a_crash_never_reaches_the_projection(
     try:
         wait_for(lambda: len(settlements(s)) >= load.count["original"], 60, "every original settled")
     finally:
-        second.stop()
+        second.kill_and_wait()
     committed = len(read_topic(s, "log"))
     assert _uncommitted_log_records(s) > committed, "no aborted records in the log: the crash came too late"
     assert wait_projected(s, names, 30)

@@ -35,8 +35,8 @@ from settled.projections import (
     schema_exists,
 )
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests.integration.admission_load import settlements
 from tests.integration.helpers import running, wait_for
 from tests.integration.test_rebuild_switch_under_load import (  # noqa: F401 - fixtures

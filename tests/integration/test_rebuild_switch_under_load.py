@@ -25,8 +25,8 @@ from settled._settings import Settings
 from settled.client import Client
 from settled.projections import ProjectionNames, Projector, RebuildResult, check, read_offsets, rebuild
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.admission_load import settlements

@@ -1,17 +1,11 @@
 """Helpers for tests that run real ``settled worker`` child processes and follow settled's topics as they grow.
 
-Used by the fencing, abort and handover tests (issue 5). A child worker is ``python -m settled.services worker
---app settled.runtime.echo:app`` with ``SETTLED_NAMESPACE`` / ``SETTLED_KAFKA_BOOTSTRAP`` set and, optionally, a
-failpoint control folder; its JSON-lines log goes to a file (a pipe nobody reads would fill up and block it).
+Used by the fencing, abort and handover tests (issue 5). A child worker is a `settled.testing.WorkerProcess` running
+the echo app with, optionally, a failpoint control folder.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -27,53 +21,14 @@ from settled import _failpoints
 from settled._settings import Settings
 from settled.producers import producer_config
 from settled.schemas import AbortRequested, InboxRecord, LogBatch
+from settled.testing import ECHO_APP, WorkerProcess
 from tests.integration.helpers import CODEC, produce_inbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class ChildWorker:
-    """A ``settled worker`` child process and the file its log goes to."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self.proc.pid
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        """The child's JSON log lines so far (non-JSON lines, e.g. a traceback, as ``{"raw": line}``)."""
-        out: list[dict[str, Any]] = []
-        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                out.append({"raw": line})
-        return out
-
-    def logged(self, message: str) -> list[dict[str, Any]]:
-        """The log lines whose message is ``message``."""
-        return [line for line in self.log_lines() if line.get("message") == message]
-
-    def signal(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to the child."""
-        os.kill(self.proc.pid, sig)
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGCONT (in case it is stopped) then SIGKILL the child if it still runs; return its exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        return self.proc.wait(timeout_s)
-
-    def tail(self, lines: int = 40) -> str:
-        """The last lines of the child's log, for failure messages."""
-        text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+#: A ``settled worker`` child (`settled.testing.WorkerProcess`); the name the fencing/abort/handover tests use.
+ChildWorker = WorkerProcess
 
 
 def spawn_worker(
@@ -84,8 +39,8 @@ def spawn_worker(
     control: _failpoints.FailpointControl | None = None,
     failpoints: str = "",
     log_level: str = "INFO",
-) -> ChildWorker:
-    """Start a ``settled worker`` child on ``s``'s namespace with the echo app.
+) -> WorkerProcess:
+    """Start a ``settled worker`` child on ``s``'s namespace with the echo app (`settled.testing.WorkerProcess`).
 
     Args:
         s: The test's settings (namespace and bootstrap servers are passed on).
@@ -98,34 +53,17 @@ def spawn_worker(
     Returns:
         The running child.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_FAILPOINT")}
-    env.update({"SETTLED_NAMESPACE": s.namespace, "SETTLED_KAFKA_BOOTSTRAP": s.kafka_bootstrap})
-    if control is not None:
-        env.update(control.env(failpoints))
-    elif failpoints:
-        env[_failpoints.FAILPOINTS_ENV_VAR] = failpoints
-    log_path = log_dir / f"{name}.log"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "settled.services",
-                "worker",
-                "--app",
-                "settled.runtime.echo:app",
-                "--worker-id",
-                name,
-                "--log-level",
-                log_level,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
-    return ChildWorker(name, proc, log_path)
+    return WorkerProcess.start(
+        s,
+        app=ECHO_APP,
+        log_path=log_dir / f"{name}.log",
+        worker_id=name,
+        log_level=log_level,
+        control=control,
+        failpoints=failpoints,
+        cwd=ROOT,
+        append_log=False,
+    )
 
 
 @dataclass

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -33,6 +31,7 @@ from settled.schemas import (
     ToolCallUnknown,
     canonical_json,
 )
+from settled.testing import Supervisor, WorkerProcess
 from tests._promise import promise
 from tests.integration.engine.engine_app import RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, WORLD_ENV, world
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
@@ -85,7 +84,7 @@ def effects(db: Path, tool: str) -> int:
     return count(db, "SELECT count(*) FROM effects WHERE tool = ?", tool)
 
 
-def killed(proc: subprocess.Popen[bytes], log: Path) -> None:
+def killed(proc: WorkerProcess, log: Path) -> None:
     try:
         code = proc.wait(TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -168,8 +167,8 @@ def start_worker(
     *,
     env: dict[str, str] | None = None,
     app: str = ENGINE_APP,
-) -> subprocess.Popen[bytes]:
-    """Start a ``settled worker`` child on ``s``'s namespace and broker, outside the engine fixtures.
+) -> WorkerProcess:
+    """Start a ``settled worker`` child (`WorkerProcess`) on ``s``'s namespace and broker, outside the fixtures.
 
     For tests that need their own broker or one failpoint control folder per worker process (e.g. the chaos
     suite's); the caller kills what it started.
@@ -186,19 +185,8 @@ def start_worker(
     Returns:
         The child process.
     """
-    full = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_FAILPOINT")}
-    full.update(
-        {"SETTLED_NAMESPACE": s.namespace, "SETTLED_KAFKA_BOOTSTRAP": s.kafka_bootstrap, WORLD_ENV: str(world_db)}
-    )
-    full.update(env or {})
-    with log_path.open("ab") as log_file:
-        return subprocess.Popen(
-            [sys.executable, "-m", "settled.services", "worker", "--app", app, "--worker-id", name],
-            cwd=_ROOT,
-            env=full,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
+    full = {WORLD_ENV: str(world_db), **(env or {})}
+    return WorkerProcess.start(s, app=app, log_path=log_path, worker_id=name, env=full, cwd=_ROOT)
 
 
 def per_key(db: Path, table: str, tool: str) -> dict[str, int]:
@@ -272,15 +260,16 @@ def check_parallel_batch(
 def supervise_until_settled(
     s: Settings,
     submissions: Sequence[SubmissionProposed],
-    spawn: Callable[[str], subprocess.Popen[bytes]],
+    spawn: Callable[[str], WorkerProcess],
     *,
     max_deaths: int,
     timeout_s: float,
     poll_s: float,
-) -> tuple[int, subprocess.Popen[bytes]]:
-    """Keep one worker running, as a supervisor would, until every submission settled.
+) -> tuple[int, WorkerProcess]:
+    """Keep one worker running under a `Supervisor` until every submission settled.
 
-    A worker that ends must have exited 1 (a poison submission's ``os._exit(1)``); it is counted and started again.
+    A worker that ends must have exited 1 (a poison submission's ``os._exit(1)``); it is counted and started again
+    (incarnation ``n`` is ``spawn(f"w{n}")``).
 
     Returns:
         The deaths counted and the worker running at the end.
@@ -289,17 +278,17 @@ def supervise_until_settled(
         AssertionError: A worker ended otherwise, more than ``max_deaths`` deaths (a crash loop), or not everything
             settled within ``timeout_s`` seconds.
     """
-    deaths = 0
+    supervisor = Supervisor(lambda n: spawn(f"w{n}"))
+    supervisor.start()
     deadline = time.monotonic() + timeout_s
-    worker: subprocess.Popen[bytes] | None = None
     while time.monotonic() < deadline:
-        if all(settled(s, p.submission_id) is not None for p in submissions) and worker is not None:
-            return deaths, worker
-        if worker is None or worker.poll() is not None:
-            if worker is not None:
-                assert worker.returncode == 1, f"worker ended with {worker.returncode}"
-                deaths += 1
+        if all(settled(s, p.submission_id) is not None for p in submissions):
+            return supervisor.restarts, supervisor.worker
+        code = supervisor.exit_code()
+        if code is not None:
+            assert code == 1, f"worker ended with {code}"
+            deaths = supervisor.restarts + 1
             assert deaths <= max_deaths, f"{deaths} deaths: the poison submission is crash-looping its worker"
-            worker = spawn(f"w{deaths}")
+            supervisor.restart()
         time.sleep(poll_s)
-    raise AssertionError(f"not everything settled after {deaths} deaths: {settlements(s)}")
+    raise AssertionError(f"not everything settled after {supervisor.restarts} deaths: {settlements(s)}")

@@ -24,6 +24,7 @@ from settled import _failpoints
 from settled._settings import Settings
 from settled.processors import WATCHDOG_EXIT_CODE
 from settled.schemas import SettlementOutcome
+from settled.testing import WorkerProcess
 from tests.integration.engine._helpers import TIMEOUT_S, plan, send, settled, settlements
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.helpers import proposal, wait_for
@@ -45,7 +46,7 @@ def _log(tmp_path: Path, name: str) -> str:
     return (tmp_path / f"{name}.log").read_text(errors="replace")
 
 
-def _exit_code(proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> int:
+def _exit_code(proc: WorkerProcess, timeout_s: float, log: Path) -> int:
     try:
         return proc.wait(timeout_s)
     except subprocess.TimeoutExpired:

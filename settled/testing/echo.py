@@ -1,4 +1,8 @@
-"""The built-in echo agent: replies with its input after an optional delay (issue 5's run body, on RunContext)."""
+"""The echo app of tests and benchmarks: replies with its input after an optional delay (issue 5's run body).
+
+Run it with ``settled worker --app settled.testing.echo:app`` (`ECHO_APP`). It is a test app: crafted input makes
+it raise or end its process (see `EchoAgent`), so a production worker never runs it by default.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,10 @@ from settled._failpoints import failpoint
 from settled.runtime._app import App
 from settled.runtime._context import RunContext
 
-__all__ = ["EchoAgent", "app"]
+__all__ = ["ECHO_APP", "EchoAgent", "app"]
+
+#: The ``--app`` reference of this module's `app`.
+ECHO_APP = "settled.testing.echo:app"
 
 
 class EchoAgent:
@@ -42,5 +49,5 @@ class EchoAgent:
         return {"echo": value, "attempt": ctx.attempt}
 
 
-#: ``settled worker --app settled.runtime.echo:app``
+#: ``settled worker --app settled.testing.echo:app``
 app = App(agent=EchoAgent())
