@@ -41,7 +41,7 @@ SUITES = [
         "static",
         180,
         (
-            (PY, "-m", "ruff", "check", "settled", "tests", "scripts", "bench"),
+            (PY, "-m", "ruff", "check", "settled", "tests", "scripts", "bench", "examples"),
             (PY, "-m", "mypy"),
             (str(Path(PY).parent / "lint-imports"),),
         ),
@@ -51,9 +51,15 @@ SUITES = [
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     Suite("engine", 480, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
-    # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack.
-    Suite("bfcl-offline", 120, (_pytest("tests/bfcl", "--ignore=tests/bfcl/test_demo_slice.py"),), junit=True),
-    Suite("bfcl", 240, (_pytest("tests/bfcl/test_demo_slice.py"),), junit=True),
+    # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
+    # (the settled-bfcl example, examples/bfcl).
+    Suite(
+        "bfcl-offline",
+        120,
+        (_pytest("examples/bfcl/tests", "--ignore=examples/bfcl/tests/test_demo_slice.py"),),
+        junit=True,
+    ),
+    Suite("bfcl", 240, (_pytest("examples/bfcl/tests/test_demo_slice.py"),), junit=True),
     Suite("fault-switches", 180, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 

@@ -1,23 +1,17 @@
-"""``settled demo``: the main job (issue 8) and the stack's round trip.
+"""``settled demo``: the main job (issue 8), found in the BFCL example, and the stack's round trip.
 
-* ``settled demo`` / ``settled demo bfcl [--conversations N] [--category base|miss_func] [--chaos] [--seed S]
-  [--workers 2] [--no-dedup] [--no-idempotency TradingBot,TravelAPI] [--adversarial]``: BFCL multi-turn
-  conversations run durably through the real stack and judged in a fresh process (`settled.services.bfcl._demo`);
-  exit code 0 only when every conversation passes.
+* ``settled demo`` / ``settled demo bfcl [ARGS]``: the BFCL main job. Its code is the separate ``settled-bfcl``
+  distribution (``examples/bfcl``; ``scripts/dev setup`` installs it), found through the ``settled.demo`` entry-point
+  group and given ``ARGS`` (``settled demo bfcl --help`` lists them). Not installed: exit 2, saying how to install it.
 * ``settled demo roundtrip``: starts the dev stack when no Kafka/Postgres is configured, commits one transaction to
   a namespaced topic, reads it back with a read_committed consumer, and stores the latency in PostgreSQL.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING
+from importlib.metadata import entry_points
 
 import psycopg
 import typer
@@ -28,12 +22,9 @@ from rich.console import Console
 from settled._settings import Settings
 from settled.services._cli_dev import stack_from_settings
 
-if TYPE_CHECKING:
-    from settled.services.bfcl._demo import DemoOptions
-
 _console = Console()
 
-__all__ = ["bfcl", "demo_app", "roundtrip"]
+__all__ = ["DEMO_ENTRY_POINT_GROUP", "bfcl", "demo_app", "roundtrip"]
 
 demo_app = typer.Typer(
     invoke_without_command=True,
@@ -104,93 +95,46 @@ def roundtrip(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka ca
     _console.print(f"[green]OK[/green]: transactional round trip in {took_ms:.1f} ms; {stored} runs stored")
 
 
-def _classes(text: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in text.split(",") if part.strip())
+#: The entry-point group a demo registers in: ``name = "module:function"``, ``function(args: Sequence[str]) -> int``.
+DEMO_ENTRY_POINT_GROUP = "settled.demo"
+
+_INSTALL_HINT = (
+    "pip install -e examples/bfcl && pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0 "
+    "(from a settled checkout; scripts/dev setup does both)"
+)
 
 
-@contextlib.contextmanager
-def _native_stderr_to(path: Path) -> Iterator[None]:
-    """Send file descriptor 2 to ``path`` meanwhile.
+def _run_demo(name: str, args: list[str]) -> None:
+    """Run the demo ``name`` registered in the ``settled.demo`` entry-point group with ``args``; exit with its code.
 
-    librdkafka's own log lines (e.g. "Connection refused" during the chaos broker restart) would bury the progress bar.
+    Args:
+        name: The entry point's name (``bfcl``).
+        args: Its command-line arguments.
+
+    Raises:
+        typer.Exit: Always: the demo's exit code, or 2 when no installed distribution provides ``name``.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with path.open("ab") as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def _run_bfcl(options: DemoOptions) -> None:
-    from settled.services.bfcl._demo import render_demo, run_demo
-
-    native_log = Settings().state_dir / "bfcl-demo" / "native-stderr.log"
-    with _native_stderr_to(native_log):
-        result = run_demo(options, console=_console)
-    render_demo(result, _console)
-    if not result.passed:
-        raise typer.Exit(1)
-
-
-@demo_app.command("bfcl")
-def bfcl(
-    conversations: int | None = typer.Option(None, "--conversations", min=1, help="How many (default: all)."),
-    category: str = typer.Option("base", "--category", help="base or miss_func."),
-    chaos: bool = typer.Option(False, "--chaos", help="SIGKILL workers at seeded failpoints; restart broker, tools."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the chaos schedule and chunking (default: drawn)."),
-    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes sharing the partitions."),
-    no_dedup: bool = typer.Option(False, "--no-dedup", help="Negative control: the tool server runs repeated keys."),
-    no_idempotency: str = typer.Option(
-        "", "--no-idempotency", help="Backend classes that are not idempotent, e.g. TradingBot,TravelAPI."
-    ),
-    adversarial: bool = typer.Option(False, "--adversarial", help="The model calls a not-offered tool (miss_func)."),
-    mode: str = typer.Option("random_chunks", "--mode", help="Replay mode: one_call, batch or random_chunks."),
-    kills: int | None = typer.Option(None, "--kills", min=0, help="Worker kills under --chaos (default: N/8, >= 3)."),
-    in_flight: int | None = typer.Option(
-        None, "--in-flight", min=1, help="Conversations driven at once (default: 32, 12 under --chaos)."
-    ),
-    timeout_s: float = typer.Option(1800.0, "--timeout-s", help="Bound on the whole run, in seconds."),
-) -> None:
-    """Run BFCL multi-turn conversations through workers, a projector and the tool server; print the verdict."""
-    from settled.services.bfcl._demo import DemoError, DemoOptions
-    from settled.services.bfcl._replay import ReplayMode
-
-    try:
-        replay_mode = ReplayMode(mode)
-    except ValueError as exc:
-        _console.print(f"[red]--mode {mode!r}: expected one of {', '.join(m.value for m in ReplayMode)}[/red]")
-        raise typer.Exit(2) from exc
-    try:
-        options = DemoOptions(
-            category=category,
-            conversations=conversations,
-            chaos=chaos,
-            seed=seed,
-            workers=workers,
-            dedup=not no_dedup,
-            no_idempotency=frozenset(part.strip() for part in no_idempotency.split(",") if part.strip()),
-            adversarial=adversarial,
-            mode=replay_mode,
-            kills=kills,
-            in_flight=in_flight,
-            timeout_s=timeout_s,
+    found = entry_points(group=DEMO_ENTRY_POINT_GROUP, name=name)
+    if not found:
+        _console.print(
+            f"[red]settled demo {name}: the example is not installed (no {name!r} entry point in the "
+            f"{DEMO_ENTRY_POINT_GROUP!r} group). Install it: {_INSTALL_HINT}[/red]"
         )
-    except DemoError as exc:
-        _console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
-    _run_bfcl(options)
+        raise typer.Exit(2)
+    run = next(iter(found)).load()
+    raise typer.Exit(int(run(args)))
+
+
+@demo_app.command(
+    "bfcl", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
+)
+def bfcl(ctx: typer.Context) -> None:
+    """BFCL multi-turn conversations through workers, a projector and the tool server (the settled-bfcl example)."""
+    _run_demo("bfcl", list(ctx.args))
 
 
 @demo_app.callback()
 def demo(ctx: typer.Context) -> None:
     """The main job; without a subcommand, ``settled demo bfcl`` on the whole base set."""
     if ctx.invoked_subcommand is None:
-        from settled.services.bfcl._demo import DemoOptions
-
-        _run_bfcl(DemoOptions())
+        _run_demo("bfcl", [])

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from settled.services.bfcl._errors import BfclError, BfclVersionError, UnknownMethodError
+from settled_bfcl._errors import BfclError, BfclVersionError, UnknownMethodError
 
 __all__ = [
     "BACKEND_CLASSES",

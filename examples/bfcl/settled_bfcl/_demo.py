@@ -6,7 +6,7 @@ Issue 8, Build item 4; DESIGN.md §9. `run_demo` does the whole job:
    dev stack, started if needed (DESIGN.md §8). Topics are created in a fresh namespace.
 2. The tool server (a separate process, its worlds and ledger in SQLite), one world per conversation; a projector
    (``settled projections run``); ``--workers`` worker processes running the BFCL app
-   (``settled.services.bfcl._app``: the replay model as provider, BFCL's backends as tools).
+   (``settled_bfcl._app``: the replay model as provider, BFCL's backends as tools).
 3. Each conversation's turns are submitted in order through `settled.client.Client` (turn k+1 once turn k settled),
    many conversations at once; each submission offers its turn's tools.
 4. ``--chaos``: worker processes are SIGKILLed at failpoints drawn from the logged seed (`chaos_schedule`; at least
@@ -54,7 +54,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from settled._failpoints import FailpointControl, ScheduledKill, choose_schedule
 from settled._settings import Settings
 from settled.client import (
     NO_RESULT,
@@ -87,12 +86,20 @@ from settled.schemas import (
     UnknownResolved,
 )
 from settled.services._devstack import DevStack, KafkaBroker, StackError
-from settled.services.bfcl._app import APP_REFERENCE, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
-from settled.services.bfcl._backends import BACKEND_CLASSES
-from settled.services.bfcl._client import ToolServerClient, ToolServerProcess
-from settled.services.bfcl._corpus import Entry, load_corpus
-from settled.services.bfcl._replay import ReplayMode, replayable_entries
-from settled.services.bfcl._verdict import (
+from settled.testing import (
+    KILLED_EXIT_CODE,
+    FailpointControl,
+    ScheduledKill,
+    Supervisor,
+    WorkerProcess,
+    choose_schedule,
+)
+from settled_bfcl._app import APP_REFERENCE, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
+from settled_bfcl._backends import BACKEND_CLASSES
+from settled_bfcl._client import ToolServerClient, ToolServerProcess
+from settled_bfcl._corpus import Entry, load_corpus
+from settled_bfcl._replay import ReplayMode, replayable_entries
+from settled_bfcl._verdict import (
     ConversationLog,
     VerdictSummary,
     judge_in_fresh_process,
@@ -129,7 +136,6 @@ KILL_POINTS: tuple[str, ...] = (
 TOOL_APPLIED_POINT = "engine.tool_returned"
 
 _COMPLETED = SettlementOutcome.COMPLETED.value
-_KILLED = -signal.SIGKILL
 
 
 class DemoError(RuntimeError):
@@ -547,44 +553,45 @@ def _stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 15.0)
 
 
 class _WorkerSlot:
-    """One worker process position: respawned after each death, its kills armed through its own control folder."""
+    """One worker position under a `Supervisor`: restarted after each death, its kills armed through its own folder."""
 
-    def __init__(self, index: int, env: Mapping[str, str], work_dir: Path) -> None:
+    def __init__(self, index: int, settings: Settings, env: Mapping[str, str], work_dir: Path) -> None:
         self.index = index
         self.control = FailpointControl(work_dir / f"failpoints-w{index}")
         self.log_path = work_dir / f"worker-{index}.log"
+        self._settings = settings
         self._env = dict(env)
-        self.incarnation = 0
+        self.supervisor = Supervisor(self._start)
         self.started_at = 0.0
-        self.proc: subprocess.Popen[bytes] | None = None
         self.armed: ScheduledKill | None = None
         self.armed_at = 0.0
 
-    def spawn(self) -> None:
-        self.incarnation += 1
-        env = dict(self._env)
-        env.update(self.control.env(""))
-        argv = [
-            sys.executable,
-            "-m",
-            "settled.services",
-            "worker",
-            "--app",
-            APP_REFERENCE,
-            "--worker-id",
-            self.worker_id,
-        ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    def _start(self, incarnation: int) -> WorkerProcess:
+        worker = WorkerProcess.start(
+            self._settings,
+            app=APP_REFERENCE,
+            log_path=self.log_path,
+            worker_id=f"w{self.index}.{incarnation + 1}",
+            control=self.control,
+            base_env=self._env,
+        )
         self.started_at = time.monotonic()
+        return worker
+
+    def spawn(self) -> None:
+        self.supervisor.start()
+
+    def restart(self) -> None:
+        """Start the next incarnation (the current one has exited)."""
+        self.supervisor.restart()
 
     @property
     def worker_id(self) -> str:
         """The current incarnation's worker id (recorded in its ``OwnershipClaimed`` records)."""
-        return f"w{self.index}.{self.incarnation}"
+        return f"w{self.index}.{self.supervisor.incarnations}"
 
     def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        return self.supervisor.exit_code()
 
     def arm(self, kill: ScheduledKill) -> None:
         self.control.arm(kill.name, f"{kill.hit}*kill")
@@ -598,7 +605,7 @@ class _WorkerSlot:
 
     def stop(self) -> None:
         self.disarm()
-        _stop_process(self.proc)
+        self.supervisor.stop(15.0)
 
 
 class _Projector:
@@ -1119,7 +1126,7 @@ def run_demo(
         env = _child_env(s, config)
         projector = _Projector(env, work_dir)
         projector.spawn()
-        slots = [_WorkerSlot(i, env, work_dir) for i in range(options.workers)]
+        slots = [_WorkerSlot(i, s, env, work_dir) for i in range(options.workers)]
         for slot in slots:
             slot.spawn()
         tail.start()
@@ -1162,7 +1169,7 @@ def run_demo(
                             continue
                         if chaos is not None:
                             chaos.last_action = time.monotonic()
-                        if chaos is not None and code == _KILLED:  # only the chaos schedule sends SIGKILL
+                        if chaos is not None and code == KILLED_EXIT_CODE:  # only the chaos schedule sends SIGKILL
                             kills += 1
                             where = slot.armed.spec if slot.armed is not None else "a kill being disarmed"
                             say(f"chaos: worker {slot.index} killed at {where} (kill {kills})")
@@ -1175,7 +1182,7 @@ def run_demo(
                             unexpected += 1
                             say(f"[yellow]worker {slot.index} exited with code {code}; see {slot.log_path}[/yellow]")
                         slot.disarm()
-                        slot.spawn()
+                        slot.restart()
                     projector.supervise()
                     if tail.error is not None:
                         raise DemoError(f"reading the log failed: {tail.error!r}") from tail.error

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from settled.services.bfcl import (
+from settled_bfcl import (
     BFCL_EVAL_VERSION,
     HOLDOUT_USER_TEXT,
     CallParseError,

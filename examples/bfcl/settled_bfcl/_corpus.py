@@ -30,14 +30,14 @@ from typing import Any
 from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 
-from settled.services.bfcl._backends import (
+from settled_bfcl._backends import (
     BACKEND_CLASSES,
     JsonValue,
     World,
     check_bfcl_version,
     method_index,
 )
-from settled.services.bfcl._errors import CallParseError, CorpusError
+from settled_bfcl._errors import CallParseError, CorpusError
 
 __all__ = [
     "CATEGORIES",

@@ -18,9 +18,9 @@ from typing import Any
 
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import state_checker
 
-from settled.services.bfcl._backends import World
-from settled.services.bfcl._corpus import Entry, GroundTruthCall
-from settled.services.bfcl._errors import BfclError
+from settled_bfcl._backends import World
+from settled_bfcl._corpus import Entry, GroundTruthCall
+from settled_bfcl._errors import BfclError
 
 __all__ = ["OracleCall", "OracleRun", "StateVerdict", "check_final_state", "run_oracle"]
 

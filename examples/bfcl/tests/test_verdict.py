@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from settled.schemas import canonical_json
-from settled.services.bfcl import (
+from settled_bfcl import (
     ConversationLog,
     ConversationVerdict,
     Corpus,

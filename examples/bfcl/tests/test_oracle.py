@@ -9,7 +9,7 @@ from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.posting_api import 
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
 
-from settled.services.bfcl import BfclError, Corpus, Entry, World, check_final_state, run_oracle
+from settled_bfcl import BfclError, Corpus, Entry, World, check_final_state, run_oracle
 
 pytestmark = pytest.mark.bfcl
 

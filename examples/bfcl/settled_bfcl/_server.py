@@ -1,4 +1,4 @@
-"""The tool server's HTTP shell: FastAPI over :class:`ToolService` (run by ``settled.services.bfcl.toolserver``).
+"""The tool server's HTTP shell: FastAPI over :class:`ToolService` (run by ``settled_bfcl.toolserver``).
 
 Endpoints (bodies in ``_wire``; errors are ``{"error": code, "detail": text}`` with the status in ``ERROR_CODES``):
 
@@ -23,9 +23,9 @@ from fastapi import FastAPI, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from settled.services.bfcl._errors import ToolServerError
-from settled.services.bfcl._service import ToolService
-from settled.services.bfcl._wire import (
+from settled_bfcl._errors import ToolServerError
+from settled_bfcl._service import ToolService
+from settled_bfcl._wire import (
     CallRequest,
     CallResponse,
     Capabilities,

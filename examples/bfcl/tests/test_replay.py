@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from settled.services.bfcl import (
+from settled_bfcl import (
     AssistantText,
     AssistantToolCalls,
     Corpus,

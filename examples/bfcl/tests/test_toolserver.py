@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from settled.services.bfcl import (
+from settled_bfcl import (
     ConversationConflictError,
     Corpus,
     IdempotencyConflictError,
@@ -255,7 +255,7 @@ def test_command_line_rejects_unknown_classes(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "settled.services.bfcl.toolserver",
+            "settled_bfcl.toolserver",
             "--db",
             str(tmp_path / "x.sqlite"),
             "--port",

@@ -1,4 +1,4 @@
-"""Run the BFCL tool server: ``python -m settled.services.bfcl.toolserver --db PATH --port N [switches]``.
+"""Run the BFCL tool server: ``python -m settled_bfcl.toolserver --db PATH --port N [switches]``.
 
 Switches:
     ``--no-dedup``: the negative control; a repeated idempotency key executes again.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import uvicorn
 
-from settled.services.bfcl._backends import BACKEND_CLASSES
-from settled.services.bfcl._server import create_app
-from settled.services.bfcl._service import ToolServerConfig, ToolService
-from settled.services.bfcl._store import ToolServerStore
+from settled_bfcl._backends import BACKEND_CLASSES
+from settled_bfcl._server import create_app
+from settled_bfcl._service import ToolServerConfig, ToolService
+from settled_bfcl._store import ToolServerStore
 
 __all__ = ["main", "parse_args"]
 
@@ -43,7 +43,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         The parsed namespace (``db``, ``host``, ``port``, ``no_dedup``, ``no_idempotency``, ``log_level``).
     """
     parser = argparse.ArgumentParser(
-        prog="python -m settled.services.bfcl.toolserver",
+        prog="python -m settled_bfcl.toolserver",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

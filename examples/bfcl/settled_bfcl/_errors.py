@@ -18,7 +18,7 @@ __all__ = [
 
 
 class BfclError(Exception):
-    """Base class of every error raised by ``settled.services.bfcl``."""
+    """Base class of every error raised by ``settled_bfcl``."""
 
 
 class BfclVersionError(BfclError):

@@ -1,4 +1,9 @@
-"""Fixtures of the BFCL tests: the shipped corpora (loaded once) and tool-server processes on private SQLite files."""
+"""Fixtures of the BFCL tests: the shipped corpora (loaded once) and tool-server processes on private SQLite files.
+
+The CI slice's broker and PostgreSQL come from settled's own test fixtures (``tests/conftest.py``: the environment's
+services, testcontainers or the local stack); run these tests from the repository's root, as
+``scripts/run_suites.py`` does.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from settled.services.bfcl import Corpus, ToolServerProcess, load_corpus
+from settled_bfcl import Corpus, ToolServerProcess, load_corpus
+from tests.conftest import _services, kafka_admin, kafka_bootstrap, postgres_dsn
+
+__all__ = ["_services", "kafka_admin", "kafka_bootstrap", "postgres_dsn"]  # settled's fixtures the slice uses
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The BFCL app: BFCL's backend methods as settled tools behind the tool server, the replay model as the provider.
 
-Issue 8, Build item 4; DESIGN.md §9. Workers load it with ``settled worker --app settled.services.bfcl._app:app``.
+Issue 8, Build item 4; DESIGN.md §9. Workers load it with ``settled worker --app settled_bfcl._app:app``.
 
 * **Submissions.** Each user turn is one submission whose input is ``{"entry_id", "turn", "text"}`` (see
   `turn_input`) and whose ``tools_offered`` are the turn's tools (a miss_func turn lacks its held-out function).
@@ -52,10 +52,10 @@ from settled.runtime import (
     declared_call,
 )
 from settled.schemas import CanonicalJsonError, DeclaredToolCall, canonical_json
-from settled.services.bfcl._backends import BACKEND_CLASSES, JsonValue, method_index
-from settled.services.bfcl._client import ToolServerClient
-from settled.services.bfcl._corpus import CATEGORIES, Corpus, Entry, load_corpus
-from settled.services.bfcl._replay import (
+from settled_bfcl._backends import BACKEND_CLASSES, JsonValue, method_index
+from settled_bfcl._client import ToolServerClient
+from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, load_corpus
+from settled_bfcl._replay import (
     AssistantText,
     AssistantToolCalls,
     ModelToolCall,
@@ -65,7 +65,7 @@ from settled.services.bfcl._replay import (
     ToolResultMessage,
     UserMessage,
 )
-from settled.services.bfcl._replay import Message as ReplayMessage
+from settled_bfcl._replay import Message as ReplayMessage
 
 __all__ = [
     "APP_REFERENCE",
@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 #: The ``--app`` reference workers load.
-APP_REFERENCE = "settled.services.bfcl._app:app"
+APP_REFERENCE = "settled_bfcl._app:app"
 #: The tool server's base URL, e.g. ``http://127.0.0.1:8765`` (required).
 ENV_TOOLSERVER_URL = "SETTLED_BFCL_TOOLSERVER_URL"
 #: The replay mode (`ReplayMode` value; default ``one_call``).
@@ -140,7 +140,7 @@ class TurnInput:
     Attributes:
         entry_id: The BFCL entry.
         turn: The zero-based turn index.
-        text: The user's text (`settled.services.bfcl.Turn.user_text`).
+        text: The user's text (`settled_bfcl.Turn.user_text`).
     """
 
     entry_id: str
@@ -506,7 +506,7 @@ def _app_from_env() -> App:
 
 
 def __getattr__(name: str) -> App:
-    """Build ``app`` from the environment at first access (``settled worker --app settled.services.bfcl._app:app``).
+    """Build ``app`` from the environment at first access (``settled worker --app settled_bfcl._app:app``).
 
     Args:
         name: The attribute.

@@ -4,7 +4,7 @@
 refused or reset, timeout) is raised as ``httpx.TransportError``, untouched: the caller cannot know whether the call
 ran, so it is *in doubt* (DESIGN.md §5), never a tool result.
 
-:class:`ToolServerProcess` starts ``python -m settled.services.bfcl.toolserver`` on a private port, waits until it
+:class:`ToolServerProcess` starts ``python -m settled_bfcl.toolserver`` on a private port, waits until it
 answers, and stops it gracefully (SIGTERM) or kills it (SIGKILL, the crash that the store must survive).
 """
 
@@ -23,8 +23,8 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from settled.services._devstack import free_port
-from settled.services.bfcl._corpus import Entry
-from settled.services.bfcl._errors import (
+from settled_bfcl._corpus import Entry
+from settled_bfcl._errors import (
     ConversationConflictError,
     IdempotencyConflictError,
     StaleEpochError,
@@ -32,7 +32,7 @@ from settled.services.bfcl._errors import (
     ToolServerProcessError,
     UnknownConversationError,
 )
-from settled.services.bfcl._wire import (
+from settled_bfcl._wire import (
     CallRequest,
     CallResponse,
     Capabilities,
@@ -305,7 +305,7 @@ class ToolServerProcess:
         argv = [
             sys.executable,
             "-m",
-            "settled.services.bfcl.toolserver",
+            "settled_bfcl.toolserver",
             "--db",
             str(self.db_path),
             "--host",

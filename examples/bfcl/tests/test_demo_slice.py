@@ -37,7 +37,7 @@ from settled.schemas import (
     canonical_json,
     json_digest,
 )
-from settled.services.bfcl import (
+from settled_bfcl import (
     Corpus,
     Entry,
     ReplayMode,
@@ -46,8 +46,8 @@ from settled.services.bfcl import (
     load_corpus,
     replayable_entries,
 )
-from settled.services.bfcl._app import BfclAppConfig, ReplayProvider, _original_arguments, build_app, turn_input
-from settled.services.bfcl._demo import (
+from settled_bfcl._app import BfclAppConfig, ReplayProvider, _original_arguments, build_app, turn_input
+from settled_bfcl._demo import (
     KILL_POINTS,
     TOOL_APPLIED_POINT,
     DemoOptions,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from settled.services.bfcl._backends import BACKEND_CLASSES, World, check_bfcl_version, method_index
-from settled.services.bfcl._errors import (
+from settled_bfcl._backends import BACKEND_CLASSES, World, check_bfcl_version, method_index
+from settled_bfcl._errors import (
     ConversationConflictError,
     IdempotencyConflictError,
     StaleEpochError,
@@ -35,8 +35,8 @@ from settled.services.bfcl._errors import (
     UnknownConversationError,
     UnknownMethodError,
 )
-from settled.services.bfcl._store import ToolServerStore
-from settled.services.bfcl._wire import (
+from settled_bfcl._store import ToolServerStore
+from settled_bfcl._wire import (
     CallRequest,
     CallResponse,
     Capabilities,

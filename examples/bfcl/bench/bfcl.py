@@ -1,7 +1,8 @@
 """Benchmark: BFCL conversations through settled vs a plain in-process run of the same ground truth (issue 8).
 
-    .venv/bin/python bench/bfcl.py [--conversations N] [--category base|miss_func] [--workers 2] [--in-flight 32]
-                                   [--mode random_chunks] [--seed 1] [--bootstrap HOST:PORT] [--keep]
+    .venv/bin/python examples/bfcl/bench/bfcl.py [--conversations N] [--category base|miss_func] [--workers 2]
+                                                 [--in-flight 32]
+                                                 [--mode random_chunks] [--seed 1] [--bootstrap HOST:PORT] [--keep]
 
 One command, one fresh namespace ``bench-bfcl-<hex>``, the corpus's replayable conversations (all 200 of base by
 default). Measured in the same run, in this order, each timed from its first turn's start to its last turn's end:
@@ -39,8 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/bfcl.py
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run from a checkout: python examples/bfcl/bench/bfcl.py; the benchmarks' shared helpers are bench/_common.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 
 import psycopg
 from _common import (
@@ -59,11 +61,11 @@ from rich.console import Console
 from settled._settings import Settings
 from settled.producers import producer_config
 from settled.projections import ProjectionNames, default_schema
-from settled.services.bfcl import ReplayMode, load_corpus, replayable_entries
-from settled.services.bfcl._backends import World
-from settled.services.bfcl._client import ToolServerClient, ToolServerProcess
-from settled.services.bfcl._corpus import Entry
-from settled.services.bfcl._demo import DemoOptions, DemoResult, render_demo, run_demo
+from settled_bfcl import ReplayMode, load_corpus, replayable_entries
+from settled_bfcl._backends import World
+from settled_bfcl._client import ToolServerClient, ToolServerProcess
+from settled_bfcl._corpus import Entry
+from settled_bfcl._demo import DemoOptions, DemoResult, render_demo, run_demo
 
 _EPOCH = 1  # the owner epoch the tool-server sides send (settled's workers send their real claim epochs)
 

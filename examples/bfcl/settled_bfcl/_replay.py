@@ -3,7 +3,7 @@
 Each submission is one user turn: conversation ``c`` maps to a corpus entry (by default ``c`` *is* the entry id) and
 submission ``k`` to turn ``k``. For a turn, :meth:`ReplayModel.respond` answers the history the runtime gives it
 with the turn's ground-truth calls as model tool calls, carrying deterministic call ids ``<entry>/t<k>/c<j>``
-(:func:`~settled.services.bfcl.call_id_for`), in order, chunked per :class:`ReplayMode`; after the last call it
+(:func:`~settled_bfcl.call_id_for`), in order, chunked per :class:`ReplayMode`; after the last call it
 answers with a final text (:func:`final_reply_text`).
 
 The model keeps no state between calls: it derives its position from the history alone, by counting the tool
@@ -23,7 +23,7 @@ turn later uses. The runtime must refuse it as a tool error the model sees and e
 ``ToolCallRefused``); the model then gives its final text.
 
 One shipped entry cannot be replayed: ``multi_turn_miss_func_49/t1/c1`` calls ``tail`` two turns before it is
-offered (:attr:`~settled.services.bfcl.Entry.unoffered_calls`). :meth:`ReplayModel.respond` refuses every turn of
+offered (:attr:`~settled_bfcl.Entry.unoffered_calls`). :meth:`ReplayModel.respond` refuses every turn of
 such an entry (:class:`UnreplayableEntryError`); :func:`replayable_entries` leaves them out.
 """
 
@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
 
-from settled.services.bfcl._backends import JsonValue
-from settled.services.bfcl._corpus import Corpus, Entry, GroundTruthCall, ToolDoc, Turn
-from settled.services.bfcl._errors import BfclError
+from settled_bfcl._backends import JsonValue
+from settled_bfcl._corpus import Corpus, Entry, GroundTruthCall, ToolDoc, Turn
+from settled_bfcl._errors import BfclError
 
 __all__ = [
     "AssistantText",
@@ -110,7 +110,7 @@ class UserMessage:
     """The user's message that opens a turn (the submission's input).
 
     Attributes:
-        text: The text (:attr:`~settled.services.bfcl.Turn.user_text`).
+        text: The text (:attr:`~settled_bfcl.Turn.user_text`).
     """
 
     text: str
@@ -310,7 +310,7 @@ def replayable(entry: Entry) -> bool:
         entry: The entry.
 
     Returns:
-        False for ``multi_turn_miss_func_49`` (and any entry with :attr:`~settled.services.bfcl.Entry.unoffered_calls`).
+        False for ``multi_turn_miss_func_49`` (and any entry with :attr:`~settled_bfcl.Entry.unoffered_calls`).
     """
     return not entry.unoffered_calls
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from settled.services.bfcl._backends import World
-from settled.services.bfcl._errors import BfclError
-from settled.services.bfcl._wire import ExecutionRecord, LedgerRecord
+from settled_bfcl._backends import World
+from settled_bfcl._errors import BfclError
+from settled_bfcl._wire import ExecutionRecord, LedgerRecord
 
 __all__ = ["ConversationRow", "StoreError", "ToolServerStore"]
 

@@ -1,7 +1,7 @@
 """The verdict on a BFCL run: each conversation judged against an independent execution of its ground truth.
 
 Issue 8, Build item 5; research doc §3-§4. For each conversation the judge runs the entry's ground truth on a fresh
-in-memory world (:func:`~settled.services.bfcl.run_oracle`) and checks, naming the call id or turn of each failure:
+in-memory world (:func:`~settled_bfcl.run_oracle`) and checks, naming the call id or turn of each failure:
 
 * **state** -- BFCL's own ``state_checker`` on the tool server's final world against the oracle's;
 * **ledger** -- the tool server's execution ledger holds exactly one backend execution per ground-truth call id,
@@ -40,12 +40,12 @@ from pydantic import TypeAdapter
 from rich.table import Table
 
 from settled.schemas import CanonicalJsonError, SettlementOutcome, canonical_json
-from settled.services.bfcl._backends import JsonValue, World
-from settled.services.bfcl._client import ToolServerClient
-from settled.services.bfcl._corpus import CATEGORIES, Corpus, Entry, GroundTruthCall, load_corpus
-from settled.services.bfcl._errors import BfclError
-from settled.services.bfcl._oracle import OracleRun, check_final_state, run_oracle
-from settled.services.bfcl._replay import (
+from settled_bfcl._backends import JsonValue, World
+from settled_bfcl._client import ToolServerClient
+from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, GroundTruthCall, load_corpus
+from settled_bfcl._errors import BfclError
+from settled_bfcl._oracle import OracleRun, check_final_state, run_oracle
+from settled_bfcl._replay import (
     Message,
     ModelToolCall,
     ReplayError,
@@ -55,8 +55,8 @@ from settled.services.bfcl._replay import (
     adversarial_call,
     final_reply_text,
 )
-from settled.services.bfcl._store import ToolServerStore
-from settled.services.bfcl._wire import ExecutionRecord, LedgerRecord
+from settled_bfcl._store import ToolServerStore
+from settled_bfcl._wire import ExecutionRecord, LedgerRecord
 
 __all__ = [
     "ConversationLog",
@@ -636,9 +636,7 @@ class _JudgeRequest:
 
 _REQUEST = TypeAdapter(_JudgeRequest)
 _VERDICTS = TypeAdapter(tuple[ConversationVerdict, ...])
-_CHILD_CODE = (
-    "import sys; from settled.services.bfcl._verdict import _judge_child; _judge_child(sys.argv[1], sys.argv[2])"
-)
+_CHILD_CODE = "import sys; from settled_bfcl._verdict import _judge_child; _judge_child(sys.argv[1], sys.argv[2])"
 
 
 def _category_of(entry_id: str) -> str:

@@ -6,7 +6,7 @@
 * Worlds: :class:`World` runs calls on BFCL's backends with BFCL's error-to-output convention.
 * Oracle: :func:`run_oracle` executes an entry's ground truth on a fresh world; :func:`check_final_state` runs
   BFCL's own ``state_checker`` on a candidate world against the oracle's.
-* Tool server: a separate process (``python -m settled.services.bfcl.toolserver``) honouring idempotency keys and
+* Tool server: a separate process (``python -m settled_bfcl.toolserver``) honouring idempotency keys and
   owner epochs, with a durable execution ledger; :class:`ToolServerProcess` runs it, :class:`ToolServerClient`
   talks to it, :class:`ToolServerStore` reads its SQLite file.
 * Replay model: :class:`ReplayModel` emits each turn's ground-truth calls as model tool calls (call ids
@@ -18,7 +18,7 @@
 Install: ``pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0`` plus the ``bfcl`` extra.
 """
 
-from settled.services.bfcl._backends import (
+from settled_bfcl._backends import (
     BACKEND_CLASSES,
     BFCL_EVAL_VERSION,
     JsonValue,
@@ -29,8 +29,8 @@ from settled.services.bfcl._backends import (
     method_index,
     method_spec,
 )
-from settled.services.bfcl._client import ToolServerClient, ToolServerProcess
-from settled.services.bfcl._corpus import (
+from settled_bfcl._client import ToolServerClient, ToolServerProcess
+from settled_bfcl._corpus import (
     CATEGORIES,
     HOLDOUT_USER_TEXT,
     Corpus,
@@ -43,7 +43,7 @@ from settled.services.bfcl._corpus import (
     load_tool_docs,
     parse_call,
 )
-from settled.services.bfcl._errors import (
+from settled_bfcl._errors import (
     BfclError,
     BfclVersionError,
     CallParseError,
@@ -56,8 +56,8 @@ from settled.services.bfcl._errors import (
     UnknownConversationError,
     UnknownMethodError,
 )
-from settled.services.bfcl._oracle import OracleCall, OracleRun, StateVerdict, check_final_state, run_oracle
-from settled.services.bfcl._replay import (
+from settled_bfcl._oracle import OracleCall, OracleRun, StateVerdict, check_final_state, run_oracle
+from settled_bfcl._replay import (
     AssistantText,
     AssistantToolCalls,
     Message,
@@ -77,9 +77,9 @@ from settled.services.bfcl._replay import (
     replayable,
     replayable_entries,
 )
-from settled.services.bfcl._service import ToolServerConfig, ToolService, request_fingerprint
-from settled.services.bfcl._store import ConversationRow, StoreError, ToolServerStore
-from settled.services.bfcl._verdict import (
+from settled_bfcl._service import ToolServerConfig, ToolService, request_fingerprint
+from settled_bfcl._store import ConversationRow, StoreError, ToolServerStore
+from settled_bfcl._verdict import (
     ConversationLog,
     ConversationVerdict,
     FaultKind,
@@ -96,7 +96,7 @@ from settled.services.bfcl._verdict import (
     result_matches,
     simulate_conversation,
 )
-from settled.services.bfcl._wire import (
+from settled_bfcl._wire import (
     CallRequest,
     CallResponse,
     Capabilities,
