@@ -164,7 +164,7 @@ class DemoOptions:
         timeout_s: Bound on the whole run, in seconds.
         work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
         warm_start: Before the first submission, wait until the workers have claimed every log partition and each
-            worker owns some (``bench/bfcl.py`` times the steady state, not the workers' start-up).
+            worker owns some (``examples/bfcl/bench/bfcl.py`` times the steady state, not the workers' start-up).
     """
 
     category: str = "base"
@@ -249,7 +249,7 @@ class DemoResult:
         projection_mismatches: Conversations whose projection differs from the log (with why).
         turn_times: Each settled turn's ``(published, settled)`` times (``time.monotonic()`` seconds, this
             process): just before the client publishes the submission, and when the client has read its settlement
-            (``bench/bfcl.py`` times the run from them).
+            (``examples/bfcl/bench/bfcl.py`` times the run from them).
         watchdog_exits: Workers that ended themselves with ``WATCHDOG_EXIT_CODE`` (a turn stalled past its bound,
             e.g. librdkafka#5456 after the broker restart) and were restarted.
     """
