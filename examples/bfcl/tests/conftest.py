@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from settled_bfcl import Corpus, ToolServerProcess, load_corpus
-from tests.conftest import _services, kafka_admin, kafka_bootstrap, postgres_dsn
+from tests.conftest import _services, kafka_admin, kafka_bootstrap, namespace, postgres_dsn, settings
 
-__all__ = ["_services", "kafka_admin", "kafka_bootstrap", "postgres_dsn"]  # settled's fixtures the slice uses
+# settled's fixtures the slice uses (its services, a namespace and its settings):
+__all__ = ["_services", "kafka_admin", "kafka_bootstrap", "namespace", "postgres_dsn", "settings"]
 
 
 @pytest.fixture(scope="session")
