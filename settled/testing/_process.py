@@ -148,10 +148,6 @@ class WorkerProcess:
         """Send ``sig`` to the child (SIGTERM/SIGINT: a graceful stop; SIGSTOP/SIGCONT: a pause)."""
         self.proc.send_signal(sig)
 
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the child (the same as `send_signal`)."""
-        os.kill(self.proc.pid, sig)
-
     def kill(self) -> None:
         """SIGKILL the child."""
         self.proc.kill()

@@ -124,7 +124,7 @@ def _sigterm_handover(s: Settings, tmp_path: Path, delay_s: float) -> tuple[list
             60,
             "the attempt to start",
         )
-        workers[0].signal(signal.SIGTERM)
+        workers[0].send_signal(signal.SIGTERM)
         assert workers[0].proc.wait(60) == 0, workers[0].tail()
         workers.append(spawn_worker(s, tmp_path, "second"))
         settlements.wait(lambda: bool(settlements.values()), 60, "the settlement")
@@ -161,7 +161,7 @@ def test_sigterm_during_load_hands_partitions_over_gracefully(topics: Settings, 
         staying = "w2" if leaving == "w1" else "w1"
         moved = sorted(p for p, (o, _) in before.items() if o == leaving)
         sigterm_at, sigterm_ts = time.monotonic(), datetime.now(UTC).isoformat(timespec="milliseconds")
-        workers[leaving].signal(signal.SIGTERM)
+        workers[leaving].send_signal(signal.SIGTERM)
         log.wait(
             lambda: all(_owners(log)[p][0] == staying for p in moved), 60, f"{staying} to claim {leaving}'s {moved}"
         )

@@ -94,7 +94,7 @@ def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(
     try:
         inbox.send(sub)
         control.wait_reached(BARRIER, 60)  # admitted, attempt committed, echo finished; settlement not yet staged
-        a.signal(signal.SIGSTOP)
+        a.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
 
         b = spawn_worker(s, tmp_path, "worker-b", control=control)
@@ -106,7 +106,7 @@ def test_a_resumed_owner_is_fenced_on_its_offset_free_settlement(
         claims = [(o, e) for _, o, bt in batches(log) for e in bt.events if isinstance(e, OwnershipClaimed)]
         assert [e.worker_id for _, e in claims] == ["worker-a", "worker-b"], claims
 
-        a.signal(signal.SIGCONT)
+        a.send_signal(signal.SIGCONT)
         assert control.release(BARRIER) == 1
         try:  # until A reports the fence, or (fencing broken) its late settlement shows up; the checks come below
             wait_for(
