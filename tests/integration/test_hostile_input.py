@@ -31,7 +31,6 @@ from settled._settings import Settings
 from settled.producers import provision_topics
 from settled.projections import ProjectionNames
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import (
     CommandRejected,
     InputQuarantined,
@@ -47,6 +46,7 @@ from settled.schemas import (
     payload_digest,
 )
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.integration.admission_load import committed_input_offset
 from tests.integration.helpers import (
