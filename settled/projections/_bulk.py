@@ -12,6 +12,11 @@ its ``COPY`` poll by poll, the other tables' final rows and the offsets after th
 first (a key shared across partitions) makes that transaction roll back and write again through the upserts of
 `ProjectionWriter`, which merge it.
 
+A row PostgreSQL refuses (a data error by SQLSTATE class, `settled.projections._sqlstate`: a NUL character, an index
+row over the btree maximum) rolls that transaction back, and the share replays its partitions from offset 0 through
+the projector instead (`RowsRefused`), which writes each record it cannot write alone into the quarantine table as
+the live projector does: the rebuild quarantines the same records as the live projector, so the two agree.
+
 `RebuildShare` is one process's share of a rebuild: the bulk replay, then catch-up on demand through a `Projector`
 seeded with the folded states (`Projector.seed`), so nothing is read twice. `SharePool` runs the shares, in this
 process or one child process each (the fold is CPU-bound and holds the GIL), and relays their progress.
@@ -43,6 +48,7 @@ from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
 from settled.projections._rows import ProjectionState, Row, RowSet, project_chunk
 from settled.projections._schema import ProjectionNames
+from settled.projections._sqlstate import ErrorKind, classify, describe
 from settled.projections._store import ProjectionWriter
 from settled.projections._tables import TABLES, TRANSCRIPT, TableSpec
 from settled.schemas import Codec, LogBatch
@@ -52,6 +58,7 @@ __all__ = [
     "RebuildShare",
     "RebuildWorkerError",
     "ReplayTimings",
+    "RowsRefused",
     "SharePool",
     "shared_decoder",
     "split_partitions",
@@ -78,6 +85,14 @@ class RebuildWorkerError(RuntimeError):
         self.error_type = error_type
         self.detail = detail
         self.child_traceback = child_traceback
+
+
+class RowsRefused(Exception):
+    """PostgreSQL refused rows of the bulk write (a data error, `settled.projections._sqlstate.ErrorKind.DATA`).
+
+    The write's transaction rolled back: nothing of it is stored. The bulk write cannot tell which record's rows
+    were refused, so the share replays through the projector, which quarantines them one record at a time.
+    """
 
 
 @dataclass
@@ -235,7 +250,8 @@ class BulkReplay:
             TimeoutError: The deadline passed.
             settled.protocol.ProtocolError: The fold refused a batch.
             settled.schemas.DecodeError: A record is not a decodable batch.
-            psycopg.Error: The write failed (e.g. an append-only row applied twice).
+            RowsRefused: PostgreSQL refused some rows (a data error); nothing was written.
+            psycopg.Error: The write failed otherwise (e.g. the connection was lost).
         """
         was_enabled = gc.isenabled()
         gc.disable()  # the replay builds a large, acyclic heap: the cycle collector only rescans it
@@ -434,6 +450,11 @@ class BulkReplay:
                         self._expect_offset(conn, writer, p, 0)
                         self.timings.rows_written += writer.write_rows(conn, rowsets[p])
                         writer.set_offset(conn, p, nexts[p])
+        except (psycopg.Error, UnicodeEncodeError) as exc:
+            if classify(exc) is not ErrorKind.DATA:
+                raise
+            _, error = describe(exc)
+            raise RowsRefused(f"{self.schema}: PostgreSQL refused rows of the bulk write: {error}") from exc
         finally:
             conn.close()
             # The write is what the replay's own phases do not cover (the streamed rows were timed as they went).
@@ -520,7 +541,17 @@ class RebuildShare:
             Partition → stored next offset.
         """
         replay = BulkReplay(self.settings, self.schema, self.partitions, max_records=self.max_records)
-        self._seeds = replay.run({p: targets.get(p, 0) for p in self.partitions}, deadline, progress)
+        mine = {p: targets.get(p, 0) for p in self.partitions}
+        try:
+            self._seeds = replay.run(mine, deadline, progress)
+        except RowsRefused as exc:
+            # Nothing was written: replay from offset 0 through the projector, which quarantines what is refused.
+            _log.warning(
+                "bulk write refused; replaying through the projector", extra={"schema": self.schema, "error": str(exc)}
+            )
+            self.timings.add(replay.timings)
+            self._seeds = {}
+            return self.until(mine, deadline, exact=True, progress=progress)
         self.timings.add(replay.timings)
         self._records, self._events = replay.timings.records, replay.timings.events
         return {p: offset for p, (_, offset) in self._seeds.items()}
@@ -560,8 +591,7 @@ class RebuildShare:
             self.timings.catch_up += time.perf_counter() - started
             return positions
         projector = self._open_projector()
-        if exact:
-            projector.set_limits(mine)
+        projector.set_limits(mine if exact else None)
         next_report = 0.0
         while not projector.caught_up(mine):
             now = time.monotonic()
