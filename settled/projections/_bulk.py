@@ -8,9 +8,9 @@ memory by the tables' own merge rules (conversations, submissions and the in-sta
 `RowSet.finish`), so the rows are those the live projector would have upserted chunk by chunk — and writes the rows
 with binary ``COPY`` together with the partitions' offset rows in **one** transaction (rows and offsets together,
 DUR-015). That transaction is open during the replay: the transcript rows (append-only, most of the rows) go into
-its ``COPY`` poll by poll, the other tables' final rows and the offsets after the replay. A row another process wrote
-first (a key shared across partitions) makes that transaction roll back and write again through the upserts of
-`ProjectionWriter`, which merge it.
+its ``COPY`` poll by poll, the other tables' final rows and the offsets after the replay. Every table's key starts
+with the partition or the conversation (`settled.projections.TABLES`) and a conversation lives on one partition, so
+the shares of a rebuild do not write the same row; a row that is there already is refused like any data error, below.
 
 A row PostgreSQL refuses (a data error by SQLSTATE class, `settled.projections._sqlstate`: a NUL character, an index
 row over the btree maximum) rolls that transaction back, and the share replays its partitions from offset 0 through
@@ -420,36 +420,23 @@ class BulkReplay:
         try:
             types = copy_types(conn, self.schema)
             writer.ensure_offsets(conn, self.partitions)
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    for p in self.partitions:
-                        self._expect_offset(conn, writer, p, 0)
-                    if self.stream:
-                        with cur.copy(self._copy_statement(TRANSCRIPT)) as copy:
-                            copy.set_types(types[TRANSCRIPT.name])
-                            replay_started = time.perf_counter()
-                            replayed = self._replay(targets, deadline, progress, copy.write_row)
-                            replay_s = time.perf_counter() - replay_started
-                    else:
+            with conn.transaction(), conn.cursor() as cur:
+                for p in self.partitions:
+                    self._expect_offset(conn, writer, p, 0)
+                if self.stream:
+                    with cur.copy(self._copy_statement(TRANSCRIPT)) as copy:
+                        copy.set_types(types[TRANSCRIPT.name])
                         replay_started = time.perf_counter()
-                        replayed = self._replay(targets, deadline, progress)
+                        replayed = self._replay(targets, deadline, progress, copy.write_row)
                         replay_s = time.perf_counter() - replay_started
-                    _, nexts, rowsets = replayed
-                    self._copy(cur, types, rowsets, skip=TRANSCRIPT if self.stream else None)
-                    for p in self.partitions:
-                        writer.set_offset(conn, p, nexts[p])
-            except psycopg.errors.UniqueViolation as exc:
-                if replayed is None:
-                    raise
+                else:
+                    replay_started = time.perf_counter()
+                    replayed = self._replay(targets, deadline, progress)
+                    replay_s = time.perf_counter() - replay_started
                 _, nexts, rowsets = replayed
-                # A key written by another process (a request id or submission id reused across partitions):
-                # write through the upserts instead, which merge it as the live projector does.
-                _log.info("bulk copy conflicted; writing through upserts", extra={"error": str(exc)})
-                with conn.transaction():
-                    for p in self.partitions:
-                        self._expect_offset(conn, writer, p, 0)
-                        self.timings.rows_written += writer.write_rows(conn, rowsets[p])
-                        writer.set_offset(conn, p, nexts[p])
+                self._copy(cur, types, rowsets, skip=TRANSCRIPT if self.stream else None)
+                for p in self.partitions:
+                    writer.set_offset(conn, p, nexts[p])
         except (psycopg.Error, UnicodeEncodeError) as exc:
             if classify(exc) is not ErrorKind.DATA:
                 raise
