@@ -44,6 +44,7 @@ from settled.projections._rows import (
     fold_reference,
     is_partition_conversation,
     project_batch,
+    row_group,
 )
 from settled.projections._schema import (
     LAYOUT_VERSION,
@@ -118,5 +119,6 @@ __all__ = [
     "read_quarantine",
     "read_table",
     "rebuild",
+    "row_group",
     "schema_exists",
 ]

@@ -17,10 +17,12 @@ re-reading the partition from offset 0 up to the stored offset without writing (
 
 A record whose rows PostgreSQL refuses (a data error, told from a lost connection by its SQLSTATE class:
 `settled.projections._sqlstate`) never stops the projector: the chunk rolls back and its records are written one
-transaction each; a record refused alone is entered in the ``projection_quarantine`` table (partition, offset, event
-types, SQLSTATE, error) in the transaction that moves the offset past it, logged and counted (`Projector.quarantined`).
-Its fold is kept, its rows are not written: the conversation's later batches still fold (and are quarantined too
-when their rows carry the same refused value), and every other conversation goes on. A rebuild does exactly the same
+transaction each; a record refused alone has its rows written one conversation per savepoint (an ownership claim's
+rows span the partition's conversations), and is entered in the ``projection_quarantine`` table (partition, offset,
+event types, the refused conversations, SQLSTATE, error) in the transaction that moves the offset past it, logged and
+counted (`Projector.quarantined`). Its fold is kept and the refused conversations' rows are not written: the
+conversation's later batches still fold (and are quarantined too when their rows carry the same refused value), and
+every other conversation goes on, its rows in that record included. A rebuild does exactly the same
 (`settled.projections._bulk`), so live and rebuild agree; `settled projections check` leaves those positions out of
 its comparison and lists them. A lost connection (or a transient error: SQLSTATE classes 08, 40, 53, 57P0x) makes
 the projector reconnect and write the same rows again; any other error (a missing table, a defect) is raised.
@@ -409,8 +411,7 @@ class Projector:
                 except (psycopg.Error, UnicodeEncodeError) as exc:
                     if not self._rows_refused(p, exc):
                         return done
-                    sent = 0
-                    self._quarantine(p, part.pos, offset, batch, exc)
+                    sent = self._quarantine(p, part.pos, offset, batch, rows, exc)
             except OffsetConflict as conflict:
                 self._conflict(part, conflict)
                 return done
@@ -446,30 +447,59 @@ class Projector:
             return False
         raise exc
 
-    def _quarantine(self, p: int, expected: int, offset: int, batch: LogBatch, exc: BaseException) -> None:
-        """Enter a record in the quarantine table and move the offset past it, in one transaction."""
-        sqlstate, error = describe(exc)
-        record = QuarantinedRecord(
-            partition=p,
-            log_offset=offset,
-            event_types=",".join(dict.fromkeys(type(e).__name__ for e in batch.events)),
-            sqlstate=sqlstate,
-            error=error,
-        )
+    def _quarantine(
+        self, p: int, expected: int, offset: int, batch: LogBatch, rows: RowSet, exc: psycopg.Error | UnicodeEncodeError
+    ) -> int:
+        """Write a refused record's rows per conversation, quarantine it, move the offset past it: one transaction.
+
+        Each conversation's rows (`RowSet.by_group`; an ownership claim's span the partition) are written in a
+        savepoint of their own: those PostgreSQL refuses are rolled back and named in the quarantine entry, the others
+        stay, so one conversation's refused id does not hide its neighbours' rows.
+
+        Returns:
+            Rows written.
+
+        Raises:
+            OffsetConflict: Another writer moved the offset (rolled back).
+            psycopg.Error: A transient or other error (rolled back; the caller handles it).
+        """
         conn = self._require_conn()
+        refused: list[str] = []
+        sent = 0
         with conn.transaction():
             stored = self._writer.lock_offset(conn, p)
             if stored != expected or offset < stored:
                 raise OffsetConflict(p, expected, stored)
-            self._writer.quarantine(conn, record)
+            for group, group_rows in sorted(rows.by_group().items()):
+                try:
+                    with conn.transaction():  # a savepoint
+                        sent += self._writer.write_rows(conn, group_rows)
+                except (psycopg.Error, UnicodeEncodeError) as group_exc:
+                    if classify(group_exc) is not ErrorKind.DATA:
+                        raise
+                    refused.append(group)
+                    exc = group_exc
+            if refused:
+                sqlstate, error = describe(exc)
+                record = QuarantinedRecord(
+                    partition=p,
+                    log_offset=offset,
+                    event_types=",".join(dict.fromkeys(type(e).__name__ for e in batch.events)),
+                    refused_groups=tuple(refused),
+                    sqlstate=sqlstate,
+                    error=error,
+                )
+                self._writer.quarantine(conn, record)
             self._writer.set_offset(conn, p, offset + 1)
             self._notify(conn, p, offset + 1)
-        self.quarantined += 1
-        _log.error(
-            "log record quarantined: its rows were refused",
-            extra={"partition": p, "offset": offset, "event_types": record.event_types, "sqlstate": sqlstate,
-                   "error": error},
-        )  # fmt: skip
+        if refused:
+            self.quarantined += 1
+            _log.error(
+                "log record quarantined: rows refused",
+                extra={"partition": p, "offset": offset, "event_types": record.event_types, "refused": refused,
+                       "sqlstate": sqlstate, "error": error},
+            )  # fmt: skip
+        return sent
 
     def _conflict(self, part: _Part, conflict: OffsetConflict) -> None:
         self.conflicts += 1

@@ -51,9 +51,10 @@ inside one ``REPEATABLE READ`` snapshot.
 
 Quarantined records (``projection_quarantine``: the records whose rows PostgreSQL refused, `settled.projections.
 Projector`) are left out of all three: the reference folds them (so the conversation's later batches fold) but drops
-their rows, as the live projector and the rebuild do, and the comparison with the protocol's fold skips every row
-such a record touched. The scratch rebuild must quarantine exactly the live version's positions (a difference
-otherwise); `CheckReport.quarantined` lists them and `settled projections check` exits non-zero while any exist.
+the rows of their refused conversations, as the live projector and the rebuild do, and the comparison with the
+protocol's fold skips every row those dropped. The scratch rebuild must quarantine exactly the live version's
+records and conversations (a difference otherwise); `CheckReport.quarantined` lists them and `settled projections
+check` exits non-zero while any exist.
 """
 
 from __future__ import annotations
@@ -618,10 +619,13 @@ class _Reference:
     def close(self) -> None:
         self.consumer.close()
 
-    def extend(self, limits: Mapping[int, int], deadline: float, leave_out: set[tuple[int, int]]) -> None:
+    def extend(
+        self, limits: Mapping[int, int], deadline: float, leave_out: Mapping[tuple[int, int], frozenset[str]]
+    ) -> None:
         """Fold every record below each partition's limit.
 
-        The rows of the records at ``leave_out`` (partition, offset) are not kept, only their keys (``left_out``).
+        Of a record at a (partition, offset) of ``leave_out``, the rows of the groups named there (`row_group`) are
+        not kept, only their keys (``left_out``).
         """
         for p, limit in limits.items():
             if self.next[p] >= limit:
@@ -646,11 +650,17 @@ class _Reference:
                     self.next[p] = limit
                     break
                 batch = self.codec.decode_batch(msg.value(), topic=self.topic, partition=p, offset=offset).batch
-                if (p, offset) in leave_out:
-                    dropped = RowSet()
-                    self.states[p] = project_batch(self.states[p], batch, offset, dropped)
-                    for name, rows in dropped.tables.items():
-                        self.left_out[name].update(rows)
+                refused = leave_out.get((p, offset))
+                if refused is not None:
+                    own = RowSet()
+                    self.states[p] = project_batch(self.states[p], batch, offset, own)
+                    for group, group_rows in own.by_group().items():
+                        for name, rows in group_rows.tables.items():
+                            if group in refused:
+                                self.left_out[name].update(rows)
+                            else:
+                                for row in rows.values():
+                                    self.rows.add(TABLES[name], row)
                 else:
                     self.states[p] = project_batch(self.states[p], batch, offset, self.rows)
                 batches.append(batch)
@@ -746,8 +756,8 @@ def check(
         return _compare(at, snapshot, reference)
 
 
-def _positions(records: list[QuarantinedRecord]) -> set[tuple[int, int]]:
-    return {(r.partition, r.log_offset) for r in records}
+def _positions(records: list[QuarantinedRecord]) -> dict[tuple[int, int], frozenset[str]]:
+    return {(r.partition, r.log_offset): frozenset(r.refused_groups) for r in records}
 
 
 @dataclass
@@ -781,9 +791,9 @@ def _compare(at: dict[int, int], snap: _Snapshot, reference: _Reference) -> Chec
         if not (live == scratch == reference.next[p] == offset):
             diffs.append(Difference("offsets", (p,), "next_offset", live, scratch, reference.next[p]))
     quarantined = [r for r in snap.live_quarantine if r.log_offset < at.get(r.partition, 0)]
-    live_q = {(r.partition, r.log_offset): r.event_types for r in quarantined}
+    live_q = {(r.partition, r.log_offset): (r.event_types, r.refused_groups) for r in quarantined}
     scratch_q = {
-        (r.partition, r.log_offset): r.event_types
+        (r.partition, r.log_offset): (r.event_types, r.refused_groups)
         for r in snap.scratch_quarantine
         if r.log_offset < at.get(r.partition, 0)
     }
@@ -791,7 +801,7 @@ def _compare(at: dict[int, int], snap: _Snapshot, reference: _Reference) -> Chec
         if live_q.get(position) != scratch_q.get(position):
             diffs.append(
                 Difference(
-                    "projection_quarantine", position, "event_types", live_q.get(position, MISSING),
+                    "projection_quarantine", position, "event_types, refused_groups", live_q.get(position, MISSING),
                     scratch_q.get(position, MISSING), NOT_COMPARED,
                 )
             )  # fmt: skip

@@ -19,6 +19,7 @@ the live and rebuilt tables with.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,6 +77,7 @@ from settled.schemas import (
 
 __all__ = [
     "FOLD_COLUMNS",
+    "PARTITION_GROUP",
     "DuplicateRowError",
     "ProjectionState",
     "RowSet",
@@ -83,6 +85,7 @@ __all__ = [
     "is_partition_conversation",
     "project_batch",
     "project_chunk",
+    "row_group",
 ]
 
 S = SubmissionState
@@ -361,6 +364,44 @@ class RowSet:
     def __len__(self) -> int:
         """Return the number of rows held, all tables together."""
         return sum(len(rows) for rows in self.tables.values())
+
+    def by_group(self) -> dict[str, RowSet]:
+        """Split the rows by the conversation they belong to (`row_group`), e.g. a claim's rows per conversation.
+
+        Returns:
+            Group → a `RowSet` holding that group's rows (``batches`` and ``events`` are not split: zero).
+        """
+        out: dict[str, RowSet] = {}
+        for name, rows in self.tables.items():
+            at = _GROUP_COLUMN[name]
+            for key, row in rows.items():
+                group = PARTITION_GROUP if at is None else row_group(row[at])
+                found = out.get(group)
+                if found is None:
+                    found = out[group] = RowSet()
+                found.tables[name][key] = row
+        return out
+
+
+PARTITION_GROUP = "partition"
+"""`row_group` of the ``partitions`` table's rows (they belong to no conversation)."""
+
+_GROUP_COLUMN: Mapping[str, int | None] = MappingProxyType(
+    {name: spec.columns.index("conversation_id") if "conversation_id" in spec.columns else None
+     for name, spec in TABLES.items()}
+)  # fmt: skip
+
+
+def row_group(conversation_id: str) -> str:
+    """Name a conversation's rows in the quarantine table: a digest, storable and bounded whatever the id is.
+
+    Args:
+        conversation_id: The conversation (it may hold characters PostgreSQL cannot store, e.g. NUL).
+
+    Returns:
+        ``c:`` and the first 32 hex digits of the SHA-256 of its UTF-8 bytes (lone surrogates passed through).
+    """
+    return "c:" + hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:

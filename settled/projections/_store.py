@@ -37,6 +37,8 @@ class QuarantinedRecord:
         partition: The log partition.
         log_offset: The record's offset.
         event_types: Its batch's event types, in order, duplicates removed, comma-separated.
+        refused_groups: The groups of its rows PostgreSQL refused (`settled.projections.row_group` of each
+            conversation, or ``partition``); its other rows were written.
         sqlstate: PostgreSQL's SQLSTATE, or None when the driver refused a value before sending it.
         error: The error, bounded (`settled.projections._sqlstate.describe`).
     """
@@ -44,6 +46,7 @@ class QuarantinedRecord:
     partition: int
     log_offset: int
     event_types: str
+    refused_groups: tuple[str, ...]
     sqlstate: str | None
     error: str
 
@@ -147,8 +150,8 @@ class ProjectionWriter:
             "SELECT next_offset FROM {} WHERE projection = %s AND topic = %s AND partition = %s FOR UPDATE"
         ).format(ident)
         self._quarantine = sql.SQL(
-            "INSERT INTO {} (partition, log_offset, event_types, sqlstate, error) VALUES (%s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING"
+            "INSERT INTO {} (partition, log_offset, event_types, refused_groups, sqlstate, error) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
         ).format(sql.Identifier(schema, QUARANTINE.name))
         self._set = sql.SQL(
             "UPDATE {} SET next_offset = %s, updated_at = now() WHERE projection = %s AND topic = %s AND partition = %s"
@@ -201,7 +204,14 @@ class ProjectionWriter:
         """
         conn.execute(
             self._quarantine,
-            (record.partition, record.log_offset, record.event_types, record.sqlstate, record.error),
+            (
+                record.partition,
+                record.log_offset,
+                record.event_types,
+                ",".join(record.refused_groups),
+                record.sqlstate,
+                record.error,
+            ),
         )
 
     def _stage(self, conn: Conn, spec: TableSpec) -> None:
@@ -296,11 +306,13 @@ def read_quarantine(conn: Conn, schema: str) -> list[QuarantinedRecord]:
     """
     rows = conn.execute(
         sql.SQL(
-            "SELECT partition, log_offset, event_types, sqlstate, error FROM {} ORDER BY partition, log_offset"
+            "SELECT partition, log_offset, event_types, refused_groups, sqlstate, error FROM {} "
+            "ORDER BY partition, log_offset"
         ).format(sql.Identifier(schema, QUARANTINE.name))
     ).fetchall()
     return [
-        QuarantinedRecord(int(p), int(o), str(t), None if st is None else str(st), str(e)) for p, o, t, st, e in rows
+        QuarantinedRecord(int(p), int(o), str(t), tuple(str(g).split(",")), None if st is None else str(st), str(e))
+        for p, o, t, g, st, e in rows
     ]
 
 

@@ -247,7 +247,10 @@ sees only its own conversations, so an id reused by a conversation of another pa
 ``settled/projections/sql/0002_conversation_keys.sql``)."""
 
 QUARANTINE = _spec(
-    "projection_quarantine", "partition log_offset event_types sqlstate error", "partition log_offset", TableMode.FIRST
+    "projection_quarantine",
+    "partition log_offset event_types refused_groups sqlstate error",
+    "partition log_offset",
+    TableMode.FIRST,
 )
 """The log records the projector could not write (`settled.projections.Projector`): not a row of the fold, so not in
 `TABLES`; `settled projections check` compares it on its own."""

@@ -31,7 +31,7 @@ from psycopg import sql
 
 from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, TransactionalAppender, provision_topics
-from settled.projections import ProjectionNames, check, rebuild
+from settled.projections import ProjectionNames, check, rebuild, row_group
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.schemas import AttemptStarted, LogBatch, SettlementOutcome, SubmissionReady
@@ -87,7 +87,7 @@ def _append(s: Settings, batches: list[LogBatch]) -> None:
 def _lifecycle(script: Script, cid: str, sid: str) -> None:
     """Admitted, started, completed: three batches of one conversation."""
     script.add(cid, admitted(sid, cid, 1, {"q": sid}), SubmissionReady(submission_id=sid, submission_seq=1))
-    script.add(cid, AttemptStarted(submission_id=sid, attempt=1, attempt_id=f"{sid}-a1", owner_epoch=1))
+    script.add(cid, AttemptStarted(submission_id=sid, attempt=1, attempt_id=f"{sid}-a1", owner_epoch=script.epoch))
     script.add(cid, settlement(sid, SettlementOutcome.COMPLETED, 1, {"echo": sid}))
 
 
@@ -104,11 +104,12 @@ def _cli(s: Settings, names: ProjectionNames, *args: str) -> subprocess.Complete
 def _quarantine(s: Settings, schema: str) -> list[tuple[int, int, str, str]]:
     with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
         rows = conn.execute(
-            sql.SQL("SELECT partition, log_offset, event_types, error FROM {} ORDER BY partition, log_offset").format(
-                sql.Identifier(schema, "projection_quarantine")
-            )
+            sql.SQL(
+                "SELECT partition, log_offset, event_types, refused_groups, error FROM {} "
+                "ORDER BY partition, log_offset"
+            ).format(sql.Identifier(schema, "projection_quarantine"))
         ).fetchall()
-    return [(int(p), int(o), str(t), str(e)) for p, o, t, e in rows]
+    return [(int(p), int(o), f"{t} / {g}", str(e)) for p, o, t, g, e in rows]
 
 
 _ALPHABET = string.ascii_letters + string.digits
@@ -145,19 +146,30 @@ def test_a_row_postgres_refuses_is_quarantined_and_the_projection_goes_on(
         assert live.projector.quarantined == 3
     quarantined = _quarantine(s, names.live)
     assert [(p, o) for p, o, _, _ in quarantined] == [(0, o) for o in bad_offsets], quarantined
-    assert quarantined[0][2] == "SubmissionAdmitted,SubmissionReady"
+    bad_group = row_group(bad_id)
+    assert quarantined[0][2] == f"SubmissionAdmitted,SubmissionReady / {bad_group}"
     assert all(error in e for _, _, _, e in quarantined), quarantined
     settled = {r["submission_id"] for r in projection_rows(s, names, "settlements")}
     assert settled == {"s-before", "s-after"}
 
-    # A restarted projector goes on from the stored offset; what is appended later is projected.
+    # A restarted projector goes on from the stored offset; what is appended later is projected. A new owner's claim
+    # spans every conversation of the partition: only the refused one's rows are left out, the neighbours' are written.
     later = Script(partition=0, epoch=1, heads=dict(script.heads))
+    later.claim(2, "worker-new")
+    claim_offset = first_bad + 6 + 1  # after the first transaction's last record and its marker
     _lifecycle(later, "conv-later", "s-later")
     _append(s, later.batches)
     with projecting(s, names) as live:
         wait_projected(s, names, 20, live)
-        assert live.projector.quarantined == 0
+        assert live.projector.quarantined == 1
+    bad_offsets.append(claim_offset)
+    quarantined = _quarantine(s, names.live)
+    assert [(p, o) for p, o, _, _ in quarantined] == [(0, o) for o in bad_offsets], quarantined
+    assert quarantined[-1][2] == f"OwnershipClaimed / {bad_group}"
     assert {r["submission_id"] for r in projection_rows(s, names, "settlements")} == {"s-before", "s-after", "s-later"}
+    assert [(r["claim_epoch"], r["claimed_by"]) for r in projection_rows(s, names, "partitions")] == [(2, "worker-new")]
+    epochs = {r["conversation_id"]: r["owner_epoch"] for r in projection_rows(s, names, "conversations")}
+    assert epochs == {"conv-before": 2, "conv-after": 2, "conv-later": 2}
 
     # The check compares everything else and lists the quarantined positions; the CLI exits 4 while any exist.
     report = check_clean(s, names, "DUR-015.exactly-once")
