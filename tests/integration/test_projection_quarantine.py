@@ -10,6 +10,7 @@ tests keep exercising the projector whatever admission refuses today.
   positions, and `settled projections check` lists them (exit 4) with nothing else differing.
 * One submission id used in two conversations (raw proposals to the inbox): both are admitted, settle and are
   projected; live equals rebuild; ``settled submissions show`` lists both conversations.
+* A projection schema of the previous layout is migrated in place to the new keys.
 """
 
 from __future__ import annotations
@@ -31,7 +32,18 @@ from psycopg import sql
 
 from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, TransactionalAppender, provision_topics
-from settled.projections import ProjectionNames, check, rebuild, row_group
+from settled.projections import (
+    LAYOUT_VERSION,
+    ProjectionLayoutError,
+    ProjectionNames,
+    check,
+    check_layout,
+    migrate,
+    migrations,
+    read_meta,
+    rebuild,
+    row_group,
+)
 from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.schemas import AttemptStarted, LogBatch, SettlementOutcome, SubmissionReady
@@ -229,3 +241,44 @@ def test_one_submission_id_in_two_conversations_is_admitted_settles_and_projects
     runs = _cli(s, names, "runs", "show", sid, "--json")
     assert runs.returncode == 0, runs.stderr
     assert sorted(json.loads(line)["conversation_id"] for line in runs.stdout.splitlines()) == sorted([c0, c1])
+
+
+def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: ProjectionNames) -> None:
+    """A projection written by the previous release (layout 1, keys by id alone) takes the new keys on `migrate`."""
+    schema = names.live
+    first = migrations()[0]
+    assert first.version == 1
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        ident = sql.Identifier(schema)
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {}.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                    "applied_at timestamptz NOT NULL DEFAULT now())"
+                ).format(ident)
+            )
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(ident))
+            conn.execute(first.text.encode())
+            conn.execute("INSERT INTO schema_migrations (version, name) VALUES (1, %s)", (first.name,))
+            conn.execute("INSERT INTO meta (key, value) VALUES ('layout', '1'), ('generation', '1')")
+            conn.execute(
+                "INSERT INTO receipts (request_id, request_kind, conversation_id, outcome, decided_at, log_offset) "
+                "VALUES ('r1', 'submission', 'c1', 'admitted', now(), 3)"
+            )
+        with pytest.raises(ProjectionLayoutError, match="layout '1'"):
+            check_layout(conn, schema)
+        assert migrate(conn, schema) == [2, 3]
+        check_layout(conn, schema)
+        # The same request id in a second conversation is a second row now; the first one is kept.
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (request_id, request_kind, conversation_id, outcome, decided_at, log_offset) "
+                "VALUES ('r1', 'submission', 'c2', 'admitted', now(), 4)"
+            ).format(sql.Identifier(schema, "receipts"))
+        )
+        rows = conn.execute(
+            sql.SQL("SELECT conversation_id FROM {} ORDER BY 1").format(sql.Identifier(schema, "receipts"))
+        ).fetchall()
+        assert [r[0] for r in rows] == ["c1", "c2"]
+        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "3"
