@@ -61,6 +61,9 @@ from settled.schemas import Codec, LogBatch
 
 __all__ = ["ChunkApplied", "Projector", "ProjectorConfig"]
 
+_MAX_BACKOFF_S = 5.0
+"""Longest pause between two writes failing with a transient error in a row, in seconds."""
+
 _log = logging.getLogger("settled.projections")
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -179,6 +182,7 @@ class Projector:
     """Chunks rolled back because another writer had moved the offset (tests read it)."""
     quarantined: int = field(default=0, init=False)
     """Records this process entered in the quarantine table (module doc)."""
+    _transient_failures: int = field(default=0, init=False)
 
     @property
     def topic(self) -> str:
@@ -387,6 +391,7 @@ class Projector:
             return i + self._apply_each(part, rest)
         part.state = state.commit()
         part.pos = next_offset
+        self._transient_failures = 0
         if self.on_chunk is not None:
             self.on_chunk(ChunkApplied(p, len(rest), rows.events, sent, next_offset))
         return len(recs)
@@ -423,6 +428,7 @@ class Projector:
                 return done
             part.state = state.commit()
             part.pos = offset + 1
+            self._transient_failures = 0
             done += 1
             if self.on_chunk is not None:
                 self.on_chunk(ChunkApplied(p, 1, rows.events, sent, offset + 1))
@@ -442,7 +448,16 @@ class Projector:
         if kind is ErrorKind.DATA:
             return True
         if kind is ErrorKind.TRANSIENT:
-            _log.warning("postgres connection lost", extra={"partition": p, "error": str(exc)})
+            self._transient_failures += 1
+            if self._transient_failures > 1:
+                # The server answers but keeps failing (disk full, too many connections, shutting down): back off
+                # instead of re-reading and re-sending the chunk at once.
+                time.sleep(min(0.1 * 2 ** (self._transient_failures - 2), _MAX_BACKOFF_S))
+            _log.warning(
+                "postgres connection lost or busy",
+                extra={"partition": p, "error": str(exc), "sqlstate": getattr(exc, "sqlstate", None),
+                       "failures": self._transient_failures},
+            )  # fmt: skip
             self._recover_connection()
             return False
         raise exc
@@ -465,6 +480,7 @@ class Projector:
         """
         conn = self._require_conn()
         refused: list[str] = []
+        record: QuarantinedRecord | None = None
         sent = 0
         with conn.transaction():
             stored = self._writer.lock_offset(conn, p)
@@ -492,12 +508,12 @@ class Projector:
                 self._writer.quarantine(conn, record)
             self._writer.set_offset(conn, p, offset + 1)
             self._notify(conn, p, offset + 1)
-        if refused:
+        if record is not None:
             self.quarantined += 1
             _log.error(
                 "log record quarantined: rows refused",
-                extra={"partition": p, "offset": offset, "event_types": record.event_types, "refused": refused,
-                       "sqlstate": sqlstate, "error": error},
+                extra={"partition": p, "offset": offset, "event_types": record.event_types,
+                       "refused": record.refused_groups, "sqlstate": record.sqlstate, "error": record.error},
             )  # fmt: skip
         return sent
 
