@@ -15,6 +15,10 @@ the error's ``sqlstate`` (PostgreSQL's "Appendix A. PostgreSQL Error Codes") ins
   character in text; `UnicodeEncodeError`: a lone surrogate). Writing them again fails again: quarantine the record.
 * `ErrorKind.OTHER`: anything else (a missing table, a syntax error, an internal error): a defect or a broken schema
   that no retry or quarantine fixes; the caller raises it.
+
+Fault switch ``projection_data_error_retried`` (`settled._faults`): a data error is classified transient, as the
+projector did before (it reconnects and retries the refused row forever); `tests/fault_switches.toml` names the test
+that must catch it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import enum
 
 import psycopg
+
+from settled._faults import fault_enabled
 
 __all__ = ["ErrorKind", "classify", "describe"]
 
@@ -51,21 +57,27 @@ def classify(exc: BaseException) -> ErrorKind:
         Its kind.
     """
     if isinstance(exc, UnicodeEncodeError):
-        return ErrorKind.DATA
+        return _data()
     if not isinstance(exc, psycopg.Error):
         return ErrorKind.OTHER
     state = exc.sqlstate
     if state is None:
         if isinstance(exc, psycopg.DataError):
-            return ErrorKind.DATA
+            return _data()
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return ErrorKind.TRANSIENT
         return ErrorKind.OTHER
     if state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES:
         return ErrorKind.TRANSIENT
     if state[:2] in _DATA_CLASSES:
-        return ErrorKind.DATA
+        return _data()
     return ErrorKind.OTHER
+
+
+def _data() -> ErrorKind:
+    if fault_enabled("projection_data_error_retried"):  # fault switch: a refused row taken for a lost connection
+        return ErrorKind.TRANSIENT
+    return ErrorKind.DATA
 
 
 def describe(exc: BaseException) -> tuple[str | None, str]:

@@ -48,6 +48,7 @@ from settled.runtime import App
 from settled.runtime.echo import EchoAgent
 from settled.schemas import AttemptStarted, LogBatch, SettlementOutcome, SubmissionReady
 from settled.services._worker_service import build_worker
+from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.admission_load import settlements
 from tests.integration.helpers import (
@@ -127,15 +128,23 @@ def _quarantine(s: Settings, schema: str) -> list[tuple[int, int, str, str]]:
 _ALPHABET = string.ascii_letters + string.digits
 
 
-@pytest.mark.parametrize(
-    ("case", "bad_id", "error"),
-    [
-        ("nul", "conv-with-\x00-nul", "NUL"),
-        # Random characters: a btree index row holds about 2.7 KB after compression, which these defeat.
-        ("long", "conv-long-" + "".join(secrets.choice(_ALPHABET) for _ in range(6000)), "index row size"),
-    ],
-)
-def test_a_row_postgres_refuses_is_quarantined_and_the_projection_goes_on(
+def test_a_nul_in_an_id_is_quarantined_and_the_projection_goes_on(settings: Settings, names: ProjectionNames) -> None:
+    """PostgreSQL text cannot hold NUL: the driver refuses the value before sending it (no SQLSTATE)."""
+    _refused_rows_are_quarantined(settings, names, "nul", "conv-with-\x00-nul", "NUL")
+
+
+def test_an_id_too_long_for_an_index_is_quarantined_and_the_projection_goes_on(
+    settings: Settings, names: ProjectionNames
+) -> None:
+    """54000 ``index row size exceeds btree maximum`` is no lost connection (psycopg raises it as OperationalError).
+
+    Random characters: a btree index row holds about 2.7 KB after compression, which they defeat.
+    """
+    bad_id = "conv-long-" + "".join(secrets.choice(_ALPHABET) for _ in range(6000))
+    _refused_rows_are_quarantined(settings, names, "long", bad_id, "index row size")
+
+
+def _refused_rows_are_quarantined(
     settings: Settings, names: ProjectionNames, case: str, bad_id: str, error: str
 ) -> None:
     s = settings.model_copy(update={"partitions": 1})
@@ -153,8 +162,16 @@ def test_a_row_postgres_refuses_is_quarantined_and_the_projection_goes_on(
     _append(s, script.batches)
 
     with projecting(s, names) as live:
-        wait_projected(s, names, 20, live)
-        assert live.alive()
+        try:
+            wait_projected(s, names, 20, live)
+            stuck = ""
+        except AssertionError as exc:
+            stuck = str(exc)
+        promise(
+            "DUR-015.refused-row-quarantined",
+            not stuck and live.alive(),
+            f"the projector did not get past the {case} id's records and project its neighbours: {stuck}",
+        )
         assert live.projector.quarantined == 3
     quarantined = _quarantine(s, names.live)
     assert [(p, o) for p, o, _, _ in quarantined] == [(0, o) for o in bad_offsets], quarantined
