@@ -50,6 +50,10 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"
         ),
+        "projection_data_error_retried": (
+            "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
+            "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"
+        ),
     }
 )
 """Every known switch name and the promise it breaks."""

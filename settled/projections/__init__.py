@@ -12,6 +12,10 @@
   `maintenance_lock_key`; a second raises `RebuildInProgress`). The replay (`_bulk`) folds whole partitions in
   memory and writes their final rows once with COPY, one process per share of the partitions (`ReplayTimings` says
   where its time went), then catches up through projectors seeded with the folded states.
+* A record whose rows PostgreSQL refuses (a data error, told from a lost connection by SQLSTATE: `classify`,
+  `ErrorKind`) is entered in the ``projection_quarantine`` table (`QUARANTINE`, `QuarantinedRecord`,
+  `read_quarantine`) in the transaction that moves the offset past it; the projector goes on, a rebuild does the
+  same, and `check` leaves those records out and lists them.
 * `ProjectionReader` (`_queries`): queries that accept ``after=<receipt>`` (read-your-writes).
 
 Never imports `settled.processors`: the worker and the projections are independent (import-linter contract).
@@ -40,6 +44,7 @@ from settled.projections._rows import (
     fold_reference,
     is_partition_conversation,
     project_batch,
+    row_group,
 )
 from settled.projections._schema import (
     LAYOUT_VERSION,
@@ -54,18 +59,28 @@ from settled.projections._schema import (
     read_meta,
     schema_exists,
 )
-from settled.projections._store import OffsetConflict, ProjectionWriter, read_offsets, read_table
-from settled.projections._tables import TABLES, MergeRule, TableMode, TableSpec, merge_rows
+from settled.projections._sqlstate import ErrorKind, classify
+from settled.projections._store import (
+    OffsetConflict,
+    ProjectionWriter,
+    QuarantinedRecord,
+    read_offsets,
+    read_quarantine,
+    read_table,
+)
+from settled.projections._tables import QUARANTINE, TABLES, MergeRule, TableMode, TableSpec, merge_rows
 
 __all__ = [
     "FOLD_COLUMNS",
     "LAYOUT_VERSION",
     "PROJECTION_NAME",
+    "QUARANTINE",
     "TABLES",
     "CheckReport",
     "ChunkApplied",
     "Difference",
     "DuplicateRowError",
+    "ErrorKind",
     "FastBatchDecoder",
     "MergeRule",
     "Migration",
@@ -77,6 +92,7 @@ __all__ = [
     "ProjectionWriter",
     "Projector",
     "ProjectorConfig",
+    "QuarantinedRecord",
     "ReadYourWritesTimeout",
     "RebuildInProgress",
     "RebuildProgress",
@@ -88,6 +104,7 @@ __all__ = [
     "TableSpec",
     "check",
     "check_layout",
+    "classify",
     "default_schema",
     "fold_reference",
     "is_partition_conversation",
@@ -99,7 +116,9 @@ __all__ = [
     "project_batch",
     "read_meta",
     "read_offsets",
+    "read_quarantine",
     "read_table",
     "rebuild",
+    "row_group",
     "schema_exists",
 ]

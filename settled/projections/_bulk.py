@@ -8,9 +8,14 @@ memory by the tables' own merge rules (conversations, submissions and the in-sta
 `RowSet.finish`), so the rows are those the live projector would have upserted chunk by chunk — and writes the rows
 with binary ``COPY`` together with the partitions' offset rows in **one** transaction (rows and offsets together,
 DUR-015). That transaction is open during the replay: the transcript rows (append-only, most of the rows) go into
-its ``COPY`` poll by poll, the other tables' final rows and the offsets after the replay. A row another process wrote
-first (a key shared across partitions) makes that transaction roll back and write again through the upserts of
-`ProjectionWriter`, which merge it.
+its ``COPY`` poll by poll, the other tables' final rows and the offsets after the replay. Every table's key starts
+with the partition or the conversation (`settled.projections.TABLES`) and a conversation lives on one partition, so
+the shares of a rebuild do not write the same row; a row that is there already is refused like any data error, below.
+
+A row PostgreSQL refuses (a data error by SQLSTATE class, `settled.projections._sqlstate`: a NUL character, an index
+row over the btree maximum) rolls that transaction back, and the share replays its partitions from offset 0 through
+the projector instead (`RowsRefused`), which writes each record it cannot write alone into the quarantine table as
+the live projector does: the rebuild quarantines the same records as the live projector, so the two agree.
 
 `RebuildShare` is one process's share of a rebuild: the bulk replay, then catch-up on demand through a `Projector`
 seeded with the folded states (`Projector.seed`), so nothing is read twice. `SharePool` runs the shares, in this
@@ -43,6 +48,7 @@ from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
 from settled.projections._rows import ProjectionState, Row, RowSet, project_chunk
 from settled.projections._schema import ProjectionNames
+from settled.projections._sqlstate import ErrorKind, classify, describe
 from settled.projections._store import ProjectionWriter
 from settled.projections._tables import TABLES, TRANSCRIPT, TableSpec
 from settled.schemas import Codec, LogBatch
@@ -52,6 +58,7 @@ __all__ = [
     "RebuildShare",
     "RebuildWorkerError",
     "ReplayTimings",
+    "RowsRefused",
     "SharePool",
     "shared_decoder",
     "split_partitions",
@@ -78,6 +85,14 @@ class RebuildWorkerError(RuntimeError):
         self.error_type = error_type
         self.detail = detail
         self.child_traceback = child_traceback
+
+
+class RowsRefused(Exception):
+    """PostgreSQL refused rows of the bulk write (a data error, `settled.projections._sqlstate.ErrorKind.DATA`).
+
+    The write's transaction rolled back: nothing of it is stored. The bulk write cannot tell which record's rows
+    were refused, so the share replays through the projector, which quarantines them one record at a time.
+    """
 
 
 @dataclass
@@ -235,7 +250,8 @@ class BulkReplay:
             TimeoutError: The deadline passed.
             settled.protocol.ProtocolError: The fold refused a batch.
             settled.schemas.DecodeError: A record is not a decodable batch.
-            psycopg.Error: The write failed (e.g. an append-only row applied twice).
+            RowsRefused: PostgreSQL refused some rows (a data error); nothing was written.
+            psycopg.Error: The write failed otherwise (e.g. the connection was lost).
         """
         was_enabled = gc.isenabled()
         gc.disable()  # the replay builds a large, acyclic heap: the cycle collector only rescans it
@@ -404,36 +420,28 @@ class BulkReplay:
         try:
             types = copy_types(conn, self.schema)
             writer.ensure_offsets(conn, self.partitions)
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    for p in self.partitions:
-                        self._expect_offset(conn, writer, p, 0)
-                    if self.stream:
-                        with cur.copy(self._copy_statement(TRANSCRIPT)) as copy:
-                            copy.set_types(types[TRANSCRIPT.name])
-                            replay_started = time.perf_counter()
-                            replayed = self._replay(targets, deadline, progress, copy.write_row)
-                            replay_s = time.perf_counter() - replay_started
-                    else:
+            with conn.transaction(), conn.cursor() as cur:
+                for p in self.partitions:
+                    self._expect_offset(conn, writer, p, 0)
+                if self.stream:
+                    with cur.copy(self._copy_statement(TRANSCRIPT)) as copy:
+                        copy.set_types(types[TRANSCRIPT.name])
                         replay_started = time.perf_counter()
-                        replayed = self._replay(targets, deadline, progress)
+                        replayed = self._replay(targets, deadline, progress, copy.write_row)
                         replay_s = time.perf_counter() - replay_started
-                    _, nexts, rowsets = replayed
-                    self._copy(cur, types, rowsets, skip=TRANSCRIPT if self.stream else None)
-                    for p in self.partitions:
-                        writer.set_offset(conn, p, nexts[p])
-            except psycopg.errors.UniqueViolation as exc:
-                if replayed is None:
-                    raise
+                else:
+                    replay_started = time.perf_counter()
+                    replayed = self._replay(targets, deadline, progress)
+                    replay_s = time.perf_counter() - replay_started
                 _, nexts, rowsets = replayed
-                # A key written by another process (a request id or submission id reused across partitions):
-                # write through the upserts instead, which merge it as the live projector does.
-                _log.info("bulk copy conflicted; writing through upserts", extra={"error": str(exc)})
-                with conn.transaction():
-                    for p in self.partitions:
-                        self._expect_offset(conn, writer, p, 0)
-                        self.timings.rows_written += writer.write_rows(conn, rowsets[p])
-                        writer.set_offset(conn, p, nexts[p])
+                self._copy(cur, types, rowsets, skip=TRANSCRIPT if self.stream else None)
+                for p in self.partitions:
+                    writer.set_offset(conn, p, nexts[p])
+        except (psycopg.Error, UnicodeEncodeError) as exc:
+            if classify(exc) is not ErrorKind.DATA:
+                raise
+            _, error = describe(exc)
+            raise RowsRefused(f"{self.schema}: PostgreSQL refused rows of the bulk write: {error}") from exc
         finally:
             conn.close()
             # The write is what the replay's own phases do not cover (the streamed rows were timed as they went).
@@ -520,7 +528,17 @@ class RebuildShare:
             Partition → stored next offset.
         """
         replay = BulkReplay(self.settings, self.schema, self.partitions, max_records=self.max_records)
-        self._seeds = replay.run({p: targets.get(p, 0) for p in self.partitions}, deadline, progress)
+        mine = {p: targets.get(p, 0) for p in self.partitions}
+        try:
+            self._seeds = replay.run(mine, deadline, progress)
+        except RowsRefused as exc:
+            # Nothing was written: replay from offset 0 through the projector, which quarantines what is refused.
+            _log.warning(
+                "bulk write refused; replaying through the projector", extra={"schema": self.schema, "error": str(exc)}
+            )
+            self.timings.add(replay.timings)
+            self._seeds = {}
+            return self.until(mine, deadline, exact=True, progress=progress)
         self.timings.add(replay.timings)
         self._records, self._events = replay.timings.records, replay.timings.events
         return {p: offset for p, (_, offset) in self._seeds.items()}
@@ -560,8 +578,7 @@ class RebuildShare:
             self.timings.catch_up += time.perf_counter() - started
             return positions
         projector = self._open_projector()
-        if exact:
-            projector.set_limits(mine)
+        projector.set_limits(mine if exact else None)
         next_report = 0.0
         while not projector.caught_up(mine):
             now = time.monotonic()

@@ -15,6 +15,18 @@ The rows come from `settled.projections.project_batch`, i.e. from the protocol's
 only when the transaction commits. A process starting (or losing its database connection) restores that fold by
 re-reading the partition from offset 0 up to the stored offset without writing (no snapshots yet).
 
+A record whose rows PostgreSQL refuses (a data error, told from a lost connection by its SQLSTATE class:
+`settled.projections._sqlstate`) never stops the projector: the chunk rolls back and its records are written one
+transaction each; a record refused alone has its rows written one conversation per savepoint (an ownership claim's
+rows span the partition's conversations), and is entered in the ``projection_quarantine`` table (partition, offset,
+event types, the refused conversations, SQLSTATE, error) in the transaction that moves the offset past it, logged and
+counted (`Projector.quarantined`). Its fold is kept and the refused conversations' rows are not written: the
+conversation's later batches still fold (and are quarantined too when their rows carry the same refused value), and
+every other conversation goes on, its rows in that record included. A rebuild does exactly the same
+(`settled.projections._bulk`), so live and rebuild agree; `settled projections check` leaves those positions out of
+its comparison and lists them. A lost connection (or a transient error: SQLSTATE classes 08, 40, 53, 57P0x) makes
+the projector reconnect and write the same rows again; any other error (a missing table, a defect) is raised.
+
 Fault switch ``projection_offsets_separate_transaction`` (`settled._faults`): the rows commit in one transaction and
 the offset in a second, so a crash between the two applies the rows again after a restart (DUR-015 broken on
 purpose; `tests/fault_switches.toml` names the test that must catch it).
@@ -43,10 +55,14 @@ from settled.producers import consume_promptly
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._rows import ProjectionState, RowSet, project_batch
 from settled.projections._schema import ProjectionNames, check_layout, migrate
-from settled.projections._store import OffsetConflict, ProjectionWriter
+from settled.projections._sqlstate import ErrorKind, classify, describe
+from settled.projections._store import OffsetConflict, ProjectionWriter, QuarantinedRecord
 from settled.schemas import Codec, LogBatch
 
 __all__ = ["ChunkApplied", "Projector", "ProjectorConfig"]
+
+_MAX_BACKOFF_S = 5.0
+"""Longest pause between two writes failing with a transient error in a row, in seconds."""
 
 _log = logging.getLogger("settled.projections")
 
@@ -164,6 +180,9 @@ class Projector:
     _seeds: dict[int, tuple[ProjectionState, int]] = field(default_factory=dict, init=False)
     conflicts: int = field(default=0, init=False)
     """Chunks rolled back because another writer had moved the offset (tests read it)."""
+    quarantined: int = field(default=0, init=False)
+    """Records this process entered in the quarantine table (module doc)."""
+    _transient_failures: int = field(default=0, init=False)
 
     @property
     def topic(self) -> str:
@@ -232,7 +251,8 @@ class Projector:
         Raises:
             settled.protocol.ProtocolError: The fold refused a batch (a log a correct owner does not write).
             settled.schemas.DecodeError: A log record is not a decodable batch.
-            psycopg.Error: A database error other than a lost connection (e.g. a row applied twice).
+            psycopg.Error: A database error that is neither transient nor about the rows (`ErrorKind.OTHER`: a
+                missing table, a defect); a record's refused rows are quarantined instead (module doc).
             TimeoutError: Postgres stayed unreachable past ``reconnect_timeout_s``.
         """
         self.open()
@@ -301,7 +321,9 @@ class Projector:
         if now >= self._next_lock_try and len(self._parts) < len(self._wanted):
             try:
                 self._acquire()
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                if classify(exc) is not ErrorKind.TRANSIENT:
+                    raise
                 _log.warning("postgres connection lost", extra={"error": str(exc)})
                 self._recover_connection()
         consumer = self._require_consumer()
@@ -360,22 +382,148 @@ class Projector:
         try:
             sent = self._write(p, part.pos, _offset(rest[0]), next_offset, rows)
         except OffsetConflict as conflict:
-            self.conflicts += 1
-            _log.info(
-                "offset conflict",
-                extra={"partition": p, "expected": conflict.expected, "stored": conflict.stored},
-            )
-            self._resync(part, conflict.stored)
+            self._conflict(part, conflict)
             return 0
-        except psycopg.OperationalError as exc:
-            _log.warning("postgres connection lost", extra={"partition": p, "error": str(exc)})
-            self._recover_connection()
-            return 0
+        except (psycopg.Error, UnicodeEncodeError) as exc:
+            if not self._rows_refused(p, exc):
+                return 0
+            # Which record's rows? Write them one transaction each; a record refused alone is quarantined.
+            return i + self._apply_each(part, rest)
         part.state = state.commit()
         part.pos = next_offset
+        self._transient_failures = 0
         if self.on_chunk is not None:
             self.on_chunk(ChunkApplied(p, len(rest), rows.events, sent, next_offset))
         return len(recs)
+
+    def _apply_each(self, part: _Part, recs: list[Message]) -> int:
+        """Apply records one transaction each, quarantining a record whose rows are refused (module doc).
+
+        Returns:
+            How many were applied or quarantined (fewer than ``recs`` when a conflict or a lost connection stopped
+            it: the partition was repositioned).
+        """
+        p = part.partition
+        done = 0
+        for msg in recs:
+            offset = _offset(msg)
+            batch = self._decode(p, msg)
+            rows = RowSet()
+            state = project_batch(part.state.working(), batch, offset, rows)
+            try:
+                try:
+                    sent = self._write(p, part.pos, offset, offset + 1, rows)
+                except (psycopg.Error, UnicodeEncodeError) as exc:
+                    if not self._rows_refused(p, exc):
+                        return done
+                    sent = self._quarantine(p, part.pos, offset, batch, rows, exc)
+            except OffsetConflict as conflict:
+                self._conflict(part, conflict)
+                return done
+            except (psycopg.Error, UnicodeEncodeError) as exc:  # the quarantine's own transaction
+                if classify(exc) is not ErrorKind.TRANSIENT:
+                    raise
+                _log.warning("postgres connection lost", extra={"partition": p, "error": str(exc)})
+                self._recover_connection()
+                return done
+            part.state = state.commit()
+            part.pos = offset + 1
+            self._transient_failures = 0
+            done += 1
+            if self.on_chunk is not None:
+                self.on_chunk(ChunkApplied(p, 1, rows.events, sent, offset + 1))
+        return done
+
+    def _rows_refused(self, p: int, exc: psycopg.Error | UnicodeEncodeError) -> bool:
+        """Handle a failed write by its SQLSTATE (`classify`).
+
+        Returns:
+            True when the rows were refused (the caller quarantines); False when the database was lost and this
+            process has reconnected (every held partition is repositioned to its stored offset).
+
+        Raises:
+            psycopg.Error: Neither transient nor about the rows (`ErrorKind.OTHER`); re-raised.
+        """
+        kind = classify(exc)
+        if kind is ErrorKind.DATA:
+            return True
+        if kind is ErrorKind.TRANSIENT:
+            self._transient_failures += 1
+            if self._transient_failures > 1:
+                # The server answers but keeps failing (disk full, too many connections, shutting down): back off
+                # instead of re-reading and re-sending the chunk at once.
+                time.sleep(min(0.1 * 2 ** (self._transient_failures - 2), _MAX_BACKOFF_S))
+            _log.warning(
+                "postgres connection lost or busy",
+                extra={"partition": p, "error": str(exc), "sqlstate": getattr(exc, "sqlstate", None),
+                       "failures": self._transient_failures},
+            )  # fmt: skip
+            self._recover_connection()
+            return False
+        raise exc
+
+    def _quarantine(
+        self, p: int, expected: int, offset: int, batch: LogBatch, rows: RowSet, exc: psycopg.Error | UnicodeEncodeError
+    ) -> int:
+        """Write a refused record's rows per conversation, quarantine it, move the offset past it: one transaction.
+
+        Each conversation's rows (`RowSet.by_group`; an ownership claim's span the partition) are written in a
+        savepoint of their own: those PostgreSQL refuses are rolled back and named in the quarantine entry, the others
+        stay, so one conversation's refused id does not hide its neighbours' rows.
+
+        Returns:
+            Rows written.
+
+        Raises:
+            OffsetConflict: Another writer moved the offset (rolled back).
+            psycopg.Error: A transient or other error (rolled back; the caller handles it).
+        """
+        conn = self._require_conn()
+        refused: list[str] = []
+        record: QuarantinedRecord | None = None
+        sent = 0
+        with conn.transaction():
+            stored = self._writer.lock_offset(conn, p)
+            if stored != expected or offset < stored:
+                raise OffsetConflict(p, expected, stored)
+            for group, group_rows in sorted(rows.by_group().items()):
+                try:
+                    with conn.transaction():  # a savepoint
+                        sent += self._writer.write_rows(conn, group_rows)
+                except (psycopg.Error, UnicodeEncodeError) as group_exc:
+                    if classify(group_exc) is not ErrorKind.DATA:
+                        raise
+                    refused.append(group)
+                    exc = group_exc
+            if refused:
+                sqlstate, error = describe(exc)
+                record = QuarantinedRecord(
+                    partition=p,
+                    log_offset=offset,
+                    event_types=",".join(dict.fromkeys(type(e).__name__ for e in batch.events)),
+                    refused_groups=tuple(refused),
+                    sqlstate=sqlstate,
+                    error=error,
+                )
+                self._writer.quarantine(conn, record)
+            self._writer.set_offset(conn, p, offset + 1)
+            self._notify(conn, p, offset + 1)
+        if record is not None:
+            self.quarantined += 1
+            _log.error(
+                "log record quarantined: rows refused",
+                extra={"partition": p, "offset": offset, "event_types": record.event_types,
+                       "refused": record.refused_groups, "sqlstate": record.sqlstate, "error": record.error},
+            )  # fmt: skip
+        return sent
+
+    def _conflict(self, part: _Part, conflict: OffsetConflict) -> None:
+        self.conflicts += 1
+        _log.info(
+            "offset conflict",
+            extra={"partition": part.partition, "expected": conflict.expected, "stored": conflict.stored},
+        )
+        self._resync(part, conflict.stored)
 
     def _write(self, p: int, expected: int, first_offset: int, next_offset: int, rows: RowSet) -> int:
         conn = self._require_conn()
@@ -512,7 +660,9 @@ class Projector:
                 self._conn = self._connect()
                 stored = self._relock()
                 break
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                if classify(exc) is not ErrorKind.TRANSIENT:
+                    raise
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"postgres unreachable for {self.config.reconnect_timeout_s} s: {exc}") from exc
                 time.sleep(delay_s)

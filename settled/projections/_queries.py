@@ -1,13 +1,17 @@
 """Reading the projection, with read-your-writes (DESIGN.md §4, §6; issue 7 items 4-5).
 
 Every query takes ``after=<receipt>`` (a `settled.schemas.Receipt`, as ``Client.submit`` returns it) and first waits,
-up to ``timeout_s``, until the projection holds that receipt's request: the ``receipts`` row of its request id, which
-the projector writes in the same transaction as the submission's row (for an admitted or duplicate submission) —
-so a client reads its own write.
+up to ``timeout_s``, until the projection holds that receipt's request: the ``receipts`` row of its conversation and
+request id, which the projector writes in the same transaction as the submission's row (for an admitted or duplicate
+submission) — so a client reads its own write.
 
 Waiting is cheap for many threads: one listener connection per reader listens (``LISTEN``) on the projection's channel
 (the live projector sends ``NOTIFY`` with every commit) and, on each notification (and at least every
 ``recheck_s``), asks once for all the request ids being waited on; each waiter wakes when its id is there.
+
+Submission (and request) ids are unique within a conversation, not across the namespace (a partition's owner cannot
+see the other partitions' ids): a query by submission id alone returns the rows of every conversation using it, and
+takes ``conversation_id`` to select one.
 """
 
 from __future__ import annotations
@@ -53,34 +57,38 @@ class ReadYourWritesTimeout(TimeoutError):
         self.timeout_s = timeout_s
 
 
+Request = tuple[str, str]
+"""A request within its conversation: (conversation id, request id)."""
+
+
 class _Waiters:
-    """Request ids being waited on, checked in one query per notification."""
+    """Requests being waited on, checked in one query per notification."""
 
     def __init__(self, reader: ProjectionReader) -> None:
         self.reader = reader
         self.lock = threading.Lock()
-        self.pending: dict[str, list[threading.Event]] = {}
+        self.pending: dict[Request, list[threading.Event]] = {}
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
 
-    def wait(self, request_id: str, timeout_s: float) -> bool:
+    def wait(self, request: Request, timeout_s: float) -> bool:
         event = threading.Event()
         with self.lock:
-            self.pending.setdefault(request_id, []).append(event)
+            self.pending.setdefault(request, []).append(event)
             if self.thread is None:
                 self.thread = threading.Thread(target=self._listen, name="settled-projection-listener", daemon=True)
                 self.thread.start()
         try:
-            if request_id in self.reader.present([request_id]):  # committed between the caller's check and now
+            if request in self.reader.present([request]):  # committed between the caller's check and now
                 return True
             return event.wait(timeout_s)
         finally:
             with self.lock:
-                events = self.pending.get(request_id, [])
+                events = self.pending.get(request, [])
                 if event in events:
                     events.remove(event)
                 if not events:
-                    self.pending.pop(request_id, None)
+                    self.pending.pop(request, None)
 
     def _listen(self) -> None:
         while not self.stop.is_set():
@@ -193,20 +201,24 @@ class ProjectionReader:
 
     # -- read-your-writes --------------------------------------------------------------------------------------------
 
-    def present(self, request_ids: Iterable[str]) -> set[str]:
-        """Return which request ids the projection holds (their receipts are projected).
+    def present(self, requests: Iterable[Request]) -> set[Request]:
+        """Return which requests the projection holds (their receipts are projected).
 
         Args:
-            request_ids: Submission or command ids.
+            requests: (conversation id, submission or command id) pairs.
 
         Returns:
             The ones present.
         """
-        ids = list(request_ids)
+        pairs = list(requests)
         rows = self._query(
-            sql.SQL("SELECT request_id FROM {} WHERE request_id = ANY(%s)").format(self._t("receipts")), (ids,)
+            sql.SQL(
+                "SELECT conversation_id, request_id FROM {} WHERE (conversation_id, request_id) IN "
+                "(SELECT * FROM unnest(%s::text[], %s::text[]))"
+            ).format(self._t("receipts")),
+            ([c for c, _ in pairs], [r for _, r in pairs]),
         )
-        return {str(r["request_id"]) for r in rows}
+        return {(str(r["conversation_id"]), str(r["request_id"])) for r in rows}
 
     def wait_for(self, receipt: Receipt, timeout_s: float = 10.0) -> None:
         """Wait until the projection holds a receipt's request (read-your-writes, DESIGN.md §4).
@@ -221,7 +233,7 @@ class ProjectionReader:
         """
         if timeout_s < 0:
             raise ValueError(f"timeout_s must not be negative, got {timeout_s}")
-        if not self._waiters.wait(receipt.request_id, timeout_s):
+        if not self._waiters.wait((receipt.conversation_id, receipt.request_id), timeout_s):
             raise ReadYourWritesTimeout(receipt.request_id, receipt.conversation_id, timeout_s)
 
     def _after(self, after: Receipt | None, timeout_s: float) -> None:
@@ -230,11 +242,55 @@ class ProjectionReader:
 
     # -- queries -----------------------------------------------------------------------------------------------------
 
-    def submission(self, submission_id: str, *, after: Receipt | None = None, timeout_s: float = 10.0) -> Row | None:
-        """Return a submission's ledger row.
+    def _by_id(self, table: str, column: str, value: str, conversation_id: str | None) -> list[Row]:
+        """Rows of a table or view with ``column = value``, of one conversation or of all, by conversation id."""
+        where = sql.SQL("{} = %s").format(sql.Identifier(column))
+        params: tuple[Any, ...] = (value,)
+        if conversation_id is not None:
+            where = sql.SQL("{} AND conversation_id = %s").format(where)
+            params = (value, conversation_id)
+        return self._query(
+            sql.SQL("SELECT * FROM {} WHERE {} ORDER BY conversation_id").format(self._t(table), where), params
+        )
+
+    def submissions(
+        self,
+        submission_id: str,
+        *,
+        conversation_id: str | None = None,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> list[Row]:
+        """Return the ledger rows of a submission id: one per conversation using it (module doc).
 
         Args:
             submission_id: The submission.
+            conversation_id: Only this conversation's.
+            after: Wait first until the projection holds this receipt's request.
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            The ``submissions`` rows, by conversation id (empty when not projected).
+
+        Raises:
+            ReadYourWritesTimeout: ``after`` was not projected in time.
+        """
+        self._after(after, timeout_s)
+        return self._by_id("submissions", "submission_id", submission_id, conversation_id)
+
+    def submission(
+        self,
+        submission_id: str,
+        *,
+        conversation_id: str | None = None,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> Row | None:
+        """Return a submission's ledger row (the first by conversation id when several conversations use the id).
+
+        Args:
+            submission_id: The submission.
+            conversation_id: Its conversation (None: any; see `submissions` for all of them).
             after: Wait first until the projection holds this receipt's request.
             timeout_s: Bound on that wait, in seconds.
 
@@ -244,17 +300,47 @@ class ProjectionReader:
         Raises:
             ReadYourWritesTimeout: ``after`` was not projected in time.
         """
-        self._after(after, timeout_s)
-        rows = self._query(
-            sql.SQL("SELECT * FROM {} WHERE submission_id = %s").format(self._t("submissions")), (submission_id,)
-        )
+        rows = self.submissions(submission_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return rows[0] if rows else None
 
-    def receipt(self, request_id: str, *, after: Receipt | None = None, timeout_s: float = 10.0) -> Row | None:
-        """Return a request's projected receipt (admitted, duplicate, rejected or applied).
+    def receipts(
+        self,
+        request_id: str,
+        *,
+        conversation_id: str | None = None,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> list[Row]:
+        """Return a request id's projected receipts (admitted, duplicate, rejected or applied), one per conversation.
 
         Args:
             request_id: The submission or command id.
+            conversation_id: Only this conversation's.
+            after: Wait first until the projection holds this receipt's request.
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            The ``receipts`` rows, by conversation id.
+
+        Raises:
+            ReadYourWritesTimeout: ``after`` was not projected in time.
+        """
+        self._after(after, timeout_s)
+        return self._by_id("receipts", "request_id", request_id, conversation_id)
+
+    def receipt(
+        self,
+        request_id: str,
+        *,
+        conversation_id: str | None = None,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> Row | None:
+        """Return a request's projected receipt (the first by conversation id when several conversations use the id).
+
+        Args:
+            request_id: The submission or command id.
+            conversation_id: Its conversation (None: any; see `receipts` for all of them).
             after: Wait first until the projection holds this receipt's request.
             timeout_s: Bound on that wait, in seconds.
 
@@ -264,8 +350,7 @@ class ProjectionReader:
         Raises:
             ReadYourWritesTimeout: ``after`` was not projected in time.
         """
-        self._after(after, timeout_s)
-        rows = self._query(sql.SQL("SELECT * FROM {} WHERE request_id = %s").format(self._t("receipts")), (request_id,))
+        rows = self.receipts(request_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return rows[0] if rows else None
 
     def runs(
@@ -309,11 +394,60 @@ class ProjectionReader:
         )
         return self._query(query, tuple(params))
 
-    def run(self, submission_id: str, *, after: Receipt | None = None, timeout_s: float = 10.0) -> Row | None:
-        """Return one run with its attempts and tool calls.
+    def runs_of(
+        self,
+        submission_id: str,
+        *,
+        conversation_id: str | None = None,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> list[Row]:
+        """Return the runs of a submission id with their attempts and tool calls: one per conversation using it.
 
         Args:
             submission_id: The submission.
+            conversation_id: Only this conversation's.
+            after: Wait first until the projection holds this receipt's request.
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            ``runs`` rows, each plus ``attempts`` and ``tool_calls`` lists, by conversation id.
+
+        Raises:
+            ReadYourWritesTimeout: ``after`` was not projected in time.
+        """
+        self._after(after, timeout_s)
+        runs = self._by_id("runs", "submission_id", submission_id, conversation_id)
+        for run in runs:
+            key = (submission_id, run["conversation_id"])
+            run["attempts"] = self._query(
+                sql.SQL("SELECT * FROM {} WHERE submission_id = %s AND conversation_id = %s ORDER BY attempt").format(
+                    self._t("attempts")
+                ),
+                key,
+            )
+            run["tool_calls"] = self._query(
+                sql.SQL(
+                    "SELECT * FROM {} WHERE submission_id = %s AND conversation_id = %s "
+                    "ORDER BY prepared_at NULLS LAST, call_id"
+                ).format(self._t("tool_calls")),
+                key,
+            )
+        return runs
+
+    def run(
+        self,
+        submission_id: str,
+        *,
+        conversation_id: str | None = None,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> Row | None:
+        """Return one run with its attempts and tool calls (the first by conversation id when several use the id).
+
+        Args:
+            submission_id: The submission.
+            conversation_id: Its conversation (None: any; see `runs_of` for all of them).
             after: Wait first until the projection holds this receipt's request.
             timeout_s: Bound on that wait, in seconds.
 
@@ -323,24 +457,8 @@ class ProjectionReader:
         Raises:
             ReadYourWritesTimeout: ``after`` was not projected in time.
         """
-        self._after(after, timeout_s)
-        rows = self._query(
-            sql.SQL("SELECT * FROM {} WHERE submission_id = %s").format(self._t("runs")), (submission_id,)
-        )
-        if not rows:
-            return None
-        run = rows[0]
-        run["attempts"] = self._query(
-            sql.SQL("SELECT * FROM {} WHERE submission_id = %s ORDER BY attempt").format(self._t("attempts")),
-            (submission_id,),
-        )
-        run["tool_calls"] = self._query(
-            sql.SQL("SELECT * FROM {} WHERE submission_id = %s ORDER BY prepared_at NULLS LAST, call_id").format(
-                self._t("tool_calls")
-            ),
-            (submission_id,),
-        )
-        return run
+        runs = self.runs_of(submission_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
+        return runs[0] if runs else None
 
     def unknown_obligations(self, *, after: Receipt | None = None, timeout_s: float = 10.0) -> list[Row]:
         """List the calls in doubt an operator must resolve, oldest first (DUR-009).

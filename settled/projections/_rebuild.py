@@ -48,6 +48,13 @@ copy and the reference are at the live offsets, the live and scratch tables not 
 offsets: it builds the scratch copy up to the live offsets, then holds the live offset rows ``FOR SHARE`` (pausing
 the live projector) while it catches the scratch copy and the reference up to them and reads live and scratch tables
 inside one ``REPEATABLE READ`` snapshot.
+
+Quarantined records (``projection_quarantine``: the records whose rows PostgreSQL refused, `settled.projections.
+Projector`) are left out of all three: the reference folds them (so the conversation's later batches fold) but drops
+the rows of their refused conversations, as the live projector and the rebuild do, and the comparison with the
+protocol's fold skips every row those dropped. The scratch rebuild must quarantine exactly the live version's
+records and conversations (a difference otherwise); `CheckReport.quarantined` lists them and `settled projections
+check` exits non-zero while any exist.
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ from settled.projections._schema import (
     read_meta,
     schema_exists,
 )
-from settled.projections._store import read_offsets, read_table
+from settled.projections._store import QuarantinedRecord, read_offsets, read_quarantine, read_table
 from settled.projections._tables import TABLES
 from settled.protocol import PartitionState, fold
 from settled.schemas import Codec, LogBatch
@@ -569,15 +576,17 @@ class CheckReport:
         offsets: The identical next offsets compared at, per partition.
         rows: Row count per table (live).
         differences: Every disagreement.
+        quarantined: The live version's quarantined records below those offsets, left out of the comparison.
     """
 
     offsets: dict[int, int]
     rows: dict[str, int]
     differences: tuple[Difference, ...]
+    quarantined: tuple[QuarantinedRecord, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when live, rebuild and reference agree on every row."""
+        """True when live, rebuild and reference agree on every row (the quarantined records left out)."""
         return not self.differences
 
 
@@ -595,6 +604,7 @@ class _Reference:
         self.states = {p: ProjectionState.empty(p) for p in partitions}
         self.folds = {p: PartitionState(partition=p) for p in partitions}
         self.rows = RowSet()
+        self.left_out: dict[str, set[tuple[Any, ...]]] = {name: set() for name in TABLES}
         self.next = {p: 0 for p in partitions}
         self.consumer = Consumer(
             {
@@ -609,8 +619,14 @@ class _Reference:
     def close(self) -> None:
         self.consumer.close()
 
-    def extend(self, limits: Mapping[int, int], deadline: float) -> None:
-        """Fold every record below each partition's limit."""
+    def extend(
+        self, limits: Mapping[int, int], deadline: float, leave_out: Mapping[tuple[int, int], frozenset[str]]
+    ) -> None:
+        """Fold every record below each partition's limit.
+
+        Of a record at a (partition, offset) of ``leave_out``, the rows of the groups named there (`row_group`) are
+        not kept, only their keys (``left_out``).
+        """
         for p, limit in limits.items():
             if self.next[p] >= limit:
                 continue
@@ -634,7 +650,19 @@ class _Reference:
                     self.next[p] = limit
                     break
                 batch = self.codec.decode_batch(msg.value(), topic=self.topic, partition=p, offset=offset).batch
-                self.states[p] = project_batch(self.states[p], batch, offset, self.rows)
+                refused = leave_out.get((p, offset))
+                if refused is not None:
+                    own = RowSet()
+                    self.states[p] = project_batch(self.states[p], batch, offset, own)
+                    for group, group_rows in own.by_group().items():
+                        for name, rows in group_rows.tables.items():
+                            if group in refused:
+                                self.left_out[name].update(rows)
+                            else:
+                                for row in rows.values():
+                                    self.rows.add(TABLES[name], row)
+                else:
+                    self.states[p] = project_batch(self.states[p], batch, offset, self.rows)
                 batches.append(batch)
                 self.next[p] = offset + 1
             self.consumer.unassign()
@@ -699,7 +727,7 @@ def check(
         reference = _Reference(settings, partitions)
         try:
             pool.bulk(deadline)  # exactly the records below `first`
-            reference.extend(first, deadline)
+            reference.extend(first, deadline, _positions(read_quarantine(conn, names.live)))
             with _connect(settings) as pause, pause.transaction():
                 # Hold the live offset rows: the live projector waits, so the live tables stay at these offsets.
                 rows = pause.execute(
@@ -713,7 +741,8 @@ def check(
                 pool.until(at, deadline, exact=True)
                 work = pool.timings()
                 relay.caught_up(work.records, work.events)
-                reference.extend(at, deadline)
+                # The live projector is held: the quarantined records below `at` are all there and stay.
+                reference.extend(at, deadline, _positions(read_quarantine(pause, names.live)))
                 failpoint("check.before_snapshot")
                 snapshot = _snapshot(settings, names, topic)
                 # The snapshot is read on its own session: that it was read under the maintenance lock is shown by
@@ -727,12 +756,18 @@ def check(
         return _compare(at, snapshot, reference)
 
 
+def _positions(records: list[QuarantinedRecord]) -> dict[tuple[int, int], frozenset[str]]:
+    return {(r.partition, r.log_offset): frozenset(r.refused_groups) for r in records}
+
+
 @dataclass
 class _Snapshot:
     live_offsets: dict[int, int]
     scratch_offsets: dict[int, int]
     live: dict[str, Mapping[tuple[Any, ...], tuple[Any, ...]]]
     scratch: dict[str, Mapping[tuple[Any, ...], tuple[Any, ...]]]
+    live_quarantine: list[QuarantinedRecord]
+    scratch_quarantine: list[QuarantinedRecord]
 
 
 def _snapshot(settings: Settings, names: ProjectionNames, topic: str) -> _Snapshot:
@@ -744,6 +779,8 @@ def _snapshot(settings: Settings, names: ProjectionNames, topic: str) -> _Snapsh
                 scratch_offsets=read_offsets(conn, names.scratch, topic),
                 live={name: read_table(conn, names.live, spec) for name, spec in TABLES.items()},
                 scratch={name: read_table(conn, names.scratch, spec) for name, spec in TABLES.items()},
+                live_quarantine=read_quarantine(conn, names.live),
+                scratch_quarantine=read_quarantine(conn, names.scratch),
             )
 
 
@@ -753,6 +790,21 @@ def _compare(at: dict[int, int], snap: _Snapshot, reference: _Reference) -> Chec
         live, scratch = snap.live_offsets.get(p, 0), snap.scratch_offsets.get(p, 0)
         if not (live == scratch == reference.next[p] == offset):
             diffs.append(Difference("offsets", (p,), "next_offset", live, scratch, reference.next[p]))
+    quarantined = [r for r in snap.live_quarantine if r.log_offset < at.get(r.partition, 0)]
+    live_q = {(r.partition, r.log_offset): (r.event_types, r.refused_groups) for r in quarantined}
+    scratch_q = {
+        (r.partition, r.log_offset): (r.event_types, r.refused_groups)
+        for r in snap.scratch_quarantine
+        if r.log_offset < at.get(r.partition, 0)
+    }
+    for position in sorted(set(live_q) | set(scratch_q)):
+        if live_q.get(position) != scratch_q.get(position):
+            diffs.append(
+                Difference(
+                    "projection_quarantine", position, "event_types, refused_groups", live_q.get(position, MISSING),
+                    scratch_q.get(position, MISSING), NOT_COMPARED,
+                )
+            )  # fmt: skip
     for name, spec in TABLES.items():
         live_rows, scratch_rows, ref_rows = snap.live[name], snap.scratch[name], reference.rows.tables[name]
         for key in sorted(set(live_rows) | set(scratch_rows) | set(ref_rows), key=repr):
@@ -779,7 +831,10 @@ def _compare(at: dict[int, int], snap: _Snapshot, reference: _Reference) -> Chec
             live_rows, scratch_rows = snap.live[name], snap.scratch[name]
             if name == "partitions" and state.claim_epoch == 0 and state.partition_count is None:
                 continue  # an empty partition has no row
+            left_out = reference.left_out[name]
             for key, values in by_key.items():
+                if key in left_out:
+                    continue  # a quarantined record wrote no row here: the fold's is not the projection's
                 lv, sc = live_rows.get(key), scratch_rows.get(key)
                 for column in FOLD_COLUMNS[name]:
                     i = spec.columns.index(column)
@@ -795,4 +850,4 @@ def _compare(at: dict[int, int], snap: _Snapshot, reference: _Reference) -> Chec
                     continue
                 diffs.append(Difference(f"{name} (fold)", key, "<row>", "present", "?", MISSING))
     counts = {name: len(rows) for name, rows in snap.live.items()}
-    return CheckReport(offsets=dict(at), rows=counts, differences=tuple(diffs))
+    return CheckReport(offsets=dict(at), rows=counts, differences=tuple(diffs), quarantined=tuple(quarantined))

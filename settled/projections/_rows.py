@@ -19,6 +19,7 @@ the live and rebuilt tables with.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,6 +77,7 @@ from settled.schemas import (
 
 __all__ = [
     "FOLD_COLUMNS",
+    "PARTITION_GROUP",
     "DuplicateRowError",
     "ProjectionState",
     "RowSet",
@@ -83,12 +85,16 @@ __all__ = [
     "is_partition_conversation",
     "project_batch",
     "project_chunk",
+    "row_group",
 ]
 
 S = SubmissionState
 _UPSERT, _APPEND = TableMode.UPSERT, TableMode.APPEND
 Row = tuple[Any, ...]
-CallKey = tuple[str, str]
+CallKey = tuple[str, str, str]
+"""A tool call: (conversation id, submission id, call id)."""
+SubKey = tuple[str, str]
+"""A submission or an attempt within its conversation: (conversation id, submission or attempt id)."""
 
 _PARTITION_PREFIX = "~partition/"
 
@@ -200,14 +206,14 @@ class RowSet:
     fresh: list[Row] = field(default_factory=list)
     _conv_last: dict[str, tuple[ConversationState, int, datetime, int]] = field(default_factory=dict, repr=False)
     _conv_first: dict[str, datetime] = field(default_factory=dict, repr=False)
-    _sub_last: dict[str, tuple[str, Submission, int, datetime, int]] = field(default_factory=dict, repr=False)
-    _sub_first: dict[str, tuple[Submission, datetime, int]] = field(default_factory=dict, repr=False)
-    _sub_started: dict[str, datetime] = field(default_factory=dict, repr=False)
-    _sub_settled: dict[str, datetime] = field(default_factory=dict, repr=False)
-    _att_last: dict[str, tuple[str, str, int, str, datetime, int]] = field(default_factory=dict, repr=False)
-    _att_first: dict[str, datetime] = field(default_factory=dict, repr=False)
-    _att_ended: dict[str, datetime] = field(default_factory=dict, repr=False)
-    _att_step: dict[str, str] = field(default_factory=dict, repr=False)
+    _sub_last: dict[SubKey, tuple[Submission, int, datetime, int]] = field(default_factory=dict, repr=False)
+    _sub_first: dict[SubKey, tuple[Submission, datetime, int]] = field(default_factory=dict, repr=False)
+    _sub_started: dict[SubKey, datetime] = field(default_factory=dict, repr=False)
+    _sub_settled: dict[SubKey, datetime] = field(default_factory=dict, repr=False)
+    _att_last: dict[SubKey, tuple[str, int, str, datetime, int]] = field(default_factory=dict, repr=False)
+    _att_first: dict[SubKey, datetime] = field(default_factory=dict, repr=False)
+    _att_ended: dict[SubKey, datetime] = field(default_factory=dict, repr=False)
+    _att_step: dict[SubKey, str] = field(default_factory=dict, repr=False)
 
     def defer_conversation(self, conv: ConversationState, partition: int, t: datetime, offset: int) -> None:
         """Note a ``conversations`` row emitted by the batch at ``offset`` (``deferred`` sets; see `finish`).
@@ -233,14 +239,14 @@ class RowSet:
             t: The batch's ``recorded_at``.
             offset: The batch's offset.
         """
-        sid = sub.submission_id
-        if sid not in self._sub_first:
-            self._sub_first[sid] = (sub, t, offset)
-        if sub.attempt_count > 0 and sid not in self._sub_started:
-            self._sub_started[sid] = t
-        if sub.state in TERMINAL_STATES and sid not in self._sub_settled:
-            self._sub_settled[sid] = t
-        self._sub_last[sid] = (conversation_id, sub, partition, t, offset)
+        key = (conversation_id, sub.submission_id)
+        if key not in self._sub_first:
+            self._sub_first[key] = (sub, t, offset)
+        if sub.attempt_count > 0 and key not in self._sub_started:
+            self._sub_started[key] = t
+        if sub.state in TERMINAL_STATES and key not in self._sub_settled:
+            self._sub_settled[key] = t
+        self._sub_last[key] = (sub, partition, t, offset)
 
     def defer_attempt(
         self, attempt_id: str, sid: str, conversation_id: str, attempt: int, status: str, step: str | None,
@@ -265,13 +271,14 @@ class RowSet:
             t: The batch's ``recorded_at``.
             offset: The batch's offset.
         """
-        if attempt_id not in self._att_first:
-            self._att_first[attempt_id] = t
-        if status != "running" and attempt_id not in self._att_ended:
-            self._att_ended[attempt_id] = t
+        key = (conversation_id, attempt_id)
+        if key not in self._att_first:
+            self._att_first[key] = t
+        if status != "running" and key not in self._att_ended:
+            self._att_ended[key] = t
         if step is not None:
-            self._att_step[attempt_id] = step
-        self._att_last[attempt_id] = (sid, conversation_id, attempt, status, t, offset)
+            self._att_step[key] = step
+        self._att_last[key] = (sid, attempt, status, t, offset)
 
     def add_attempt(self, row: Row) -> None:
         """Merge an ``attempts`` row, after the deferred rows of its attempt (`defer_attempt`).
@@ -279,16 +286,18 @@ class RowSet:
         Args:
             row: The row, in the table's column order.
         """
-        if row[0] in self._att_last:
-            self._flush_attempt(row[0])
+        key = (row[2], row[0])  # (conversation_id, attempt_id)
+        if key in self._att_last:
+            self._flush_attempt(key)
         self.add(ATTEMPTS, row)
 
-    def _flush_attempt(self, attempt_id: str) -> None:
-        sid, cid, attempt, status, t, offset = self._att_last.pop(attempt_id)
+    def _flush_attempt(self, key: SubKey) -> None:
+        sid, attempt, status, t, offset = self._att_last.pop(key)
+        cid, attempt_id = key
         self.add(
             ATTEMPTS,
-            (attempt_id, sid, cid, attempt, None, status, None, None, None, None, self._att_step.pop(attempt_id, None),
-             None, self._att_first.pop(attempt_id), self._att_ended.pop(attempt_id, None), t, offset),
+            (attempt_id, sid, cid, attempt, None, status, None, None, None, None, self._att_step.pop(key, None),
+             None, self._att_first.pop(key), self._att_ended.pop(key, None), t, offset),
         )  # fmt: skip
 
     def finish(self) -> None:
@@ -304,18 +313,19 @@ class RowSet:
             row = _conversation_row(conv, p, t, offset)
             add(CONVERSATIONS, (*row[:9], conv_first[cid], *row[10:]))
         sub_first, started, settled = self._sub_first, self._sub_started, self._sub_settled
-        for sid, (cid, sub, p, t, offset) in self._sub_last.items():
-            first, first_t, first_offset = sub_first[sid]
+        for key, (sub, p, t, offset) in self._sub_last.items():
+            cid = key[0]
+            first, first_t, first_offset = sub_first[key]
             row = _submission_row(cid, sub, p, t, offset)
             add(
                 SUBMISSIONS,
-                (*row[:7], list(first.tools_offered), *row[8:19], first_t, first_offset, started.get(sid),
-                 settled.get(sid), *row[23:]),
+                (*row[:7], list(first.tools_offered), *row[8:19], first_t, first_offset, started.get(key),
+                 settled.get(key), *row[23:]),
             )  # fmt: skip
         for pending in (self._conv_last, self._conv_first, self._sub_last, self._sub_first, started, settled):
             pending.clear()
-        for attempt_id in list(self._att_last):
-            self._flush_attempt(attempt_id)
+        for attempt_key in list(self._att_last):
+            self._flush_attempt(attempt_key)
 
     def add(self, spec: TableSpec, row: Row) -> None:
         """Merge one row into the set.
@@ -354,6 +364,44 @@ class RowSet:
     def __len__(self) -> int:
         """Return the number of rows held, all tables together."""
         return sum(len(rows) for rows in self.tables.values())
+
+    def by_group(self) -> dict[str, RowSet]:
+        """Split the rows by the conversation they belong to (`row_group`), e.g. a claim's rows per conversation.
+
+        Returns:
+            Group → a `RowSet` holding that group's rows (``batches`` and ``events`` are not split: zero).
+        """
+        out: dict[str, RowSet] = {}
+        for name, rows in self.tables.items():
+            at = _GROUP_COLUMN[name]
+            for key, row in rows.items():
+                group = PARTITION_GROUP if at is None else row_group(row[at])
+                found = out.get(group)
+                if found is None:
+                    found = out[group] = RowSet()
+                found.tables[name][key] = row
+        return out
+
+
+PARTITION_GROUP = "partition"
+"""`row_group` of the ``partitions`` table's rows (they belong to no conversation)."""
+
+_GROUP_COLUMN: Mapping[str, int | None] = MappingProxyType(
+    {name: spec.columns.index("conversation_id") if "conversation_id" in spec.columns else None
+     for name, spec in TABLES.items()}
+)  # fmt: skip
+
+
+def row_group(conversation_id: str) -> str:
+    """Name a conversation's rows in the quarantine table: a digest, storable and bounded whatever the id is.
+
+    Args:
+        conversation_id: The conversation (it may hold characters PostgreSQL cannot store, e.g. NUL).
+
+    Returns:
+        ``c:`` and the first 32 hex digits of the SHA-256 of its UTF-8 bytes (lone surrogates passed through).
+    """
+    return "c:" + hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _sort_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -444,8 +492,8 @@ class ProjectionState:
     head: PartitionState
     base: dict[str, ConversationState]
     overlay: dict[str, ConversationState] = field(default_factory=dict)
-    calls: dict[str, Mapping[str, Row]] = field(default_factory=dict)
-    calls_overlay: dict[str, Mapping[str, Row]] = field(default_factory=dict)
+    calls: dict[SubKey, Mapping[str, Row]] = field(default_factory=dict)
+    calls_overlay: dict[SubKey, Mapping[str, Row]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, partition: int) -> ProjectionState:
@@ -484,28 +532,30 @@ class ProjectionState:
         found = self.overlay.get(conversation_id)
         return found if found is not None else self.base.get(conversation_id)
 
-    def calls_of(self, submission_id: str) -> Mapping[str, Row]:
+    def calls_of(self, conversation_id: str, submission_id: str) -> Mapping[str, Row]:
         """Return a submission's calls in flight.
 
         Args:
+            conversation_id: Its conversation.
             submission_id: The submission.
 
         Returns:
             Call id → its ``tool_calls`` row (prepared or Unknown).
         """
-        found = self.calls_overlay.get(submission_id)
+        key = (conversation_id, submission_id)
+        found = self.calls_overlay.get(key)
         if found is not None:
             return found
-        return self.calls.get(submission_id, _NO_CALLS)
+        return self.calls.get(key, _NO_CALLS)
 
     def in_flight(self) -> dict[CallKey, Row]:
-        """Return every call in flight, by ``(submission id, call id)`` (for tests and diagnostics).
+        """Return every call in flight, by ``(conversation id, submission id, call id)`` (for tests and diagnostics).
 
         Returns:
             The rows.
         """
         merged = {**self.calls, **self.calls_overlay}
-        return {(sid, call_id): row for sid, calls in merged.items() for call_id, row in calls.items()}
+        return {(*key, call_id): row for key, calls in merged.items() for call_id, row in calls.items()}
 
     @property
     def fold(self) -> PartitionState:
@@ -525,11 +575,11 @@ class ProjectionState:
             The committed state (empty overlays). Earlier states of the partition must not be used after this.
         """
         self.base.update(self.overlay)
-        for sid, calls in self.calls_overlay.items():
+        for key, calls in self.calls_overlay.items():
             if calls:
-                self.calls[sid] = calls
+                self.calls[key] = calls
             else:
-                self.calls.pop(sid, None)
+                self.calls.pop(key, None)
         return ProjectionState(self.partition, self.head, self.base, {}, self.calls, {})
 
 
@@ -576,6 +626,7 @@ _PREPARED_COLUMNS = tuple(
 )
 """The ``tool_calls`` columns in the order `_BatchProjector.on_prepared` builds its row (a test: `TOOL_CALLS`'s)."""
 _NO_COMMANDS: Mapping[str, str] = MappingProxyType({})
+_NO_STEPS: Mapping[str, str] = MappingProxyType({})
 
 
 class _BatchProjector:
@@ -615,17 +666,17 @@ class _BatchProjector:
     # -- tool calls in flight ------------------------------------------------------------------------------------
 
     def call(self, key: CallKey) -> Row | None:
-        return self.state.calls_of(key[0]).get(key[1])
+        return self.state.calls_of(key[0], key[1]).get(key[2])
 
     def set_call(self, key: CallKey, row: Row | None) -> None:
         """Put (or, with None, drop) a call in flight: its submission's calls are replaced, never changed in place."""
-        sid, call_id = key
-        calls = dict(self.state.calls_of(sid))
+        cid, sid, call_id = key
+        calls = dict(self.state.calls_of(cid, sid))
         if row is None:
             del calls[call_id]
         else:
             calls[call_id] = row
-        self.state.calls_overlay[sid] = calls
+        self.state.calls_overlay[(cid, sid)] = calls
 
     def call_row(self, spec_values: dict[str, Any]) -> Row:
         return tuple(map(spec_values.get, TOOL_CALLS.columns))
@@ -769,11 +820,11 @@ class _BatchProjector:
                 else:
                     add(SUBMISSIONS, self.submission_row(conversation_id, sub))
                 # `abandon_calls` only when the submission has calls in flight (`ProjectionState.calls_of`, inlined)
-                calls = calls_overlay.get(sid)
+                calls = calls_overlay.get((conversation_id, sid))
                 if calls is None:
-                    calls = calls_base.get(sid)
+                    calls = calls_base.get((conversation_id, sid))
                 if calls:
-                    self.abandon_calls(sub)
+                    self.abandon_calls(conversation_id, sub)
         self.attempt_rows(self.steps)
 
     def touched_by(self, own: dict[str, None]) -> dict[str, dict[str, None]]:
@@ -814,16 +865,20 @@ class _BatchProjector:
         rows = self.rows
         deferred = rows.deferred
         add_attempt: Callable[[Row], None] = rows.add_attempt if deferred else partial(rows.add, ATTEMPTS)
-        emitted: set[str] = set()
+        emitted: set[SubKey] = set()  # (conversation, attempt id)
+        cid = self.cid
         if self.trace:
-            current: dict[str, str | None] = {}
+            current: dict[SubKey, str | None] = {}  # (conversation, submission id) -> its current attempt
             after_convs = self.after_convs
             for tr in self.trace:
                 cause = tr.event
                 sid = tr.submission_id
+                key = (tr.conversation_id, sid)
+                # The batch's events (and so its steps) are its own conversation's.
+                own_steps = steps if tr.conversation_id == cid else _NO_STEPS
                 if isinstance(cause, AttemptStarted):
                     started = cause
-                    current[sid] = started.attempt_id
+                    current[key] = started.attempt_id
                     add_attempt(
                         self.attempt_row(
                             tr.conversation_id,
@@ -834,17 +889,17 @@ class _BatchProjector:
                             "running",
                             None,
                             None,
-                            steps.get(started.attempt_id),
+                            own_steps.get(started.attempt_id),
                         ),
                     )
-                    emitted.add(started.attempt_id)
+                    emitted.add((tr.conversation_id, started.attempt_id))
                     continue
-                if sid in current:
-                    attempt_id = current[sid]
+                if key in current:
+                    attempt_id = current[key]
                 else:
                     conv = self.before_convs.get(tr.conversation_id)
                     old = conv.submissions.get(sid) if conv is not None else None
-                    attempt_id = current[sid] = old.attempt_id if old is not None else None
+                    attempt_id = current[key] = old.attempt_id if old is not None else None
                 if attempt_id is None:
                     continue
                 end_reason = None
@@ -864,10 +919,10 @@ class _BatchProjector:
                         _ATTEMPT_STATUS[tr.edge.target],
                         end_reason,
                         moved,
-                        steps.get(attempt_id),
+                        own_steps.get(attempt_id),
                     ),
                 )
-                emitted.add(attempt_id)
+                emitted.add((tr.conversation_id, attempt_id))
         # The final row of each touched submission's current attempt (in-state changes: steps, calls).
         conv = self.after_convs.get(self.cid)
         if conv is None:
@@ -876,7 +931,7 @@ class _BatchProjector:
         for sids in self.touched.values():
             for sid in sids:
                 touched = subs.get(sid)
-                if touched is None or touched.attempt_id is None or touched.attempt_id in emitted:
+                if touched is None or touched.attempt_id is None or (cid, touched.attempt_id) in emitted:
                     continue
                 status = _ATTEMPT_STATUS.get(touched.state)
                 if status is None:
@@ -918,7 +973,7 @@ class _BatchProjector:
             waiting_kind = "unknown_resolution"
             names = sorted(
                 str(row[_CALL_TOOL_I])
-                for call_id, row in self.state.calls_of(sid).items()
+                for call_id, row in self.state.calls_of(conversation_id, sid).items()
                 if call_id in sub.unknown_calls
             )
             waiting_name = ",".join(names) if names else None
@@ -943,10 +998,10 @@ class _BatchProjector:
             self.offset,
         )
 
-    def abandon_calls(self, sub: Submission) -> None:
+    def abandon_calls(self, conversation_id: str, sub: Submission) -> None:
         """Calls the fold no longer holds open or Unknown, with no event of their own: recovery dropped them."""
         sid = sub.submission_id
-        calls = self.state.calls_of(sid)
+        calls = self.state.calls_of(conversation_id, sid)
         if not calls:
             return
         for call_id, row in list(calls.items()):
@@ -955,7 +1010,7 @@ class _BatchProjector:
                 status == "unknown" and call_id in sub.unknown_calls
             ):
                 continue
-            key = (sid, call_id)
+            key = (conversation_id, sid, call_id)
             self.add(TOOL_CALLS, self.update_call(key, status="abandoned", ended_at=self.t))
             self.set_call(key, None)
 
@@ -1035,7 +1090,7 @@ class _BatchProjector:
             event.args_digest, event.idempotency_key, event.owner_epoch, "prepared", None, None, None, None, None,
             None, t, None, None, None, t, self.offset,
         )  # fmt: skip
-        self.set_call((event.submission_id, event.call_id), row)
+        self.set_call((self.cid, event.submission_id, event.call_id), row)
         self.add(TOOL_CALLS, row)
         self.transcript(
             i, event.submission_id, event.attempt_id, "tool_call", "assistant", event.tool, event.call_id,
@@ -1043,7 +1098,7 @@ class _BatchProjector:
         )  # fmt: skip
 
     def on_tool_settled(self, i: int, event: ToolCallSettled) -> None:
-        key = (event.submission_id, event.call_id)
+        key = (self.cid, event.submission_id, event.call_id)
         old = self.call(key)
         if old is None:  # what `update_call` raises
             raise ValueError(f"tool call {key!r} is not in flight in partition {self.p} at offset {self.offset}")
@@ -1097,7 +1152,7 @@ class _BatchProjector:
         )
 
     def on_tool_unknown(self, i: int, event: ToolCallUnknown) -> None:
-        key = (event.submission_id, event.call_id)
+        key = (self.cid, event.submission_id, event.call_id)
         row = self.update_call(key, status="unknown", reason=event.reason, unknown_since=self.t)
         self.set_call(key, row)
         self.add(TOOL_CALLS, row)
@@ -1107,7 +1162,7 @@ class _BatchProjector:
 
     def on_unknown_resolved(self, i: int, event: UnknownResolved) -> None:
         if self.first_application(event.command_id):
-            key = (event.submission_id, event.call_id)
+            key = (self.cid, event.submission_id, event.call_id)
             row = self.update_call(
                 key,
                 status="resolved",
@@ -1296,7 +1351,7 @@ def fold_reference(state: PartitionState) -> dict[str, dict[tuple[Any, ...], dic
             "owner_epoch": conv.owner_epoch,
         }
         for sid, sub in conv.submissions.items():
-            out["submissions"][(sid,)] = {
+            out["submissions"][(cid, sid)] = {
                 "conversation_id": cid,
                 "partition": p,
                 "submission_seq": sub.submission_seq,

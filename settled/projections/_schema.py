@@ -20,7 +20,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from settled.projections._tables import TABLES
+from settled.projections._tables import QUARANTINE, TABLES
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -85,7 +85,7 @@ def migrations() -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 3
 """The highest migration this release ships; a schema at another layout is refused (`check_layout`)."""
 
 
@@ -272,7 +272,7 @@ def check_layout(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> N
     columns: dict[str, set[str]] = {}
     for table, column in rows:
         columns.setdefault(str(table), set()).add(str(column))
-    for spec in TABLES.values():
+    for spec in (*TABLES.values(), QUARANTINE):
         have = columns.get(spec.name, set())
         if have != set(spec.columns):
             raise ProjectionLayoutError(

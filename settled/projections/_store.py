@@ -10,6 +10,7 @@ partition rolls back instead of applying anything twice.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -17,15 +18,37 @@ from psycopg import sql
 
 from settled.projections._rows import RowSet
 from settled.projections._schema import PROJECTION_NAME
-from settled.projections._tables import TABLES, MergeRule, TableMode, TableSpec
+from settled.projections._tables import QUARANTINE, TABLES, MergeRule, TableMode, TableSpec
 
-__all__ = ["OffsetConflict", "ProjectionWriter", "read_offsets", "read_table"]
+__all__ = ["OffsetConflict", "ProjectionWriter", "QuarantinedRecord", "read_offsets", "read_quarantine", "read_table"]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 STAGE_MIN_ROWS = 64
 """From this many rows of one table in a chunk, upserts go through a staging table (``COPY``) instead of
 ``executemany``."""
+
+
+@dataclass(frozen=True)
+class QuarantinedRecord:
+    """A log record the projector could not write (``projection_quarantine``; `settled.projections.Projector`).
+
+    Attributes:
+        partition: The log partition.
+        log_offset: The record's offset.
+        event_types: Its batch's event types, in order, duplicates removed, comma-separated.
+        refused_groups: The groups of its rows PostgreSQL refused (`settled.projections.row_group` of each
+            conversation, or ``partition``); its other rows were written.
+        sqlstate: PostgreSQL's SQLSTATE, or None when the driver refused a value before sending it.
+        error: The error, bounded (`settled.projections._sqlstate.describe`).
+    """
+
+    partition: int
+    log_offset: int
+    event_types: str
+    refused_groups: tuple[str, ...]
+    sqlstate: str | None
+    error: str
 
 
 class OffsetConflict(Exception):
@@ -126,6 +149,10 @@ class ProjectionWriter:
         self._lock = sql.SQL(
             "SELECT next_offset FROM {} WHERE projection = %s AND topic = %s AND partition = %s FOR UPDATE"
         ).format(ident)
+        self._quarantine = sql.SQL(
+            "INSERT INTO {} (partition, log_offset, event_types, refused_groups, sqlstate, error) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(sql.Identifier(schema, QUARANTINE.name))
         self._set = sql.SQL(
             "UPDATE {} SET next_offset = %s, updated_at = now() WHERE projection = %s AND topic = %s AND partition = %s"
         ).format(ident)
@@ -167,6 +194,25 @@ class ProjectionWriter:
             next_offset: The offset after the last record applied.
         """
         conn.execute(self._set, (next_offset, PROJECTION_NAME, self.topic, partition))
+
+    def quarantine(self, conn: Conn, record: QuarantinedRecord) -> None:
+        """Record a log record whose rows were refused; inside the transaction that moves its partition's offset.
+
+        Args:
+            conn: The connection, in a transaction.
+            record: The record and why.
+        """
+        conn.execute(
+            self._quarantine,
+            (
+                record.partition,
+                record.log_offset,
+                record.event_types,
+                ",".join(record.refused_groups),
+                record.sqlstate,
+                record.error,
+            ),
+        )
 
     def _stage(self, conn: Conn, spec: TableSpec) -> None:
         """Create the connection's staging table of a table once (temporary, emptied at every commit)."""
@@ -246,6 +292,28 @@ def read_offsets(conn: Conn, schema: str, topic: str) -> dict[int, int]:
         (PROJECTION_NAME, topic),
     ).fetchall()
     return {int(p): int(o) for p, o in rows}
+
+
+def read_quarantine(conn: Conn, schema: str) -> list[QuarantinedRecord]:
+    """Return a projection schema's quarantined records, by partition and offset.
+
+    Args:
+        conn: A connection.
+        schema: The projection schema.
+
+    Returns:
+        The records.
+    """
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT partition, log_offset, event_types, refused_groups, sqlstate, error FROM {} "
+            "ORDER BY partition, log_offset"
+        ).format(sql.Identifier(schema, QUARANTINE.name))
+    ).fetchall()
+    return [
+        QuarantinedRecord(int(p), int(o), str(t), tuple(str(g).split(",")), None if st is None else str(st), str(e))
+        for p, o, t, g, st, e in rows
+    ]
 
 
 def read_table(conn: Conn, schema: str, spec: TableSpec) -> Mapping[tuple[Any, ...], tuple[Any, ...]]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["TABLES", "MergeRule", "TableMode", "TableSpec", "merge_rows"]
+__all__ = ["QUARANTINE", "TABLES", "MergeRule", "TableMode", "TableSpec", "merge_rows"]
 
 
 class MergeRule(enum.Enum):
@@ -188,7 +188,7 @@ SUBMISSIONS = _spec(
     "state outcome receipt_outcome attempt_count current_attempt_id input_applied abort_requested abort_reason "
     "reserved_outcome open_calls unknown_calls admitted_at admitted_offset first_started_at settled_at updated_at "
     "last_offset",
-    "submission_id",
+    "conversation_id submission_id",
     tools_offered=_S,
     admitted_at=_S,
     admitted_offset=_S,
@@ -199,7 +199,7 @@ ATTEMPTS = _spec(
     "attempts",
     "attempt_id submission_id conversation_id attempt owner_epoch status waiting_kind waiting_name waiting_since "
     "waiting_deadline current_step end_reason started_at ended_at updated_at last_offset",
-    "attempt_id",
+    "conversation_id attempt_id",
     owner_epoch=_S,
     waiting_since=_S,
     current_step=_L,
@@ -212,19 +212,19 @@ TOOL_CALLS = _spec(
     "submission_id call_id conversation_id attempt_id run_id ordinal tool args_digest idempotency_key owner_epoch "
     "status result_digest error_type error_message reason resolution_kind resolution_outcome prepared_at ended_at "
     "unknown_since duration_ms updated_at last_offset",
-    "submission_id call_id",
+    "conversation_id submission_id call_id",
 )
 SETTLEMENTS = _spec(
     "settlements",
     "submission_id conversation_id partition submission_seq outcome reply_json reply_digest reply_ref error_type "
     "error_reason attempt_count settled_at log_offset",
-    "submission_id",
+    "conversation_id submission_id",
     TableMode.APPEND,
 )
 RECEIPTS = _spec(
     "receipts",
     "request_id request_kind conversation_id outcome reason submission_id submission_seq decided_at log_offset",
-    "request_id",
+    "conversation_id request_id",
     TableMode.FIRST,
 )
 TRANSCRIPT = _spec(
@@ -240,4 +240,17 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
         for spec in (PARTITIONS, CONVERSATIONS, SUBMISSIONS, ATTEMPTS, TOOL_CALLS, SETTLEMENTS, RECEIPTS, TRANSCRIPT)
     }
 )
-"""Every projection table, in write order."""
+"""Every projection table, in write order.
+
+Submissions, attempts, tool calls, settlements and receipts are keyed within their conversation: a partition's owner
+sees only its own conversations, so an id reused by a conversation of another partition cannot be refused (layout 2,
+``settled/projections/sql/0002_conversation_keys.sql``)."""
+
+QUARANTINE = _spec(
+    "projection_quarantine",
+    "partition log_offset event_types refused_groups sqlstate error",
+    "partition log_offset",
+    TableMode.FIRST,
+)
+"""The log records the projector could not write (`settled.projections.Projector`): not a row of the fold, so not in
+`TABLES`; `settled projections check` compares it on its own."""

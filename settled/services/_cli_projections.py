@@ -3,7 +3,9 @@
 * ``run`` projects ``<namespace>.log`` into the live schema until SIGTERM/SIGINT; JSON-lines logs on stderr.
 * ``rebuild`` replays the log from offset 0 into a new schema version with a progress bar (events/s, ETA), catches up
   to the live position and switches atomically.
-* ``check`` compares live, a fresh rebuild and the reference fold at identical offsets; exit code 1 on any difference.
+* ``check`` compares live, a fresh rebuild and the reference fold at identical offsets; exit code 1 on any difference,
+  else 4 while the projection has quarantined records (rows PostgreSQL refused: listed, and left out of the
+  comparison), else 0.
 * Either exits with code 3 when another rebuild or check of the same projection is running (`RebuildInProgress`).
 
 Settings come from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``, ``SETTLED_POSTGRES_DSN``);
@@ -43,6 +45,9 @@ from settled.services._worker_service import JsonFormatter
 __all__ = ["SCHEMA_ENV_VAR", "projection_names", "projection_settings", "projections_app"]
 
 SCHEMA_ENV_VAR = "SETTLED_PROJECTION_SCHEMA"
+
+EXIT_QUARANTINED = 4
+"""Exit code of ``settled projections check``: everything else agrees, but records are quarantined (listed)."""
 
 projections_app = typer.Typer(
     no_args_is_help=True, help="Postgres projections of the log: run the projector, rebuild, check."
@@ -174,15 +179,27 @@ def check_command(
     show: int = typer.Option(50, "--show", min=1, help="Print at most this many differences."),
     timeout_s: float = typer.Option(3600.0, "--timeout-s", help="Bound on the whole check, in seconds."),
 ) -> None:
-    """Compare live, a fresh rebuild and the reference fold of the log at identical offsets; exit 1 on a difference."""
+    """Compare live, a fresh rebuild and the reference fold at identical offsets; exit 1 on a difference.
+
+    Quarantined records (rows PostgreSQL refused) are left out of the comparison and listed; exit 4 while any exist.
+    """
     settings = projection_settings()
     names = projection_names(settings, schema)
     with _maintenance(f"rebuilding {names.scratch}") as report:
         report_ = check(settings, names, progress=report, keep_scratch=keep_scratch, timeout_s=timeout_s)
     out = Console()
     out.print(f"compared at offsets {report_.offsets}; rows (live): {report_.rows}")
+    if report_.quarantined:
+        quarantine = Table(title=f"{len(report_.quarantined)} quarantined record(s), left out of the comparison")
+        for column in ("(partition, offset)", "event types", "sqlstate", "error"):
+            quarantine.add_column(column)
+        for q in report_.quarantined[:show]:
+            quarantine.add_row(f"({q.partition}, {q.log_offset})", q.event_types, q.sqlstate or "", q.error)
+        out.print(quarantine)
     if report_.ok:
         out.print("[green]live, rebuild and reference fold agree[/green]")
+        if report_.quarantined:
+            raise typer.Exit(EXIT_QUARANTINED)
         return
     table = Table(title=f"{len(report_.differences)} difference(s)")
     for column in ("table", "key", "column", "live", "rebuild", "reference"):

@@ -1,10 +1,12 @@
 """``settled runs|unknown|submissions|conversations``: read the Postgres projection (issue 7 item 5; DESIGN.md §6).
 
-* ``settled runs list [--incomplete] [--conversation C]`` and ``settled runs show SUBMISSION_ID`` (attempts, calls);
+* ``settled runs list [--incomplete] [--conversation C]`` and ``settled runs show SUBMISSION_ID [--conversation C]``
+  (attempts, calls);
 * ``settled unknown list``: the calls in doubt an operator must resolve, with their age (DUR-009);
   ``settled unknown resolve`` and ``settled unknown keygen`` (in `settled.services._cli_client`: they talk to Kafka,
   not to the projection) resolve one with a signed ``ResolveUnknown`` and make the resolver's key;
-* ``settled submissions show SUBMISSION_ID``: the ledger row;
+* ``settled submissions show SUBMISSION_ID [--conversation C]``: the ledger row of every conversation using the id
+  (ids are unique per conversation, not per namespace), or of one;
 * ``settled conversations show CONVERSATION_ID``: run state and the transcript in event order.
 
 Every command takes ``--after RECEIPT_JSON`` (the receipt line ``settled submit`` prints) and waits, up to
@@ -224,29 +226,40 @@ def runs_list(
     )  # fmt: skip
 
 
+_CONVERSATION = typer.Option(
+    None, "--conversation", help="Only this conversation's (a submission id is unique per conversation)."
+)
+
+
 @runs_app.command("show")
 def runs_show(
     submission_id: str = typer.Argument(..., metavar="SUBMISSION_ID"),
+    conversation: str | None = _CONVERSATION,
     schema: str | None = _SCHEMA,
     after: str | None = _AFTER,
     after_timeout_s: float = _AFTER_TIMEOUT,
     as_json: bool = _JSON,
 ) -> None:
-    """Show one run with its attempts and tool calls."""
+    """Show the run of a submission id in every conversation using it, with attempts and tool calls."""
     _id("SUBMISSION_ID", submission_id)
-    run = _found(
-        _query(schema, after, after_timeout_s, lambda r, receipt, t: r.run(submission_id, after=receipt, timeout_s=t)),
-        f"run {submission_id!r}",
+    _id("--conversation", conversation)
+    runs = _query(
+        schema,
+        after,
+        after_timeout_s,
+        lambda r, receipt, t: r.runs_of(submission_id, conversation_id=conversation, after=receipt, timeout_s=t),
     )
+    _found(runs or None, f"run {submission_id!r}")
     if as_json:
-        _dump([run])
+        _dump(runs)
         return
-    attempts, calls = run.pop("attempts"), run.pop("tool_calls")
-    _record(f"run {submission_id}", run)
-    _table("attempts", attempts, ("attempt", "attempt_id", "status", "waiting_kind", "waiting_name", "current_step",
-                                  "end_reason", "started_at", "ended_at"))  # fmt: skip
-    _table("tool calls", calls, ("call_id", "tool", "status", "idempotency_key", "prepared_at", "ended_at",
-                                 "duration_ms", "error_type", "reason"))  # fmt: skip
+    for run in runs:
+        attempts, calls = run.pop("attempts"), run.pop("tool_calls")
+        _record(f"run {submission_id} of conversation {run['conversation_id']}", run)
+        _table("attempts", attempts, ("attempt", "attempt_id", "status", "waiting_kind", "waiting_name",
+                                      "current_step", "end_reason", "started_at", "ended_at"))  # fmt: skip
+        _table("tool calls", calls, ("call_id", "tool", "status", "idempotency_key", "prepared_at", "ended_at",
+                                     "duration_ms", "error_type", "reason"))  # fmt: skip
 
 
 @unknown_app.command("list")
@@ -278,26 +291,30 @@ unknown_app.command("keygen")(keygen)
 @submissions_app.command("show")
 def submissions_show(
     submission_id: str = typer.Argument(..., metavar="SUBMISSION_ID"),
+    conversation: str | None = _CONVERSATION,
     schema: str | None = _SCHEMA,
     after: str | None = _AFTER,
     after_timeout_s: float = _AFTER_TIMEOUT,
     as_json: bool = _JSON,
 ) -> None:
-    """Show a submission's ledger row (a duplicate's id shows its receipt, pointing at the original)."""
+    """Show the ledger row of a submission id in every conversation using it (a duplicate's id: its receipt)."""
     _id("SUBMISSION_ID", submission_id)
-    row = _found(
-        _query(
-            schema,
-            after,
-            after_timeout_s,
-            lambda r, receipt, t: r.submission(submission_id, after=receipt, timeout_s=t) or r.receipt(submission_id),
+    _id("--conversation", conversation)
+    rows = _query(
+        schema,
+        after,
+        after_timeout_s,
+        lambda r, receipt, t: (
+            r.submissions(submission_id, conversation_id=conversation, after=receipt, timeout_s=t)
+            or r.receipts(submission_id, conversation_id=conversation)
         ),
-        f"submission {submission_id!r}",
     )
+    _found(rows or None, f"submission {submission_id!r}")
     if as_json:
-        _dump([row])
+        _dump(rows)
         return
-    _record(f"submission {submission_id}", row)
+    for row in rows:
+        _record(f"submission {submission_id} of conversation {row['conversation_id']}", row)
 
 
 @conversations_app.command("show")

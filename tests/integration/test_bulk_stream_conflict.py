@@ -1,26 +1,23 @@
-"""The bulk replay's key-conflict fallback, streamed and not: same tables, the reference fold's, offsets with rows.
+"""The bulk replay, streamed and not, with one request id in two partitions: same tables, the reference fold's,
+offsets with rows.
 
 `BulkReplay` (settled/projections/_bulk.py) writes its partitions' rows and offsets in one transaction (DUR-015);
-with ``stream=True`` the transcript rows go into a ``COPY`` open while the replay runs. When a row with the same key
-is already in the target — written by another share of the same rebuild, whose partitions are others — that
-transaction rolls back and the rows are written again through the upserts of `ProjectionWriter`.
+with ``stream=True`` the transcript rows go into a ``COPY`` open while the replay runs.
 
-The conflict produced here is the realistic one: the only key a BulkReplay can meet in its target (its offsets must
-be 0, so no row of its own partitions is there) is a key shared across partitions. A client reuses one abort
-``command_id`` for conversations on the two log partitions; the worker rejects both (unknown target), so both
-partitions carry a receipt with that request id (``receipts`` is keyed by request id). The two shares of a rebuild
-are run in turn, partition 0 first, so the partition-1 share is the one that conflicts, deterministically, and the
-surviving receipt is partition 0's, as in the reference fold (`settled projections check` folds partitions in order).
+A client reuses one abort ``command_id`` for conversations on the two log partitions; the worker rejects both
+(unknown target), so both partitions carry a receipt with that request id. Receipts are keyed by (conversation,
+request id) (layout 2, settled/projections/sql/0002_conversation_keys.sql), so the two shares of a rebuild, run in
+turn, partition 0 first, write both receipts without meeting each other's rows (an earlier layout keyed receipts by
+request id alone and the second share had to fall back to upserts, keeping only partition 0's receipt).
 
-Asserted, for ``stream=True`` and ``stream=False``: the conflict path was taken; the tables end identical between the
-two and equal to the reference rows (`project_batch` over the whole log) and to `fold_reference`'s fold-derived
+Asserted, for ``stream=True`` and ``stream=False``: the tables end identical between the two and equal to the
+reference rows (`project_batch` over the whole log, both receipts there) and to `fold_reference`'s fold-derived
 columns; each partition's offset is its target; and no reader ever sees partition 1's offset without all of its rows
 or its rows without its offset (sampled from another connection during the replay and throughout the write).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -47,7 +44,6 @@ from settled.projections import (
     read_table,
 )
 from settled.projections._bulk import BulkReplay
-from settled.projections._tables import TRANSCRIPT
 from settled.protocol import PartitionState, fold
 from settled.runtime import App
 from settled.schemas import CommandRejected, LogBatch, Settlement
@@ -60,7 +56,6 @@ from tests.integration.workerproc import Inbox, abort_command
 pytestmark = pytest.mark.integration
 
 PER_CONVERSATION = 3
-CONFLICT_LOG = "bulk copy conflicted; writing through upserts"
 
 Tables = dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]
 
@@ -113,16 +108,8 @@ class _Observer:
     """Samples, from its own connection, partition 1's offset and row counts in one snapshot each time.
 
     Every sample must be all-or-nothing: offset 0 and none of the partition's rows, or the target offset and all of
-    them (the rows and the offset of a bulk replay commit together, DUR-015). The conflicting receipt is partition 0's
-    and stays; partition 1's own rows are counted by conversation.
-
-    Sampling alone could miss a short window, so once `arm` is called (from the replay's progress callback, while its
-    write transaction is open) a third connection takes ``LOCK TABLE transcript IN SHARE MODE``. That waits for the
-    first write transaction to end (with ``stream`` it holds the transcript ``COPY``'s lock); the fallback's own write
-    of the transcript then waits on this lock, mid-write, after the other tables' upserts and before the offset. While
-    a ``settled-rebuild`` backend is seen waiting on it, the samples go to ``held``; then the lock is released.
-    `arm` returns only once the lock is held or queued (lock requests are granted in order), so the fallback's
-    request comes after it however fast the replay ends.
+    them (the rows and the offset of a bulk replay commit together, DUR-015). Partition 1's rows are counted by
+    conversation.
     """
 
     def __init__(self, dsn: str, schema: str, topic: str, partition: int, conversations: set[str]) -> None:
@@ -131,36 +118,10 @@ class _Observer:
         self.conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(dsn, autocommit=True)
         self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         self.samples: list[tuple[int, dict[str, int]]] = []
-        self.held: list[tuple[int, dict[str, int]]] = []
         self.stop = threading.Event()
-        self.armed = threading.Event()
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()
-        self.locked = threading.Event()
-        self.locker: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(dsn, autocommit=True)
-        self.watch: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(dsn, autocommit=True)
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="bulk-conflict-observer")
-
-    def arm(self) -> None:
-        """Have the observer's thread hold the fallback's transcript write (class doc); wait until it is queued.
-
-        Raises:
-            AssertionError: The lock was neither taken nor queued within 20 s.
-        """
-        if self.armed.is_set():
-            return
-        self.armed.set()
-        pid = self.locker.info.backend_pid
-        deadline = time.monotonic() + 20
-        while not self.locked.is_set():
-            row = self.watch.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", (pid,)
-            ).fetchone()
-            if row is not None and row[0] > 0:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError("the observer's LOCK TABLE was neither granted nor queued within 20 s")
-            time.sleep(0.005)
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="bulk-observer")
 
     def sample(self) -> tuple[int, dict[str, int]]:
         with self._lock, self.conn.transaction():
@@ -169,33 +130,9 @@ class _Observer:
         self.samples.append((offset, counts))
         return offset, counts
 
-    def _hold(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as watch:
-            with self.locker.transaction():
-                self.locker.execute(
-                    sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.Identifier(self.schema, TRANSCRIPT.name))
-                )
-                self.locked.set()
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    waiting = watch.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'settled-rebuild' "
-                        "AND wait_event_type = 'Lock'"
-                    ).fetchone()
-                    if waiting is not None and waiting[0] > 0:
-                        break
-                    time.sleep(0.01)
-                else:
-                    return  # the write never waited on the lock: `held` stays empty and the test says so
-                for _ in range(20):
-                    self.held.append(self.sample())
-                    time.sleep(0.01)
-
     def _loop(self) -> None:
         try:
             while not self.stop.is_set():
-                if self.armed.is_set() and not self.locked.is_set():
-                    self._hold()
                 self.sample()
                 time.sleep(0.005)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test through `errors`
@@ -204,12 +141,11 @@ class _Observer:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(60)
-        for conn in (self.conn, self.locker, self.watch):
-            conn.close()
+        self.conn.close()
 
 
-def test_a_key_conflict_writes_the_same_rows_streamed_or_not(
-    settings: Settings, schemas: dict[bool, str], caplog: pytest.LogCaptureFixture
+def test_one_request_id_in_two_partitions_writes_the_same_rows_streamed_or_not(
+    settings: Settings, schemas: dict[bool, str]
 ) -> None:
     s = settings.model_copy(update={"partitions": 2})
     provision_topics(s, CODEC, datetime.now(UTC))
@@ -240,8 +176,9 @@ def test_a_key_conflict_writes_the_same_rows_streamed_or_not(
     for p, _, b in batches:  # the conversations are where the partitioner said
         assert b.conversation_id.startswith("~partition/") or b.conversation_id in convs[p], (p, b.conversation_id)
     reference, folds = _reference(batches, [0, 1])
-    shared = reference["receipts"][(shared_command,)]
-    assert shared[TABLES["receipts"].columns.index("conversation_id")] == min(convs[0]), "the reference keeps p0's"
+    for p in (0, 1):  # one receipt per conversation that used the id
+        shared = reference["receipts"][(min(convs[p]), shared_command)]
+        assert shared[TABLES["receipts"].columns.index("outcome")] == "rejected", shared
     full = _rows_of(reference, 1, convs[1])
     assert full["transcript"] > 0 and full["receipts"] > 0, full
 
@@ -266,22 +203,16 @@ def test_a_key_conflict_writes_the_same_rows_streamed_or_not(
             seen: list[tuple[int, dict[str, int]]] = in_replay,
         ) -> None:
             seen.append(obs.sample())  # the write's transaction is open now: nothing of it is visible
-            obs.arm()
 
         second = BulkReplay(s, schema, [1], max_records=5, stream=stream)
-        caplog.clear()
         observer.thread.start()
         try:
-            with caplog.at_level(logging.INFO, logger="settled.projections"):
-                result = second.run({1: targets[1]}, deadline, progress)
+            result = second.run({1: targets[1]}, deadline, progress)
             observer.sample()
         finally:
             observer.close()
         assert not observer.errors, observer.errors
         assert result[1][1] == targets[1]
-        assert any(CONFLICT_LOG in r.getMessage() for r in caplog.records), (
-            f"stream={stream}: the partition-1 replay did not take the conflict path"
-        )
         assert in_replay, "progress was never reported during the replay"
         assert all(sample == (0, dict.fromkeys(TABLES, 0)) for sample in in_replay), (
             f"stream={stream}: rows or offset of the open replay were visible: {in_replay}"
@@ -291,10 +222,6 @@ def test_a_key_conflict_writes_the_same_rows_streamed_or_not(
         ]
         assert not torn, f"stream={stream}: offset and rows of partition 1 seen apart: {torn[:5]} (all: {full})"
         assert observer.samples[-1] == (targets[1], full)
-        assert observer.held, f"stream={stream}: the fallback's write was never seen waiting on the transcript lock"
-        assert all(sample == (0, dict.fromkeys(TABLES, 0)) for sample in observer.held), (
-            f"stream={stream}: rows or offset of the fallback's open transaction were visible: {observer.held[:3]}"
-        )
 
         with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
             ended[stream] = _tables(conn, schema)

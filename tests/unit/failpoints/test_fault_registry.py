@@ -19,6 +19,7 @@ EXPECTED_SWITCHES = {
     "admission_without_key_index",
     "projection_offsets_separate_transaction",
     "id_contract_unchecked",
+    "projection_data_error_retried",
 }
 
 

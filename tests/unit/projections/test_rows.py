@@ -59,52 +59,53 @@ def _table(rows: RowSet, name: str) -> dict[tuple[Any, ...], dict[str, Any]]:
 def test_the_unknown_obligation_is_visible_at_the_checkpoint() -> None:
     _, rows = _project(script_log()[:CHECKPOINT])
     calls = _table(rows, "tool_calls")
-    assert calls[("s1", "D")]["status"] == "unknown"
-    assert calls[("s1", "D")]["unknown_since"] == T0 + timedelta(seconds=11)
-    assert calls[("s1", "A")]["status"] == "settled"
-    assert calls[("s1", "A")]["duration_ms"] == 1000
-    assert calls[("s1", "B")]["status"] == "error"
-    assert calls[("s1", "B")]["error_type"] == "Declined"
-    assert calls[("s1", "C")]["status"] == "refused"
+    assert calls[("conv-tools", "s1", "D")]["status"] == "unknown"
+    assert calls[("conv-tools", "s1", "D")]["unknown_since"] == T0 + timedelta(seconds=11)
+    assert calls[("conv-tools", "s1", "A")]["status"] == "settled"
+    assert calls[("conv-tools", "s1", "A")]["duration_ms"] == 1000
+    assert calls[("conv-tools", "s1", "B")]["status"] == "error"
+    assert calls[("conv-tools", "s1", "B")]["error_type"] == "Declined"
+    assert calls[("conv-tools", "s1", "C")]["status"] == "refused"
     subs = _table(rows, "submissions")
-    assert subs[("s1",)]["state"] == "unknown"
-    assert subs[("s1",)]["unknown_calls"] == 1
-    assert subs[("s2",)]["state"] == "ready"
+    assert subs[("conv-tools", "s1")]["state"] == "unknown"
+    assert subs[("conv-tools", "s1")]["unknown_calls"] == 1
+    assert subs[("conv-tools", "s2")]["state"] == "ready"
     conv = _table(rows, "conversations")[("conv-tools",)]
     assert (conv["blocked_by_unknown"], conv["queue_depth"], conv["active_submission_id"]) == (True, 2, "s1")
-    attempt = _table(rows, "attempts")[("a1",)]
+    attempt = _table(rows, "attempts")[("conv-tools", "a1")]
     assert (attempt["status"], attempt["waiting_kind"], attempt["waiting_name"]) == ("waiting", "unknown_resolution",
                                                                                       "pay")  # fmt: skip
     assert attempt["ended_at"] == T0 + timedelta(seconds=11)  # left running when D went into doubt
     receipts = _table(rows, "receipts")
-    assert receipts[("dup-s1",)]["outcome"] == "duplicate"
-    assert receipts[("dup-s1",)]["submission_id"] == "s1"
-    assert receipts[("dup-s1",)]["submission_seq"] == 1
-    assert receipts[("rej-s1",)]["outcome"] == "rejected"
-    assert "idempotency_conflict" in receipts[("rej-s1",)]["reason"]
+    assert receipts[("conv-tools", "dup-s1")]["outcome"] == "duplicate"
+    assert receipts[("conv-tools", "dup-s1")]["submission_id"] == "s1"
+    assert receipts[("conv-tools", "dup-s1")]["submission_seq"] == 1
+    assert receipts[("conv-tools", "rej-s1")]["outcome"] == "rejected"
+    assert "idempotency_conflict" in receipts[("conv-tools", "rej-s1")]["reason"]
 
 
 def test_the_whole_script_settles_everything_and_keeps_the_history() -> None:
     _, rows = _project(script_log())
     subs = _table(rows, "submissions")
-    assert {k[0]: v["state"] for k, v in subs.items()} == {"s1": "completed", "s2": "aborted", "s3": "completed"}
-    assert subs[("s1",)]["attempt_count"] == 2
-    assert subs[("s1",)]["tools_offered"] == ["search", "pay", "fly"]  # kept though the fold drops it when settled
-    assert subs[("s1",)]["admitted_at"] == T0 + timedelta(seconds=2)
-    assert subs[("s1",)]["first_started_at"] == T0 + timedelta(seconds=4)
-    attempts = {k[0]: v["status"] for k, v in _table(rows, "attempts").items()}
+    assert {k[1]: v["state"] for k, v in subs.items()} == {"s1": "completed", "s2": "aborted", "s3": "completed"}
+    assert subs[("conv-tools", "s1")]["attempt_count"] == 2
+    # kept though the fold drops it when settled
+    assert subs[("conv-tools", "s1")]["tools_offered"] == ["search", "pay", "fly"]
+    assert subs[("conv-tools", "s1")]["admitted_at"] == T0 + timedelta(seconds=2)
+    assert subs[("conv-tools", "s1")]["first_started_at"] == T0 + timedelta(seconds=4)
+    attempts = {k[1]: v["status"] for k, v in _table(rows, "attempts").items()}
     assert attempts == {"a1": "interrupted", "a2": "completed", "a3": "interrupted", "a4": "completed"}
-    a3 = _table(rows, "attempts")[("a3",)]
+    a3 = _table(rows, "attempts")[("conv-claimed", "a3")]
     assert "owner epoch 2 claimed by worker-b" in a3["end_reason"]
     calls = _table(rows, "tool_calls")
-    assert calls[("s1", "D")]["status"] == "settled"
-    assert calls[("s1", "D")]["attempt_id"] == "a2"
+    assert calls[("conv-tools", "s1", "D")]["status"] == "settled"
+    assert calls[("conv-tools", "s1", "D")]["attempt_id"] == "a2"
     assert not [c for c in calls.values() if c["status"] == "unknown"]
     kinds = [r[4] for r in sorted(rows.tables["transcript"].values()) if r[0] == "conv-tools"]
     assert kinds == ["input", "input", "model_response", "tool_call", "tool_result", "tool_call", "tool_result",
                      "tool_refused", "tool_call", "tool_unknown", "abort", "settlement", "resolution", "tool_call",
                      "tool_result", "step", "reply"]  # fmt: skip
-    assert {k[0]: v["outcome"] for k, v in _table(rows, "settlements").items()} == {
+    assert {k[1]: v["outcome"] for k, v in _table(rows, "settlements").items()} == {
         "s1": "completed", "s2": "aborted", "s3": "completed"}  # fmt: skip
     partitions = _table(rows, "partitions")[(0,)]
     assert (partitions["claim_epoch"], partitions["claimed_by"], partitions["partition_count"]) == (2, "worker-b", 1)
