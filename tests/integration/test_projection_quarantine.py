@@ -45,9 +45,9 @@ from settled.projections import (
     row_group,
 )
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import AttemptStarted, LogBatch, SettlementOutcome, SubmissionReady
 from settled.services._worker_service import build_worker
+from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.admission_load import settlements
