@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type:
 
 from settled._settings import Settings
 from settled.producers._appender import AppendBatch, OutRecord, TransactionalAppender
-from settled.producers._kafka import end_offsets, read_partition
+from settled.producers._kafka import admin_config, end_offsets, read_partition
 from settled.schemas import Codec, Genesis, LogBatch
 
 __all__ = [
@@ -91,7 +91,7 @@ def describe_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicIn
     Returns:
         One `TopicInfo` per topic, in `TOPICS` order (``partitions=0`` for a missing one).
     """
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     metadata = admin.list_topics(timeout=timeout_s).topics
     out: list[TopicInfo] = []
     wanted = topic_configs(settings)
@@ -150,7 +150,7 @@ def provision_topics(settings: Settings, codec: Codec, now: datetime, timeout_s:
         PartitionCountMismatchError: An existing topic's partition count differs from ``settings.partitions`` or
             from the genesis record.
     """
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     existing = {info.name: info for info in describe_topics(settings, timeout_s)}
     for name, info in existing.items():
         if info.partitions and info.partitions != settings.partitions:

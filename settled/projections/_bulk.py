@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
 from settled._settings import Settings
-from settled.producers import consume_promptly
+from settled.producers import consume_promptly, reader_config
 from settled.projections._avroread import READ_ERRORS
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
@@ -265,15 +265,9 @@ class BulkReplay:
         active = {p for p, t in want.items() if t > 0}
         timings = self.timings
         consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"{self.settings.namespace}.projection-rebuild",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-            }
+            reader_config(
+                self.settings, f"{self.settings.namespace}.projection-rebuild", **{"auto.offset.reset": "earliest"}
+            )
         )
         next_report = 0.0
         try:

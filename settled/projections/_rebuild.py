@@ -65,6 +65,7 @@ from psycopg import sql
 
 from settled._failpoints import failpoint
 from settled._settings import Settings
+from settled.producers import reader_config
 from settled.projections._bulk import ReplayTimings, SharePool, default_workers
 from settled.projections._rows import FOLD_COLUMNS, ProjectionState, RowSet, fold_reference, project_batch
 from settled.projections._schema import (
@@ -168,14 +169,7 @@ def log_end_offsets(settings: Settings, timeout_s: float) -> dict[int, int]:
         LookupError: The log topic does not exist.
     """
     topic = settings.topic("log")
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.projector-offsets",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.projector-offsets"))
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
@@ -596,15 +590,7 @@ class _Reference:
         self.folds = {p: PartitionState(partition=p) for p in partitions}
         self.rows = RowSet()
         self.next = {p: 0 for p in partitions}
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": f"{settings.namespace}.projection-check",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-            }
-        )
+        self.consumer = Consumer(reader_config(settings, f"{settings.namespace}.projection-check"))
 
     def close(self) -> None:
         self.consumer.close()

@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from rich.console import Console
 
 from settled._settings import Settings
+from settled.producers import admin_config, producer_config, reader_config
 from settled.services._cli_dev import stack_from_settings
 
 if TYPE_CHECKING:
@@ -55,31 +56,18 @@ def roundtrip(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka ca
     bootstrap, dsn = _services(settings)
     _console.print(f"Kafka {bootstrap}, PostgreSQL {dsn}")
     topic = settings.topic("demo")
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    settings = settings.model_copy(update={"kafka_bootstrap": bootstrap, "postgres_dsn": dsn})
+    admin = AdminClient(admin_config(settings))
     if topic not in admin.list_topics(timeout=timeout_s).topics:
         admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=timeout_s)[topic].result()
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": f"{settings.namespace}.{settings.app_id}.demo",
-            "linger.ms": settings.linger_ms,
-            "retry.backoff.ms": settings.retry_backoff_ms,
-        }
-    )
+    producer = Producer(producer_config(settings, transactional_id=f"{settings.namespace}.{settings.app_id}.demo"))
     producer.init_transactions(timeout_s)
     marker = uuid.uuid4().hex.encode()
     started = time.monotonic()
     producer.begin_transaction()
     producer.produce(topic, key=b"demo", value=marker)
     producer.commit_transaction(timeout_s)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"{settings.namespace}.demo-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.demo-reader"))
     end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)[1]
     consumer.assign([TopicPartition(topic, 0, max(end - 2, 0))])
     found = False

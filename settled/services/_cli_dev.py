@@ -7,7 +7,7 @@ import time
 import typer
 from rich.console import Console
 
-from settled._settings import Settings
+from settled._settings import DEV_TIMEOUTS, Settings
 from settled.services._devstack import DevStack, StackError
 
 dev_app = typer.Typer(no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker.")
@@ -37,7 +37,11 @@ def stack_from_settings(settings: Settings) -> DevStack:
 
 @dev_app.command("up")
 def up() -> None:
-    """Start the broker and PostgreSQL (idempotent) and print their addresses as shell exports."""
+    """Start the broker and PostgreSQL (idempotent) and print their addresses and short timeouts as shell exports.
+
+    The timeouts are `settled._settings.DEV_TIMEOUTS`, which the dev broker allows: a developer's shell that evals
+    the exports runs workers and tests with them.
+    """
     stack = stack_from_settings(Settings())
     before = stack.status()
     started = time.monotonic()
@@ -52,6 +56,8 @@ def up() -> None:
     _console.print(f"ready in {took_s:.1f} s; state in {stack.state_dir}")
     typer.echo(f"export SETTLED_KAFKA_BOOTSTRAP={bootstrap}")
     typer.echo(f"export SETTLED_POSTGRES_DSN={dsn}")
+    for name, value in DEV_TIMEOUTS.items():
+        typer.echo(f"export SETTLED_{name.upper()}={value}")
 
 
 @dev_app.command("down")

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from settled._settings import Settings
-from settled.producers import read_partition
+from settled.producers import admin_config, read_partition
 from settled.schemas import Codec, QuarantineRecord
 from settled.services._cli_topics import cli_settings
 
@@ -37,7 +37,7 @@ def read_quarantine(settings: Settings, timeout_s: float) -> list[QuarantineReco
         DecodeError: A record on the quarantine topic is not a `QuarantineRecord` (naming its offset).
     """
     topic = settings.topic("quarantine")
-    metadata = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(topic, timeout=timeout_s)
+    metadata = AdminClient(admin_config(settings)).list_topics(topic, timeout=timeout_s)
     meta = metadata.topics.get(topic)
     if meta is None or meta.error is not None:
         raise LookupError(f"topic {topic} does not exist: run `settled topics create`")

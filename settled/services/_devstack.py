@@ -326,8 +326,10 @@ class KafkaBroker:
         """
         from confluent_kafka.admin import AdminClient
 
+        from settled._connection import KafkaConnection
+
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient(KafkaConnection(bootstrap_servers=self.bootstrap).client_config(log_level=0))
         last: Exception | None = None
         while time.monotonic() < deadline:
             if not self.is_running():
