@@ -15,6 +15,7 @@ from datetime import datetime
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
+from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.producers._appender import AppendBatch, OutRecord, TransactionalAppender
 from settled.producers._kafka import admin_config, end_offsets, read_partition
@@ -38,8 +39,10 @@ TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine")
 _DESCRIBED = ("retention.ms", "message.timestamp.type", "max.message.bytes")
 
 
-class PartitionCountMismatchError(RuntimeError):
+class PartitionCountMismatchError(SettledError, RuntimeError):
     """A topic's partition count differs from the genesis record's (DESIGN.md §2)."""
+
+    category = ErrorCategory.REJECTED  # `settled topics create` refuses: exit 1
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
+from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.producers import consume_promptly, reader_config
 from settled.projections._avroread import READ_ERRORS
@@ -64,14 +65,16 @@ Conn = psycopg.Connection[tuple[Any, ...]]
 _PROGRESS_EVERY_S = 0.25
 
 
-class RebuildWorkerError(RuntimeError):
+class RebuildWorkerError(SettledError, RuntimeError):
     """A rebuild's child process failed; its error is named here (the original may not survive pickling).
 
     Attributes:
-        error_type: The original exception's class name (e.g. ``StaleEpoch``, ``DecodeError``).
+        error_type: The original exception's class name (e.g. ``StaleEpochError``, ``DecodeError``).
         detail: Its message.
         child_traceback: The child's formatted traceback.
     """
+
+    category = ErrorCategory.BROKEN_INVARIANT
 
     def __init__(self, error_type: str, detail: str, child_traceback: str) -> None:
         super().__init__(f"a rebuild worker failed: {error_type}: {detail}")

@@ -63,6 +63,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
+from settled._errors import ErrorCategory, SettledError
 from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.producers import reader_config
@@ -188,13 +189,15 @@ def _connect(settings: Settings) -> Conn:
     return conn
 
 
-class RebuildInProgress(RuntimeError):
+class RebuildInProgress(SettledError, RuntimeError):
     """Another `rebuild` or `check` of the same projection holds its maintenance lock (module doc: one at a time).
 
     Attributes:
         base: The projection's base schema name.
         holder: Who holds the lock (PostgreSQL pid and application name), when it could be seen.
     """
+
+    category = ErrorCategory.CONFLICT
 
     def __init__(self, base: str, holder: str | None) -> None:
         self.base = base

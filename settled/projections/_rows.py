@@ -26,6 +26,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from settled._errors import ErrorCategory, SettledError
 from settled.projections._tables import (
     ATTEMPTS,
     CONVERSATIONS,
@@ -154,13 +155,15 @@ def is_partition_conversation(conversation_id: str) -> bool:
     return conversation_id.startswith(_PARTITION_PREFIX)
 
 
-class DuplicateRowError(ValueError):
+class DuplicateRowError(SettledError, ValueError):
     """An append-only row (transcript entry, settlement) arrived twice: a batch was applied twice (DUR-015).
 
     Attributes:
         table: The table.
         key: The repeated key.
     """
+
+    category = ErrorCategory.BROKEN_INVARIANT
 
     def __init__(self, table: str, key: tuple[Any, ...]) -> None:
         super().__init__(f"table {table}: a row with key {key!r} was already emitted (a batch applied twice)")

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from settled._settings import Settings
 from settled.producers import admin_config, producer_config, reader_config
-from settled.services._cli_dev import stack_from_settings
+from settled.services._cli_root import command, resolve_settings
 
 if TYPE_CHECKING:
     from settled.services.bfcl._demo import DemoOptions
@@ -42,21 +42,14 @@ demo_app = typer.Typer(
 )
 
 
-def _services(settings: Settings) -> tuple[str, str]:
-    if settings.kafka_bootstrap and settings.postgres_dsn:
-        return settings.kafka_bootstrap, settings.postgres_dsn
-    bootstrap, dsn = stack_from_settings(settings).up()
-    return settings.kafka_bootstrap or bootstrap, settings.postgres_dsn or dsn
-
-
 @demo_app.command("roundtrip")
+@command
 def roundtrip(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka call, in seconds.")) -> None:
     """Start the stack if needed and run one transactional round trip through Kafka into PostgreSQL."""
-    settings = Settings()
-    bootstrap, dsn = _services(settings)
+    settings = resolve_settings(kafka=True, postgres=True, start=True)
+    bootstrap, dsn = settings.kafka_bootstrap, settings.postgres_dsn
     _console.print(f"Kafka {bootstrap}, PostgreSQL {dsn}")
     topic = settings.topic("demo")
-    settings = settings.model_copy(update={"kafka_bootstrap": bootstrap, "postgres_dsn": dsn})
     admin = AdminClient(admin_config(settings))
     if topic not in admin.list_topics(timeout=timeout_s).topics:
         admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=timeout_s)[topic].result()

@@ -8,31 +8,13 @@ import typer
 from rich.console import Console
 
 from settled._settings import DEV_TIMEOUTS, Settings
-from settled.services._devstack import DevStack, StackError
+from settled.services._cli_root import stack_from_settings
+from settled.services._devstack import StackError
+
+__all__ = ["dev_app", "stack_from_settings"]
 
 dev_app = typer.Typer(no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker.")
 _console = Console(stderr=True)
-
-
-def stack_from_settings(settings: Settings) -> DevStack:
-    """Build the dev stack that ``settings`` describes.
-
-    Args:
-        settings: The process settings (state folder, versions, ports, heap).
-
-    Returns:
-        The (not started) ``DevStack``.
-    """
-    return DevStack(
-        state_dir=settings.state_dir,
-        jar_cache_dir=settings.jar_cache_dir,
-        kafka_version=settings.kafka_version,
-        log4j2_version=settings.log4j2_version,
-        kafka_port=settings.kafka_port,
-        kafka_controller_port=settings.kafka_controller_port,
-        postgres_port=settings.postgres_port,
-        kafka_heap_mb=settings.kafka_heap_mb,
-    )
 
 
 @dev_app.command("up")

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = [
     "DevStack",
     "KafkaBroker",
@@ -39,8 +41,10 @@ _PG_USER = "settled"
 _READY_TIMEOUT_S = 90.0
 
 
-class StackError(RuntimeError):
+class StackError(SettledError, RuntimeError):
     """A dev-stack service could not be installed, started or stopped; the message says why and what to run."""
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 def free_port() -> int:
