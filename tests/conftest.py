@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from settled._settings import DEV_TIMEOUTS, Settings
+from settled.producers import admin_config
 from settled.producers._topics import provision_topics
 from settled.schemas import Codec
 from settled.services._devstack import (
@@ -97,7 +98,7 @@ def postgres_dsn(_services: tuple[str, str]) -> str:
 
 @pytest.fixture(scope="session")
 def kafka_admin(kafka_bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+    return AdminClient(admin_config(Settings(kafka_bootstrap=kafka_bootstrap)))
 
 
 @pytest.fixture
