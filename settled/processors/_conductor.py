@@ -271,7 +271,8 @@ class AgentRun:
         tools_offered: Tool names offered for the turn (empty: no restriction).
         journal: The submission's recorded effects, committed, in log order (`JOURNAL_EVENT_TYPES`), to replay.
         record: Stages events of this attempt for the next checkpoint; the future resolves once they are committed,
-            or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError`) when they cannot be.
+            or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError` or
+            `settled.schemas.ChainBreakError`) when they cannot be.
         history: The conversation's earlier settled submissions, oldest first (only when the conductor keeps
             history, for model-driven agents).
     """

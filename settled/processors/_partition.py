@@ -316,7 +316,7 @@ class PartitionOwner(Generic[S]):
 
         Raises:
             Exception: Whatever the decider's fold raises for the sealed batch (e.g. the protocol's
-                ``ProtocolError``); the pending state is unchanged.
+                ``ProtocolError`` or the schemas' ``ChainBreakError``); the pending state is unchanged.
         """
         self._stage(decision, epoch=self.epoch)
 

@@ -376,6 +376,7 @@ def rebuild(
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
         settled.protocol.ProtocolError: The fold refused a batch (replaying in this process).
+        settled.schemas.ChainBreakError: A batch does not continue its conversation's chain (idem).
         RebuildWorkerError: A replaying child process failed (it names the error, e.g. a ``ProtocolError``).
     """
     if switch_attempts < 1:

@@ -1216,8 +1216,9 @@ def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: Ro
         The state after the batch.
 
     Raises:
-        settled.protocol.ProtocolError: The fold refuses the batch (a stale epoch, a broken chain, an illegal
-            transition, an inconsistent log): the log is not one a correct owner writes.
+        settled.protocol.ProtocolError: The fold refuses the batch (a stale epoch, an illegal transition, an
+            inconsistent log): the log is not one a correct owner writes.
+        settled.schemas.ChainBreakError: The batch does not continue its conversation's chain.
         DuplicateRowError: An append-only row was emitted twice into ``rows``.
     """
     return _BatchProjector(state, batch, offset, rows).run()
