@@ -18,9 +18,11 @@ from confluent_kafka.admin import AdminClient
 from pydantic import SecretStr, ValidationError
 
 from settled import Settings
-from settled.processors import WorkerConfig
 from settled.processors._batch_probe import probe_consumer_config
 from settled.producers import admin_config, consumer_config, producer_config, reader_config, transactional_id
+from settled.runtime import load_app
+from settled.services._cli_root import resolve_settings
+from settled.services._worker_service import build_worker
 
 PACKAGE = Path(__file__).resolve().parents[2] / "settled"
 
@@ -48,14 +50,21 @@ EXPECTED = {
 def sasl_settings(monkeypatch: pytest.MonkeyPatch) -> Settings:
     for name, value in SASL_ENV.items():
         monkeypatch.setenv(name, value)
-    return Settings(namespace="ns")
+    monkeypatch.setenv("SETTLED_NAMESPACE", "ns")
+    return resolve_settings()  # what `settled worker` runs with
 
 
 def _worker_configs(s: Settings) -> dict[str, dict[str, Any]]:
-    """Every Kafka client configuration a `settled worker` process builds, with the worker's default limits."""
-    limits = WorkerConfig().consumer_limits
+    """Every Kafka client configuration a `settled worker` process builds, from the worker `settled worker` builds.
+
+    `worker_command` builds its worker as ``build_worker(resolve_settings(), load_app(...))``; the worker's clients
+    take their configuration from its ``settings`` and ``config`` through these builders (`Worker._run`, the
+    appender, `end_offsets`/`read_partition` of a claim, the batch probe, `describe_topics`).
+    """
+    worker = build_worker(s, load_app("settled.runtime.echo:app"), worker_id="w-sasl")
+    s, limits = worker.settings, worker.config.consumer_limits
     return {
-        "group consumer": consumer_config(s, f"{s.namespace}.{s.app_id}.workers", **limits),
+        "group consumer": consumer_config(s, worker.group_id, **limits, **dict(worker.config.consumer_overrides)),
         "transactional producer (appender)": producer_config(s, transactional_id=transactional_id(s, 0)),
         "reader (claim's end offsets, replay)": reader_config(s, f"{s.namespace}.settled-reader"),
         "read_uncommitted reader (high watermark)": reader_config(
