@@ -1,7 +1,8 @@
 """Helpers shared by settled's benchmarks (``bench/``): broker discovery, versions, durability class, tables.
 
-Every benchmark prints the durability class it ran in and the client and broker versions next to its numbers
-(DESIGN.md §3), and measures its bare-Kafka baseline in the same run with the same client settings.
+Every benchmark prints the durability class it ran in, the Kafka timeouts it ran with (`use_dev_timeouts`) and the
+client and broker versions next to its numbers (DESIGN.md §3), and measures its bare-Kafka baseline in the same run
+with the same client settings.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-from settled._settings import Settings
+from settled._settings import DEV_TIMEOUTS, Settings
+from settled.producers import admin_config
 
 __all__ = [
     "BrokerInfo",
@@ -30,10 +32,26 @@ __all__ = [
     "percentile",
     "resolve_bootstrap",
     "table",
+    "use_dev_timeouts",
 ]
 
 # librdkafka / Kafka default for log.flush.interval.messages: never fsync on a message count (page cache only).
 _NO_FLUSH = str(2**63 - 1)
+
+
+def use_dev_timeouts() -> str:
+    """Run this benchmark, and every process it spawns, with the dev stack's short Kafka timeouts.
+
+    Sets ``SETTLED_SESSION_TIMEOUT_MS``, ``SETTLED_HEARTBEAT_INTERVAL_MS`` and ``SETTLED_TRANSACTION_TIMEOUT_MS`` to
+    `settled._settings.DEV_TIMEOUTS` in this process's environment where they are not set already (a value from the
+    shell wins), so every `Settings` built here and every child inheriting the environment takes them.
+
+    Returns:
+        The set the benchmark runs with, to print with its results (`Settings.timeouts_label`).
+    """
+    for name, value in DEV_TIMEOUTS.items():
+        os.environ.setdefault(f"SETTLED_{name.upper()}", str(value))
+    return Settings().timeouts_label()
 
 
 def resolve_bootstrap(cli_value: str | None) -> tuple[str, str]:
@@ -89,7 +107,7 @@ def delete_namespace(settings: Settings, groups: Iterable[str] = (), timeout_s: 
     Raises:
         confluent_kafka.KafkaException: A deletion failed.
     """
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     prefix = f"{settings.namespace}."
     topics = sorted(t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith(prefix))
     if topics:
@@ -173,7 +191,7 @@ def describe_broker(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Brok
     Returns:
         The description.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(admin_config(Settings(kafka_bootstrap=bootstrap)))
     metadata = admin.list_topics(timeout=timeout_s)
     broker_id = min(metadata.brokers)
     broker_res = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))

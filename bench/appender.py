@@ -48,6 +48,7 @@ from _common import (
     percentile,
     resolve_bootstrap,
     table,
+    use_dev_timeouts,
 )
 
 from settled._settings import Settings
@@ -503,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         BenchmarkError: The measurement failed (an abort, a missing commit, no group assignment).
     """
     args = _parse(argv)
+    use_dev_timeouts()  # printed with the results; spawned children inherit them
     wall_start = time.monotonic()
     load_before = load_average()
     bootstrap, source = resolve_bootstrap(args.bootstrap)
@@ -655,7 +657,7 @@ def _report(
         f"{len(rows)} rows"
     )
     print(f"durability class: {info.durability_class()}")
-    print(f"client: {client_versions()}; broker: {info.version}")
+    print(f"client: {client_versions()}; broker: {info.version}; Kafka timeouts: {Settings().timeouts_label()}")
     conf = producer_config(settings, transactional_id="x")
     keys = (
         "linger.ms",

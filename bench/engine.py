@@ -55,6 +55,7 @@ from _common import (
     percentile,
     resolve_bootstrap,
     table,
+    use_dev_timeouts,
 )
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -64,6 +65,7 @@ from settled.client import Client
 from settled.processors._conductor import Conductor
 from settled.producers import (
     TransactionalAppender,
+    admin_config,
     consume_promptly,
     consumer_config,
     producer_config,
@@ -245,7 +247,7 @@ def bare_commits(settings: Settings, n: int, idle_s: float = 0.0, *, suffix: str
         suffix: Distinguishes the topic and ``transactional.id`` of a second bare producer in the same namespace.
     """
     topic = settings.topic(f"bench-bare{suffix}")
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     for fut in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)]).values():
         fut.result(30)
     p = Producer(producer_config(settings, transactional_id=f"{settings.namespace}.bench-bare{suffix}"))
@@ -416,6 +418,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its tables; return the exit status."""
     args = _parse(argv)
+    use_dev_timeouts()  # printed with the results; spawned children inherit them
     bootstrap, where = resolve_bootstrap(args.bootstrap)
     settings = Settings(namespace=fresh_namespace("bench-engine"), kafka_bootstrap=bootstrap, partitions=1)
     provision_topics(settings, Codec(), datetime.now(UTC))
@@ -487,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append([name, f"calls/s {args.conversations} convs / 1 conv", f"{g:.1f}", ">= 5", _met(g >= 5)])
         info = describe_broker(bootstrap, settings.topic("log"))
         print(f"broker {bootstrap} ({where}); {info.durability_class()}; {client_versions()}; Kafka {info.version}")
+        print(f"Kafka timeouts: {Settings().timeouts_label()}")
         print(f"load {load_average()}; {args.calls} calls/submission, {args.rounds} sequential submissions per model")
         print(
             f"bare transactional commit: p50 {bare_p50 * 1e3:.2f} ms, p99 {percentile(bare, 99) * 1e3:.2f} ms "

@@ -71,10 +71,18 @@ from _common import (
     percentile,
     resolve_bootstrap,
     table,
+    use_dev_timeouts,
 )
 
 from settled._settings import Settings
-from settled.producers import BATCH_ID_HEADER, partition_for_key, producer_config, provision_topics, read_partition
+from settled.producers import (
+    BATCH_ID_HEADER,
+    partition_for_key,
+    producer_config,
+    provision_topics,
+    read_partition,
+    reader_config,
+)
 from settled.producers._topics import genesis_conversation
 from settled.projections import (
     TABLES,
@@ -752,16 +760,7 @@ class Reading:
 def _read_share(settings: Settings, partitions: list[int], ends: dict[int, int], decode: bool) -> tuple[int, int]:
     """Read some partitions from 0 to their end with a bare read_committed consumer; decode each record if asked."""
     topic = settings.topic("log")
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.bench-read",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.bench-read"))
     decoder = FastBatchDecoder(Codec()) if decode else None
     records = events = 0
     active = {p for p in partitions if ends.get(p, 0) > 0}
@@ -934,16 +933,7 @@ class LagProbe:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._positions: dict[int, int] = {}
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": f"{settings.namespace}.bench-lag",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-            }
-        )
+        self._consumer = Consumer(reader_config(settings, f"{settings.namespace}.bench-lag"))
         self._start = log_end_offsets(settings)
         self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in self._start.items()])
         self._listen = psycopg.connect(settings.postgres_dsn, autocommit=True)
@@ -1236,6 +1226,7 @@ def main(argv: list[str] | None = None) -> int:
         BenchmarkError: The measurement failed (a wrong row count, a difference found by the check, a lost record).
     """
     args = _parse(argv)
+    use_dev_timeouts()  # printed with the results; spawned children inherit them
     wall_start = time.monotonic()
     load_before = load_average()
     bootstrap, source = resolve_bootstrap(args.bootstrap)
@@ -1443,7 +1434,7 @@ def _report(
             "(LogAppendTime); (readable) = - when a prompt read_committed consumer first read it."
         )
     print(f"\ndurability class: {info.durability_class()}")
-    print(f"client: {client_versions()}; broker: {info.version}")
+    print(f"client: {client_versions()}; broker: {info.version}; Kafka timeouts: {Settings().timeouts_label()}")
     mix = Mix(deltas=args.deltas)
     print(
         f"workload: {args.partitions} partitions, conversations {args.conversations or 'events / 500'}, mix {mix}, "

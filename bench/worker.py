@@ -70,11 +70,20 @@ from _common import (
     percentile,
     resolve_bootstrap,
     table,
+    use_dev_timeouts,
 )
 
 from settled._settings import Settings
 from settled.client import Client
-from settled.producers import consumer_config, partition_for_key, producer_config, provision_topics, topic_configs
+from settled.producers import (
+    admin_config,
+    consumer_config,
+    partition_for_key,
+    producer_config,
+    provision_topics,
+    reader_config,
+    topic_configs,
+)
 from settled.schemas import Codec, Receipt, ReceiptOutcome, SettlementOutcome, SettlementRecord
 from settled.testing import ECHO_APP, WorkerProcess
 
@@ -196,6 +205,7 @@ def _child_env(settings: Settings, extra_env: dict[str, str] | None = None) -> d
             "SETTLED_NAMESPACE": settings.namespace,
             "SETTLED_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "SETTLED_PARTITIONS": str(settings.partitions),
+            **settings.timeouts_env(),
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }
@@ -329,16 +339,7 @@ def _end_assignment(consumer: Consumer, topic: str, timeout_s: float) -> list[To
 
 def _assign_only(settings: Settings, topic: str) -> Consumer:
     """A read_committed, assign-only consumer at the topic's current end offsets (no group is joined)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.bench-readers",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.bench-readers"))
     consumer.assign(_end_assignment(consumer, topic, settings.kafka_call_timeout_s))
     return consumer
 
@@ -621,7 +622,7 @@ def probe_wait(client: Client, receipts: Sequence[Receipt], timeout_s: float) ->
 def probe_consume_wait(settings: Settings, repeats: int) -> list[list[str]]:
     """Measure how long ``consume(500, t)`` and ``poll(t)`` take to return when one record is already there."""
     topic = settings.topic("probe")
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     for fut in admin.create_topics([NewTopic(topic, 1, -1)], operation_timeout=30).values():
         fut.result()
     producer = Producer(producer_config(settings))
@@ -689,6 +690,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    use_dev_timeouts()  # the parent's choice, passed to its children by `spawn`
     if args.child == "settled":
         return settled_worker_main(args.child_profile or None, args.what_if_prompt_poll)
     if args.child == "bare":
@@ -723,7 +725,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         provision_topics(settings, codec, datetime.now(UTC))
         configs = topic_configs(settings)
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient(admin_config(settings))
         new = [
             NewTopic(settings.topic(name), PARTITIONS, -1, config=configs[settings.topic(like)])
             for pair in bare_topics.values()
@@ -1002,6 +1004,7 @@ def _report(
     )
     print(f"durability class: {info.durability_class()}")
     print(f"client: {client_versions()}; broker: {info.version}; python {sys.version.split()[0]}")
+    print(f"Kafka timeouts: {Settings().timeouts_label()}")
     conf = producer_config(settings, transactional_id="x")
     keys = ("linger.ms", "retry.backoff.ms", "retry.backoff.max.ms", "acks", "enable.idempotence",
             "transaction.timeout.ms", "partitioner")  # fmt: skip

@@ -5,7 +5,8 @@ The public surface is curated here; everything else lives in private modules of 
 ``settled.projections``, ``settled.services``). Importing this package has no side effects.
 """
 
+from settled._errors import EXIT_CODES, BadInputError, ErrorCategory, SettledError, exit_code
 from settled._settings import Settings
 
-__all__ = ["Settings"]
+__all__ = ["EXIT_CODES", "BadInputError", "ErrorCategory", "Settings", "SettledError", "exit_code"]
 __version__ = "0.1.0"

@@ -54,6 +54,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = [
     "FAILPOINTS_ENV_VAR",
     "FAILPOINT_DIR_ENV_VAR",
@@ -89,7 +91,7 @@ _BARRIER_POLL_S = 0.005
 _RACY_MTIME_NS = 100_000_000
 
 
-class FailpointError(Exception):
+class FailpointError(SettledError):
     """Raised by a failpoint armed with ``raise``, or by a barrier nobody released in time.
 
     Product code must let it propagate (never catch it broadly and carry on), so a test sees the failure.
@@ -99,18 +101,22 @@ class FailpointError(Exception):
         hit: The process's hit count of that failpoint when it fired.
     """
 
+    category = ErrorCategory.UNAVAILABLE
+
     def __init__(self, name: str, hit: int, reason: str) -> None:
         super().__init__(f"failpoint {name!r} hit {hit}: {reason}")
         self.name = name
         self.hit = hit
 
 
-class FailpointSpecError(ValueError):
+class FailpointSpecError(SettledError, ValueError):
     """A failpoint spec (``SETTLED_FAILPOINTS``, an arm file, or ``arm()``) does not follow the grammar.
 
     Attributes:
         spec: The offending text.
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(self, spec: str, problem: str) -> None:
         super().__init__(

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = ["FAULT_ENV_VAR", "KNOWN_FAULTS", "UnknownFaultError", "enabled_faults", "fault_enabled", "reload_faults"]
 
 FAULT_ENV_VAR = "SETTLED_FAULT"
@@ -59,13 +61,15 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
 """Every known switch name and the promise it breaks."""
 
 
-class UnknownFaultError(ValueError):
+class UnknownFaultError(SettledError, ValueError):
     """A fault-switch name that is not in :data:`KNOWN_FAULTS`.
 
     Attributes:
         name: The unknown name.
         source: Where it came from (``SETTLED_FAULT`` or a ``fault_enabled`` call).
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(self, name: str, source: str) -> None:
         known = ", ".join(sorted(KNOWN_FAULTS))

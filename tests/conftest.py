@@ -2,9 +2,13 @@
 
 Where the services come from, in order: ``SETTLED_KAFKA_BOOTSTRAP`` / ``SETTLED_POSTGRES_DSN`` when set; a
 testcontainers container when a Docker engine answers; otherwise the local dev stack (``settled dev up``), started
-here if it is not running. Each test gets its own namespace (topic prefix, consumer group and ``transactional.id``
-prefix) and its own database schema, both removed at teardown, so one small broker holds a whole run. The
-``private_broker`` and ``private_postgres`` factories start instances a test may stop, kill and restart.
+here if it is not running. The tests run with the dev stack's short Kafka timeouts (`settled._settings.DEV_TIMEOUTS`,
+not `Settings`' production defaults): `pytest_configure` puts them in this process's environment, so every `Settings`
+a test builds and every worker or CLI process it spawns (they inherit the environment) takes them; a test or a
+developer's shell that sets one explicitly keeps its value. Each test gets its own namespace (topic prefix, consumer
+group and ``transactional.id`` prefix) and its own database schema, both removed at teardown, so one small broker
+holds a whole run. The ``private_broker`` and ``private_postgres`` factories start instances a test may stop, kill
+and restart.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from settled._settings import Settings
+from settled._settings import DEV_TIMEOUTS, Settings
+from settled.producers import admin_config
 from settled.producers._topics import provision_topics
 from settled.schemas import Codec
 from settled.services._devstack import (
@@ -39,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
     hsettings.register_profile("ci", deadline=None, max_examples=60, derandomize=False, print_blob=True)
     hsettings.register_profile("dev", deadline=None, max_examples=30)
     hsettings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+    for name, value in DEV_TIMEOUTS.items():  # the short test timeouts, for this process and every child
+        os.environ.setdefault(f"SETTLED_{name.upper()}", str(value))
 
 
 def _docker_engine_answers() -> bool:
@@ -91,7 +98,7 @@ def postgres_dsn(_services: tuple[str, str]) -> str:
 
 @pytest.fixture(scope="session")
 def kafka_admin(kafka_bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+    return AdminClient(admin_config(Settings(kafka_bootstrap=kafka_bootstrap)))
 
 
 @pytest.fixture
@@ -107,8 +114,10 @@ def namespace(kafka_admin: AdminClient) -> Iterator[str]:
 
 @pytest.fixture
 def settings(namespace: str, kafka_bootstrap: str, postgres_dsn: str) -> Settings:
-    """Settings bound to this test's namespace and the session's services."""
-    return Settings(namespace=namespace, kafka_bootstrap=kafka_bootstrap, postgres_dsn=postgres_dsn)
+    """Settings bound to this test's namespace and the session's services, with the dev stack's short timeouts."""
+    s = Settings(namespace=namespace, kafka_bootstrap=kafka_bootstrap, postgres_dsn=postgres_dsn)
+    assert s.timeouts_env() == {k: os.environ[k] for k in s.timeouts_env()}, "children would run other timeouts"
+    return s
 
 
 #: ``provisioned(partitions)`` → the test's settings with that many partitions, every settled topic provisioned.

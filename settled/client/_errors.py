@@ -7,6 +7,7 @@ and `PayloadTooLarge` only when nothing was produced.
 
 from __future__ import annotations
 
+from settled._errors import ErrorCategory, SettledError
 from settled.schemas import Receipt
 
 __all__ = [
@@ -54,8 +55,10 @@ _FIELD_OF_CODE = {
 }
 
 
-class ClientError(Exception):
+class ClientError(SettledError):
     """Base of every error `settled.client` raises."""
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 class SubmissionRejected(ClientError):
@@ -69,6 +72,8 @@ class SubmissionRejected(ClientError):
             ``digest_mismatch`` → ``payload_digest``, ``misrouted`` → ``conversation_id``), else ``None``: the
             receipt schema carries no field of its own, the detail names it.
     """
+
+    category = ErrorCategory.REJECTED
 
     def __init__(self, receipt: Receipt) -> None:
         """Build the error from its receipt.
@@ -93,6 +98,8 @@ class IdempotencyConflict(SubmissionRejected):
 
 class OutcomeUnknown(ClientError, TimeoutError):
     """No reply was read within the deadline, and the request may have reached the inbox."""
+
+    category = ErrorCategory.OUTCOME_UNKNOWN
 
 
 class SubmissionOutcomeUnknown(OutcomeUnknown):
@@ -228,6 +235,8 @@ class CommandRejection(ClientError):
         detail: The owner's detail.
     """
 
+    category = ErrorCategory.REJECTED
+
     #: What the command is called in messages ("abort", "resolution").
     command_name = "command"
 
@@ -281,6 +290,8 @@ class SigningKeyError(ClientError, ValueError):
         path: The key file.
     """
 
+    category = ErrorCategory.BAD_INPUT
+
     def __init__(self, path: str, problem: str) -> None:
         """Build the error.
 
@@ -298,6 +309,8 @@ class UnexpectedReceipt(ClientError):
     Attributes:
         receipt: The receipt.
     """
+
+    category = ErrorCategory.BROKEN_INVARIANT
 
     def __init__(self, receipt: Receipt) -> None:
         """Build the error.
@@ -320,6 +333,8 @@ class PayloadTooLarge(ClientError, ValueError):
         limit_bytes: The limit.
     """
 
+    category = ErrorCategory.BAD_INPUT
+
     def __init__(self, conversation_id: str, size_bytes: int, limit_bytes: int, *, request: str = "submission") -> None:
         """Build the error.
 
@@ -341,6 +356,8 @@ class PayloadTooLarge(ClientError, ValueError):
 class BrokerUnavailable(ClientError):
     """Kafka could not be reached before anything was produced; the request was not sent."""
 
+    category = ErrorCategory.UNAVAILABLE
+
 
 class InboxProduceError(ClientError):
     """The broker refused the record on every try with a permanent error (e.g. a topic limit below the client's).
@@ -349,6 +366,8 @@ class InboxProduceError(ClientError):
         request_id: The submission or command id.
         error: The last Kafka error, as text.
     """
+
+    category = ErrorCategory.UNAVAILABLE
 
     def __init__(self, request_id: str, conversation_id: str, error: str, tries: int) -> None:
         """Build the error.
@@ -374,6 +393,8 @@ class SettlementTimeout(ClientError, TimeoutError):
         conversation_id: Its conversation.
         timeout_s: The deadline that passed, in seconds.
     """
+
+    category = ErrorCategory.PENDING
 
     def __init__(self, submission_id: str, conversation_id: str, topic: str, partition: int, timeout_s: float) -> None:
         """Build the error.

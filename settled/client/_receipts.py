@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailable
-from settled.producers import consume_promptly
+from settled.producers import consume_promptly, reader_config
 from settled.schemas import Codec, DecodeError, Receipt
 
 __all__ = ["ReceiptWaiter", "ReceiptsReader"]
@@ -143,16 +143,7 @@ class ReceiptsReader:
         """
         if self._thread is not None:
             return
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self._settings.kafka_bootstrap,
-                "group.id": f"{self._settings.namespace}.client-receipts",  # assign-only: the group is never joined
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-            }
-        )
+        consumer = Consumer(reader_config(self._settings, f"{self._settings.namespace}.client-receipts"))
         try:
             deadline = time.monotonic() + timeout_s
             metadata = consumer.list_topics(self._topic, timeout=max(timeout_s, 0.1))

@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailable, SettlementTimeout
-from settled.producers import consume_promptly, partition_for_key
+from settled.producers import consume_promptly, partition_for_key, reader_config
 from settled.schemas import Codec, SettlementRecord
 
 __all__ = ["SettlementStream", "read_settlement", "settlement_partitions"]
@@ -34,16 +34,7 @@ _TRANSIENT = frozenset(
 
 
 def _consumer(settings: Settings) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.client-settlements",  # assign-only: the group is never joined
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": False,
-        }
-    )
+    return Consumer(reader_config(settings, f"{settings.namespace}.client-settlements"))
 
 
 def settlement_partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:

@@ -14,7 +14,7 @@ from settled.processors._conductor import (
     defer_wakeup,
 )
 from settled.processors._ledger import LedgerDecider, load_public_key, to_loop_decision
-from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner, StaleEpochError
+from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner
 from settled.processors._watchdog import WATCHDOG_EXIT_CODE, default_turn_watchdog_s
 from settled.processors._worker import PartitionConductor, Worker, WorkerConfig
 from settled.producers import murmur2, partition_for_key
@@ -35,7 +35,6 @@ __all__ = [
     "PartitionConductor",
     "PartitionOwner",
     "RunFailed",
-    "StaleEpochError",
     "ToolPolicy",
     "Worker",
     "WorkerConfig",

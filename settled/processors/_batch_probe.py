@@ -23,7 +23,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
+from settled.producers import reader_config
 
 __all__ = ["BatchProbeError", "failing_batch_last_offset", "probe_consumer_config"]
 
@@ -31,8 +33,10 @@ __all__ = ["BatchProbeError", "failing_batch_last_offset", "probe_consumer_confi
 _IGNORED = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT})
 
 
-class BatchProbeError(RuntimeError):
+class BatchProbeError(SettledError, RuntimeError):
     """The end of an unreadable batch could not be determined within the bound (the broker did not answer)."""
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 def probe_consumer_config(settings: Settings, limits: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,16 +50,11 @@ def probe_consumer_config(settings: Settings, limits: Mapping[str, Any]) -> dict
     Returns:
         The configuration dict.
     """
-    return {
-        "bootstrap.servers": settings.kafka_bootstrap,
-        "group.id": f"{settings.namespace}.settled-batch-probe",
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
-        "fetch.wait.max.ms": 10,
-        **limits,
-    }
+    return reader_config(
+        settings,
+        f"{settings.namespace}.settled-batch-probe",
+        **{"enable.partition.eof": True, "fetch.wait.max.ms": 10, **limits},
+    )
 
 
 def failing_batch_last_offset(

@@ -40,6 +40,7 @@ from datetime import datetime
 from typing import Protocol
 
 from settled import protocol
+from settled._errors import ErrorCategory, SettledError
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors._ledger import to_loop_decision
@@ -57,6 +58,7 @@ from settled.protocol import (
     ToolSafety,
 )
 from settled.schemas import (
+    ChainBreakError,
     EffectRecorded,
     LogBatch,
     LogEvent,
@@ -105,7 +107,7 @@ JOURNAL_EVENT_TYPES: tuple[type[LogEvent], ...] = (
 )
 
 
-class RunFailed(Exception):
+class RunFailed(SettledError):
     """An agent's run ended with an error that is not worth retrying (``non_retryable``).
 
     Attributes:
@@ -113,19 +115,23 @@ class RunFailed(Exception):
         non_retryable: Whether a new attempt could succeed.
     """
 
+    category = ErrorCategory.REJECTED
+
     def __init__(self, error_type: str, reason: str, *, non_retryable: bool = True) -> None:
         super().__init__(reason)
         self.error_type = error_type
         self.non_retryable = non_retryable
 
 
-class AttemptSuperseded(Exception):
+class AttemptSuperseded(SettledError):
     """A run's effect cannot be recorded: its attempt is no longer the submission's running one (spec §6).
 
     Raised into the run (through the future `AgentRun.record` returned) when the attempt was aborted, timed out,
     interrupted or moved to Recovery, or when this worker's ownership of the partition ended. Late work of a
     superseded attempt appends nothing.
     """
+
+    category = ErrorCategory.CONFLICT
 
 
 class CancelSignal(threading.Event):
@@ -265,7 +271,8 @@ class AgentRun:
         tools_offered: Tool names offered for the turn (empty: no restriction).
         journal: The submission's recorded effects, committed, in log order (`JOURNAL_EVENT_TYPES`), to replay.
         record: Stages events of this attempt for the next checkpoint; the future resolves once they are committed,
-            or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError`) when they cannot be.
+            or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError` or
+            `settled.schemas.ChainBreakError`) when they cannot be.
         history: The conversation's earlier settled submissions, oldest first (only when the conductor keeps
             history, for model-driven agents).
     """
@@ -597,7 +604,7 @@ class Conductor:
             try:
                 # All or nothing: a batch the fold refuses (e.g. a settlement of a call never prepared) is not staged.
                 self.owner.stage(Decision(effect.conversation_id, effect.events, submission_id=effect.submission_id))
-            except protocol.ProtocolError as exc:
+            except (protocol.ProtocolError, ChainBreakError) as exc:
                 _log.error("an effect the fold refuses was not recorded", extra={"error": str(exc)})
                 self._refuse(effect, exc)
                 continue

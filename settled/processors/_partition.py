@@ -27,6 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, TransactionalAppender, read_partition
+from settled.protocol import StaleEpochError
 from settled.schemas import (
     SCHEMA_VERSION,
     AvroRecord,
@@ -47,16 +48,11 @@ __all__ = [
     "Decision",
     "InboxInput",
     "PartitionOwner",
-    "StaleEpochError",
 ]
 
 _log = logging.getLogger(__name__)
 
 S = TypeVar("S")
-
-
-class StaleEpochError(Exception):
-    """A batch carries an owner epoch below the latest preceding claim: a fencing bug, surfaced (DESIGN.md §3)."""
 
 
 @dataclass(frozen=True)
@@ -271,8 +267,10 @@ class PartitionOwner(Generic[S]):
             self.epoch = max(self.epoch, claim.owner_epoch)
         elif batch.owner_epoch < self.epoch:
             raise StaleEpochError(
-                f"{self.log_topic}[{self.partition}]@{offset}: batch {batch.batch_id} has owner epoch "
-                f"{batch.owner_epoch}, below the preceding claim's {self.epoch}"
+                batch.conversation_id,
+                batch.owner_epoch,
+                self.epoch,
+                f"{self.log_topic}[{self.partition}]@{offset}: batch {batch.batch_id} is below the preceding claim",
             )
         head = self._heads.setdefault(batch.conversation_id, _Head())
         head.last_event_seq, head.last_digest = batch.last_event_seq, batch.batch_digest
@@ -318,7 +316,7 @@ class PartitionOwner(Generic[S]):
 
         Raises:
             Exception: Whatever the decider's fold raises for the sealed batch (e.g. the protocol's
-                ``ProtocolError``); the pending state is unchanged.
+                ``ProtocolError`` or the schemas' ``ChainBreakError``); the pending state is unchanged.
         """
         self._stage(decision, epoch=self.epoch)
 

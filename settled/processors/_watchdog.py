@@ -68,9 +68,10 @@ def default_turn_watchdog_s(settings: Settings) -> float:
 
     One phase is at most one partition's checkpoint: its transaction's blocking calls are each bounded by
     ``kafka_call_timeout_s`` (`_CHECKPOINT_CALLS` of them on the abort path), and the coordinator aborts a transaction
-    older than ``transaction_timeout_ms``. The bound is their sum, and at least 60 s (72.5 s with the default 10 s
-    call timeout and 2.5 s transaction timeout): well above anything a healthy turn waits for, so a firing means a
-    call ignored its own timeout. Claims and graceful releases get more (see `settled.processors.Worker`).
+    older than ``transaction_timeout_ms``. The bound is their sum, and at least 60 s (100 s with the default 10 s
+    call timeout and 30 s transaction timeout, 72.5 s with the dev stack's 2.5 s): well above anything a healthy turn
+    waits for, so a firing means a call ignored its own timeout. Claims and graceful releases get more (see
+    `settled.processors.Worker`).
 
     Args:
         settings: The Kafka timeouts.

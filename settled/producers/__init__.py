@@ -14,11 +14,13 @@ from settled.producers._appender import (
 )
 from settled.producers._kafka import (
     EndOffsets,
+    admin_config,
     consume_promptly,
     consumer_config,
     end_offsets,
     producer_config,
     read_partition,
+    reader_config,
     transactional_id,
 )
 from settled.producers._partitioner import murmur2, partition_for_key
@@ -47,6 +49,7 @@ __all__ = [
     "Run",
     "TopicInfo",
     "TransactionalAppender",
+    "admin_config",
     "consume_promptly",
     "consumer_config",
     "describe_topics",
@@ -59,6 +62,7 @@ __all__ = [
     "provision_topics",
     "read_genesis",
     "read_partition",
+    "reader_config",
     "topic_configs",
     "transactional_id",
 ]

@@ -48,6 +48,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from settled._errors import ErrorCategory, SettledError
 from settled._failpoints import FailpointError, failpoint
 from settled._faults import fault_enabled
 from settled._settings import Settings
@@ -95,16 +96,22 @@ _STALE_COORDINATOR = frozenset(
 )
 
 
-class ProducerFencedError(Exception):
+class ProducerFencedError(SettledError):
     """A newer owner of the partition fenced this producer (``_FENCED``): drop the producer and the partition state."""
 
+    category = ErrorCategory.CONFLICT
 
-class AppenderFatalError(Exception):
+
+class AppenderFatalError(SettledError):
     """A fatal producer error, or an error with no retriable/abortable flag: drop the producer and partition state."""
 
+    category = ErrorCategory.UNAVAILABLE
 
-class OpenTransactionError(Exception):
+
+class OpenTransactionError(SettledError):
     """Another producer's transaction stays open on the log partition past the bound (claim step 3, DESIGN.md §3)."""
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Kafka client configuration and small read helpers shared by settled's producers and processors.
 
+Every Kafka client settled builds is configured by one of four builders here — `producer_config`, `consumer_config`
+(a group member), `reader_config` (an assign-only reader) and `admin_config` — and each starts from the settings'
+`settled._connection.KafkaConnection`, so the broker addresses and the SASL/TLS settings reach every client.
 Every settled producer uses the Java client's murmur2 partitioner (``murmur2_random`` in librdkafka, DESIGN.md §2);
 transactional producers get the low ``retry.backoff.ms`` and ``linger.ms`` that DESIGN.md §3 measured, and every
 consumer reads ``read_committed`` with auto commit off.
@@ -19,11 +22,13 @@ from settled._settings import Settings
 
 __all__ = [
     "EndOffsets",
+    "admin_config",
     "consume_promptly",
     "consumer_config",
     "end_offsets",
     "producer_config",
     "read_partition",
+    "reader_config",
     "transactional_id",
 ]
 
@@ -53,7 +58,7 @@ def producer_config(settings: Settings, *, transactional_id: str | None = None, 
     """Return a confluent-kafka producer configuration.
 
     Args:
-        settings: Bootstrap servers and the producer tuning (``linger_ms``, ``retry_backoff_ms``,
+        settings: The Kafka connection and the producer tuning (``linger_ms``, ``retry_backoff_ms``,
             ``transaction_timeout_ms``).
         transactional_id: When given, a transactional producer (``enable.idempotence`` implied).
         **extra: Further librdkafka properties, applied last.
@@ -61,15 +66,16 @@ def producer_config(settings: Settings, *, transactional_id: str | None = None, 
     Returns:
         The configuration dict.
     """
-    conf: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka_bootstrap,
-        "partitioner": "murmur2_random",
-        "enable.idempotence": True,
-        "acks": "all",
-        "linger.ms": settings.linger_ms,
-        "retry.backoff.ms": settings.retry_backoff_ms,
-        "retry.backoff.max.ms": settings.retry_backoff_max_ms,
-    }
+    conf = settings.kafka.client_config(
+        **{
+            "partitioner": "murmur2_random",
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": settings.linger_ms,
+            "retry.backoff.ms": settings.retry_backoff_ms,
+            "retry.backoff.max.ms": settings.retry_backoff_max_ms,
+        }
+    )
     if transactional_id is not None:
         conf["transactional.id"] = transactional_id
         conf["transaction.timeout.ms"] = settings.transaction_timeout_ms
@@ -81,26 +87,66 @@ def consumer_config(settings: Settings, group_id: str, **extra: Any) -> dict[str
     """Return a read_committed, manually committed consumer configuration (DESIGN.md §3, §6).
 
     Args:
-        settings: Bootstrap servers and group timeouts.
+        settings: The Kafka connection and the group timeouts.
         group_id: The consumer group (namespaced by the caller).
         **extra: Further librdkafka properties, applied last.
 
     Returns:
         The configuration dict.
     """
-    conf: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka_bootstrap,
-        "group.id": group_id,
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": settings.session_timeout_ms,
-        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
-        "partition.assignment.strategy": "cooperative-sticky",
-    }
+    conf = settings.kafka.client_config(
+        **{
+            "group.id": group_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": settings.session_timeout_ms,
+            "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+    )
     conf.update(extra)
     return conf
+
+
+def reader_config(
+    settings: Settings, group_id: str, *, isolation_level: str = "read_committed", **extra: Any
+) -> dict[str, Any]:
+    """Return an assign-only reader's configuration: it never joins its group, commits or stores offsets.
+
+    Args:
+        settings: The Kafka connection.
+        group_id: The ``group.id`` librdkafka requires of a consumer (namespaced by the caller); never joined.
+        isolation_level: ``read_committed`` (settled's readers) or ``read_uncommitted`` (the high watermark).
+        **extra: Further librdkafka properties (``enable.partition.eof``, ``auto.offset.reset``, ...), applied last.
+
+    Returns:
+        The configuration dict.
+    """
+    return settings.kafka.client_config(
+        **{
+            "group.id": group_id,
+            "isolation.level": isolation_level,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            **extra,
+        }
+    )
+
+
+def admin_config(settings: Settings, **extra: Any) -> dict[str, Any]:
+    """Return an admin client's configuration.
+
+    Args:
+        settings: The Kafka connection.
+        **extra: Further librdkafka properties, applied last.
+
+    Returns:
+        The configuration dict.
+    """
+    return settings.kafka.client_config(**extra)
 
 
 _NO_LEADER_YET = frozenset(
@@ -168,13 +214,7 @@ def end_offsets(settings: Settings, topic: str, partition: int, timeout_s: float
     out = []
     deadline = time.monotonic() + timeout_s
     for isolation in ("read_committed", "read_uncommitted"):
-        c = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": "settled-offsets-query",
-                "isolation.level": isolation,
-            }
-        )
+        c = Consumer(reader_config(settings, "settled-offsets-query", isolation_level=isolation))
         try:
             out.append(_end_offset(c, TopicPartition(topic, partition), timeout_s, deadline))
         finally:
@@ -204,15 +244,7 @@ def read_partition(
     Raises:
         KafkaException: A consumer error, or the read did not reach the end offset within ``timeout_s``.
     """
-    c = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.settled-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
-    )
+    c = Consumer(reader_config(settings, f"{settings.namespace}.settled-reader"))
     try:
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + timeout_s

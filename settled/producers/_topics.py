@@ -15,9 +15,10 @@ from datetime import datetime
 
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
+from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.producers._appender import AppendBatch, OutRecord, TransactionalAppender
-from settled.producers._kafka import end_offsets, read_partition
+from settled.producers._kafka import admin_config, end_offsets, read_partition
 from settled.schemas import Codec, Genesis, LogBatch
 
 __all__ = [
@@ -38,8 +39,10 @@ TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine")
 _DESCRIBED = ("retention.ms", "message.timestamp.type", "max.message.bytes")
 
 
-class PartitionCountMismatchError(RuntimeError):
+class PartitionCountMismatchError(SettledError, RuntimeError):
     """A topic's partition count differs from the genesis record's (DESIGN.md §2)."""
+
+    category = ErrorCategory.REJECTED  # `settled topics create` refuses: exit 1
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def describe_topics(settings: Settings, timeout_s: float = 30.0) -> list[TopicIn
     Returns:
         One `TopicInfo` per topic, in `TOPICS` order (``partitions=0`` for a missing one).
     """
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     metadata = admin.list_topics(timeout=timeout_s).topics
     out: list[TopicInfo] = []
     wanted = topic_configs(settings)
@@ -150,7 +153,7 @@ def provision_topics(settings: Settings, codec: Codec, now: datetime, timeout_s:
         PartitionCountMismatchError: An existing topic's partition count differs from ``settings.partitions`` or
             from the genesis record.
     """
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     existing = {info.name: info for info in describe_topics(settings, timeout_s)}
     for name, info in existing.items():
         if info.partitions and info.partitions != settings.partitions:

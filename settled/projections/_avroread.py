@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = ["READ_ERRORS", "RecordCompiler", "UnsupportedSchema", "compile_reader"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -31,8 +33,10 @@ READ_ERRORS = (IndexError, ValueError, EOFError, TypeError, KeyError)
 _PRIMITIVES = frozenset({"string", "int", "long", "boolean", "null"})
 
 
-class UnsupportedSchema(TypeError):
+class UnsupportedSchema(SettledError, TypeError):
     """The schema uses Avro this compiler does not cover (bytes, fixed, float, double, maps, other logical types)."""
+
+    category = ErrorCategory.BAD_INPUT
 
 
 _ZIGZAG = tuple((b >> 1) ^ -(b & 1) for b in range(128))

@@ -14,7 +14,7 @@ the shares of a rebuild do not write the same row; a row that is there already i
 
 A row PostgreSQL refuses (a data error by SQLSTATE class, `settled.projections._sqlstate`: a NUL character, an index
 row over the btree maximum) rolls that transaction back, and the share replays its partitions from offset 0 through
-the projector instead (`RowsRefused`), which writes each record it cannot write alone into the quarantine table as
+the projector instead (`RowsRefusedError`), which writes each record it cannot write alone into the quarantine table as
 the live projector does: the rebuild quarantines the same records as the live projector, so the two agree.
 
 `RebuildShare` is one process's share of a rebuild: the bulk replay, then catch-up on demand through a `Projector`
@@ -41,8 +41,9 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
+from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
-from settled.producers import consume_promptly
+from settled.producers import consume_promptly, reader_config
 from settled.projections._avroread import READ_ERRORS
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
@@ -58,7 +59,7 @@ __all__ = [
     "RebuildShare",
     "RebuildWorkerError",
     "ReplayTimings",
-    "RowsRefused",
+    "RowsRefusedError",
     "SharePool",
     "shared_decoder",
     "split_partitions",
@@ -71,14 +72,16 @@ Conn = psycopg.Connection[tuple[Any, ...]]
 _PROGRESS_EVERY_S = 0.25
 
 
-class RebuildWorkerError(RuntimeError):
+class RebuildWorkerError(SettledError, RuntimeError):
     """A rebuild's child process failed; its error is named here (the original may not survive pickling).
 
     Attributes:
-        error_type: The original exception's class name (e.g. ``StaleEpoch``, ``DecodeError``).
+        error_type: The original exception's class name (e.g. ``StaleEpochError``, ``DecodeError``).
         detail: Its message.
         child_traceback: The child's formatted traceback.
     """
+
+    category = ErrorCategory.BROKEN_INVARIANT
 
     def __init__(self, error_type: str, detail: str, child_traceback: str) -> None:
         super().__init__(f"a rebuild worker failed: {error_type}: {detail}")
@@ -87,12 +90,14 @@ class RebuildWorkerError(RuntimeError):
         self.child_traceback = child_traceback
 
 
-class RowsRefused(Exception):
+class RowsRefusedError(SettledError):
     """PostgreSQL refused rows of the bulk write (a data error, `settled.projections._sqlstate.ErrorKind.DATA`).
 
     The write's transaction rolled back: nothing of it is stored. The bulk write cannot tell which record's rows
     were refused, so the share replays through the projector, which quarantines them one record at a time.
     """
+
+    category = ErrorCategory.BAD_INPUT
 
 
 @dataclass
@@ -250,7 +255,7 @@ class BulkReplay:
             TimeoutError: The deadline passed.
             settled.protocol.ProtocolError: The fold refused a batch.
             settled.schemas.DecodeError: A record is not a decodable batch.
-            RowsRefused: PostgreSQL refused some rows (a data error); nothing was written.
+            RowsRefusedError: PostgreSQL refused some rows (a data error); nothing was written.
             psycopg.Error: The write failed otherwise (e.g. the connection was lost).
         """
         was_enabled = gc.isenabled()
@@ -281,15 +286,9 @@ class BulkReplay:
         active = {p for p, t in want.items() if t > 0}
         timings = self.timings
         consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"{self.settings.namespace}.projection-rebuild",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-            }
+            reader_config(
+                self.settings, f"{self.settings.namespace}.projection-rebuild", **{"auto.offset.reset": "earliest"}
+            )
         )
         next_report = 0.0
         try:
@@ -441,7 +440,7 @@ class BulkReplay:
             if classify(exc) is not ErrorKind.DATA:
                 raise
             _, error = describe(exc)
-            raise RowsRefused(f"{self.schema}: PostgreSQL refused rows of the bulk write: {error}") from exc
+            raise RowsRefusedError(f"{self.schema}: PostgreSQL refused rows of the bulk write: {error}") from exc
         finally:
             conn.close()
             # The write is what the replay's own phases do not cover (the streamed rows were timed as they went).
@@ -531,7 +530,7 @@ class RebuildShare:
         mine = {p: targets.get(p, 0) for p in self.partitions}
         try:
             self._seeds = replay.run(mine, deadline, progress)
-        except RowsRefused as exc:
+        except RowsRefusedError as exc:
             # Nothing was written: replay from offset 0 through the projector, which quarantines what is refused.
             _log.warning(
                 "bulk write refused; replaying through the projector", extra={"schema": self.schema, "error": str(exc)}

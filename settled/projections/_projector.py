@@ -51,7 +51,7 @@ from confluent_kafka.admin import AdminClient
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled._settings import Settings
-from settled.producers import consume_promptly
+from settled.producers import admin_config, consume_promptly, reader_config
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._rows import ProjectionState, RowSet, project_batch
 from settled.projections._schema import ProjectionNames, check_layout, migrate
@@ -203,15 +203,7 @@ class Projector:
         migrate(self._conn, self.config.target)
         check_layout(self._conn, self.config.target)
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"{self.settings.namespace}.projector",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-                "auto.offset.reset": "earliest",
-            }
+            reader_config(self.settings, f"{self.settings.namespace}.projector", **{"auto.offset.reset": "earliest"})
         )
         self._writer = ProjectionWriter(self.config.target, self.topic)
         self._fast = FastBatchDecoder(self.codec)
@@ -588,7 +580,7 @@ class Projector:
     # -- locks and connections -------------------------------------------------------------------------------------
 
     def _topic_partitions(self) -> tuple[int, ...]:
-        admin = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap})
+        admin = AdminClient(admin_config(self.settings))
         meta = admin.list_topics(self.topic, timeout=self.settings.kafka_call_timeout_s).topics.get(self.topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise LookupError(f"topic {self.topic} does not exist: run `settled topics create`")

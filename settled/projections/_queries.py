@@ -28,6 +28,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from settled._errors import ErrorCategory, SettledError
 from settled.projections._schema import ProjectionNames
 from settled.schemas import Receipt
 
@@ -38,7 +39,7 @@ _log = logging.getLogger("settled.projections")
 Row = dict[str, Any]
 
 
-class ReadYourWritesTimeout(TimeoutError):
+class ReadYourWritesTimeout(SettledError, TimeoutError):
     """The projection did not hold a receipt's request within the timeout.
 
     Attributes:
@@ -46,6 +47,8 @@ class ReadYourWritesTimeout(TimeoutError):
         conversation_id: Its conversation.
         timeout_s: How long was waited, in seconds.
     """
+
+    category = ErrorCategory.PENDING
 
     def __init__(self, request_id: str, conversation_id: str, timeout_s: float) -> None:
         super().__init__(

@@ -70,8 +70,10 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from psycopg import sql
 
+from settled._errors import ErrorCategory, SettledError
 from settled._failpoints import failpoint
 from settled._settings import Settings
+from settled.producers import reader_config
 from settled.projections._bulk import ReplayTimings, SharePool, default_workers
 from settled.projections._rows import FOLD_COLUMNS, ProjectionState, RowSet, fold_reference, project_batch
 from settled.projections._schema import (
@@ -175,14 +177,7 @@ def log_end_offsets(settings: Settings, timeout_s: float) -> dict[int, int]:
         LookupError: The log topic does not exist.
     """
     topic = settings.topic("log")
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.projector-offsets",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.projector-offsets"))
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
@@ -201,13 +196,15 @@ def _connect(settings: Settings) -> Conn:
     return conn
 
 
-class RebuildInProgress(RuntimeError):
+class RebuildInProgress(SettledError, RuntimeError):
     """Another `rebuild` or `check` of the same projection holds its maintenance lock (module doc: one at a time).
 
     Attributes:
         base: The projection's base schema name.
         holder: Who holds the lock (PostgreSQL pid and application name), when it could be seen.
     """
+
+    category = ErrorCategory.CONFLICT
 
     def __init__(self, base: str, holder: str | None) -> None:
         self.base = base
@@ -386,6 +383,7 @@ def rebuild(
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
         settled.protocol.ProtocolError: The fold refused a batch (replaying in this process).
+        settled.schemas.ChainBreakError: A batch does not continue its conversation's chain (idem).
         RebuildWorkerError: A replaying child process failed (it names the error, e.g. a ``ProtocolError``).
     """
     if switch_attempts < 1:
@@ -606,15 +604,7 @@ class _Reference:
         self.rows = RowSet()
         self.left_out: dict[str, set[tuple[Any, ...]]] = {name: set() for name in TABLES}
         self.next = {p: 0 for p in partitions}
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": f"{settings.namespace}.projection-check",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-            }
-        )
+        self.consumer = Consumer(reader_config(settings, f"{settings.namespace}.projection-check"))
 
     def close(self) -> None:
         self.consumer.close()

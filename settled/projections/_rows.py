@@ -27,6 +27,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any
 
+from settled._errors import ErrorCategory, SettledError
 from settled.projections._tables import (
     ATTEMPTS,
     CONVERSATIONS,
@@ -160,13 +161,15 @@ def is_partition_conversation(conversation_id: str) -> bool:
     return conversation_id.startswith(_PARTITION_PREFIX)
 
 
-class DuplicateRowError(ValueError):
+class DuplicateRowError(SettledError, ValueError):
     """An append-only row (transcript entry, settlement) arrived twice: a batch was applied twice (DUR-015).
 
     Attributes:
         table: The table.
         key: The repeated key.
     """
+
+    category = ErrorCategory.BROKEN_INVARIANT
 
     def __init__(self, table: str, key: tuple[Any, ...]) -> None:
         super().__init__(f"table {table}: a row with key {key!r} was already emitted (a batch applied twice)")
@@ -1268,8 +1271,9 @@ def project_batch(state: ProjectionState, batch: LogBatch, offset: int, rows: Ro
         The state after the batch.
 
     Raises:
-        settled.protocol.ProtocolError: The fold refuses the batch (a stale epoch, a broken chain, an illegal
-            transition, an inconsistent log): the log is not one a correct owner writes.
+        settled.protocol.ProtocolError: The fold refuses the batch (a stale epoch, an illegal transition, an
+            inconsistent log): the log is not one a correct owner writes.
+        settled.schemas.ChainBreakError: The batch does not continue its conversation's chain.
         DuplicateRowError: An append-only row was emitted twice into ``rows``.
     """
     return _BatchProjector(state, batch, offset, rows).run()

@@ -20,6 +20,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
+from settled._errors import ErrorCategory, SettledError
 from settled.projections._tables import QUARANTINE, TABLES
 
 __all__ = [
@@ -43,8 +44,10 @@ _MIGRATION_RE = re.compile(r"(?P<version>[0-9]{4})_(?P<name>[a-z0-9_]+)\.sql")
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
 
-class ProjectionLayoutError(RuntimeError):
+class ProjectionLayoutError(SettledError, RuntimeError):
     """A projection schema's tables do not match the layout this release writes (`settled.projections.TABLES`)."""
+
+    category = ErrorCategory.CONFLICT
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from settled._errors import ErrorCategory, SettledError
 from settled.projections._rows import RowSet
 from settled.projections._schema import PROJECTION_NAME
 from settled.projections._tables import QUARANTINE, TABLES, MergeRule, TableMode, TableSpec
@@ -51,7 +52,7 @@ class QuarantinedRecord:
     error: str
 
 
-class OffsetConflict(Exception):
+class OffsetConflict(SettledError):
     """The stored next offset is not the one this writer expected: another writer moved it (DUR-015).
 
     Attributes:
@@ -59,6 +60,8 @@ class OffsetConflict(Exception):
         expected: The next offset the writer expected.
         stored: The next offset found under the row lock.
     """
+
+    category = ErrorCategory.CONFLICT
 
     def __init__(self, partition: int, expected: int, stored: int) -> None:
         super().__init__(

@@ -3,7 +3,7 @@
 * `EDGES` (`_states`): the submission state machine of spec §3 as one table of edges, plus the edges DESIGN.md §5
   and spec §13 add; `IllegalTransition` for anything else.
 * `apply` / `fold` (`_fold`): a partition's conversations as a fold of canonical batches (`PartitionState`,
-  `ConversationState`), refusing a stale owner epoch (`StaleEpoch`), a broken chain, an illegal transition or an
+  `ConversationState`), refusing a stale owner epoch (`StaleEpochError`), a broken chain, an illegal transition or an
   inconsistent log with typed errors.
 * `classify` (`_recovery`): the recovery classifier over a submission's persisted facts (DUR-013, spec §15).
 * the input contract (`_contract`): what the inbox accepts (ids, tool names, sizes), checked by `check_input` at
@@ -54,12 +54,11 @@ from settled.protocol._decide import (
     terminalize,
 )
 from settled.protocol._errors import (
-    ChainBroken,
     IllegalTransition,
     InputAlreadyDecided,
     LogInconsistency,
     ProtocolError,
-    StaleEpoch,
+    StaleEpochError,
     TerminalOutcomeConflict,
     UnknownSubmission,
     WrongConversation,
@@ -114,7 +113,6 @@ __all__ = [
     "RESERVED_CONVERSATION_PREFIXES",
     "TERMINAL_STATES",
     "BatchLike",
-    "ChainBroken",
     "ConversationState",
     "Decision",
     "Edge",
@@ -132,7 +130,7 @@ __all__ = [
     "RecoveryAction",
     "RecoverySnapshot",
     "SettleAborted",
-    "StaleEpoch",
+    "StaleEpochError",
     "StartAttempt",
     "Submission",
     "SubmissionState",

@@ -8,25 +8,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from settled._errors import ErrorCategory, SettledError
+
 if TYPE_CHECKING:
     from settled.protocol._states import SubmissionState
     from settled.schemas import InputRef, SettlementOutcome
 
 __all__ = [
-    "ChainBroken",
     "IllegalTransition",
     "InputAlreadyDecided",
     "LogInconsistency",
     "ProtocolError",
-    "StaleEpoch",
+    "StaleEpochError",
     "TerminalOutcomeConflict",
     "UnknownSubmission",
     "WrongConversation",
 ]
 
 
-class ProtocolError(Exception):
+class ProtocolError(SettledError):
     """Base of every error raised by `settled.protocol`."""
+
+    category = ErrorCategory.BROKEN_INVARIANT
 
 
 class IllegalTransition(ProtocolError):
@@ -63,8 +66,11 @@ class IllegalTransition(ProtocolError):
         self.reason = reason
 
 
-class StaleEpoch(ProtocolError):
+class StaleEpochError(ProtocolError):
     """A batch's owner epoch is below the latest preceding `OwnershipClaimed` of its partition (DESIGN.md §3).
+
+    Raised by the fold (`settled.protocol.apply`) and by the partition owner replaying its log
+    (`settled.processors.PartitionOwner`): a fencing bug, surfaced.
 
     Attributes:
         conversation_id: The batch's conversation.
@@ -72,6 +78,8 @@ class StaleEpoch(ProtocolError):
         claim_epoch: The latest claim's epoch before the batch.
         detail: What exactly was stale.
     """
+
+    category = ErrorCategory.CONFLICT
 
     def __init__(self, conversation_id: str, batch_epoch: int, claim_epoch: int, detail: str) -> None:
         super().__init__(
@@ -82,29 +90,6 @@ class StaleEpoch(ProtocolError):
         self.batch_epoch = batch_epoch
         self.claim_epoch = claim_epoch
         self.detail = detail
-
-
-class ChainBroken(ProtocolError):
-    """A batch does not continue its conversation's chain: event sequence gap or previous digest mismatch.
-
-    The fold checks sequence and link only; `settled.schemas.verify_chain` also checks the digests themselves.
-
-    Attributes:
-        conversation_id: The conversation.
-        field: The envelope field that does not fit (``first_event_seq`` or ``prev_batch_digest``).
-        expected: What the conversation's state expects.
-        got: What the batch carries.
-    """
-
-    def __init__(self, conversation_id: str, field: str, expected: object, got: object) -> None:
-        super().__init__(
-            f"batch does not continue the chain of conversation {conversation_id!r}: {field}={got!r}, "
-            f"expected {expected!r}"
-        )
-        self.conversation_id = conversation_id
-        self.field = field
-        self.expected = expected
-        self.got = got
 
 
 class LogInconsistency(ProtocolError):
@@ -140,6 +125,8 @@ class TerminalOutcomeConflict(ProtocolError):
         settled: True when the winning outcome is settled, False when only reserved (Terminalizing).
     """
 
+    category = ErrorCategory.CONFLICT
+
     def __init__(
         self,
         submission_id: str,
@@ -168,6 +155,8 @@ class InputAlreadyDecided(ProtocolError):
         input_ref: The input.
     """
 
+    category = ErrorCategory.CONFLICT
+
     def __init__(self, input_ref: InputRef) -> None:
         super().__init__(
             f"inbox input {input_ref.topic}[{input_ref.partition}]@{input_ref.offset} is already decided; "
@@ -184,6 +173,8 @@ class UnknownSubmission(ProtocolError):
         submission_id: The unknown id.
     """
 
+    category = ErrorCategory.NOT_FOUND
+
     def __init__(self, conversation_id: str, submission_id: str) -> None:
         super().__init__(f"conversation {conversation_id!r} holds no submission {submission_id!r}")
         self.conversation_id = conversation_id
@@ -197,6 +188,8 @@ class WrongConversation(ProtocolError):
         expected: The state's conversation id.
         got: The input's conversation id.
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(self, expected: str, got: str) -> None:
         super().__init__(f"input for conversation {got!r} handed to the state of conversation {expected!r}")

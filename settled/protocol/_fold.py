@@ -8,9 +8,10 @@ log event types: every event type has a rule, and every state change is an edge 
 The fold refuses, with a typed error, what a correct owner never writes (DESIGN.md §3: "a fencing bug shows up as
 an error, not as silent corruption"):
 
-* a batch whose owner epoch is below the latest preceding `OwnershipClaimed` (`StaleEpoch`), a claim that does not
-  raise the epoch, a batch appended at an epoch that was never claimed;
-* a batch that does not continue its conversation's chain (`ChainBroken`: event sequence or previous digest);
+* a batch whose owner epoch is below the latest preceding `OwnershipClaimed` (`StaleEpochError`), a claim that does
+  not raise the epoch, a batch appended at an epoch that was never claimed;
+* a batch that does not continue its conversation's chain (`settled.schemas.ChainBreakError`: event sequence or
+  previous digest);
 * a transition that is not an edge, or an event in a state that does not permit it (`IllegalTransition`), among
   them a second terminal outcome (DUR-002), an attempt start while another submission holds the lane (DUR-005) or
   while an earlier submission is still queued (DUR-004), a settlement other than ``aborted`` after an abort was
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from settled.protocol._errors import ChainBroken, IllegalTransition, LogInconsistency, StaleEpoch
+from settled.protocol._errors import IllegalTransition, LogInconsistency, StaleEpochError
 from settled.protocol._states import (
     TERMINAL_STATES,
     Edge,
@@ -50,6 +51,7 @@ from settled.schemas import (
     AttemptInterrupted,
     AttemptStarted,
     AvroRecord,
+    ChainBreakError,
     CommandRejected,
     EffectRecorded,
     Genesis,
@@ -1002,15 +1004,35 @@ class _PartitionBuilder:
         cid = batch.conversation_id
         epoch = batch.owner_epoch
         if epoch < self.claim_epoch:
-            raise StaleEpoch(cid, epoch, self.claim_epoch, "the batch was appended under a superseded owner")
+            raise StaleEpochError(cid, epoch, self.claim_epoch, "the batch was appended under a superseded owner")
         events = tuple(batch.events)
         if not events:
-            raise ChainBroken(cid, "events", "at least one event", "none")
+            raise ChainBreakError(
+                None,
+                "empty_batch",
+                f"a batch of conversation {cid!r} holds no event",
+                conversation_id=cid,
+                field="events",
+            )
         conv = self.conv(cid)
         if batch.first_event_seq != conv.last_event_seq + 1:
-            raise ChainBroken(cid, "first_event_seq", conv.last_event_seq + 1, batch.first_event_seq)
+            raise ChainBreakError(
+                None,
+                "seq_gap",
+                f"a batch of conversation {cid!r} starts at event {batch.first_event_seq}, "
+                f"expected {conv.last_event_seq + 1}",
+                conversation_id=cid,
+                field="first_event_seq",
+            )
         if batch.prev_batch_digest != conv.last_batch_digest:
-            raise ChainBroken(cid, "prev_batch_digest", conv.last_batch_digest, batch.prev_batch_digest)
+            raise ChainBreakError(
+                None,
+                "prev_digest_mismatch",
+                f"a batch of conversation {cid!r} follows {batch.prev_batch_digest}, "
+                f"the previous batch is {conv.last_batch_digest}",
+                conversation_id=cid,
+                field="prev_batch_digest",
+            )
         rules = _RULES
         for event in events:
             kind = type(event)
@@ -1028,7 +1050,7 @@ class _PartitionBuilder:
             else:  # pragma: no cover - _RULES covers LOG_EVENT_TYPES, a unit test checks it
                 raise LogInconsistency(cid, _name(event), "type", _name(event), "not a settled log event")
         if epoch != self.claim_epoch:
-            raise StaleEpoch(
+            raise StaleEpochError(
                 cid, epoch, self.claim_epoch, "the batch's epoch was never claimed (DESIGN.md §3 claim order)"
             )
         conv.last_event_seq = batch.first_event_seq + len(events) - 1
@@ -1040,9 +1062,9 @@ class _PartitionBuilder:
         if event.partition != self.base.partition:
             raise LogInconsistency(cid, _name(event), "partition", event.partition, f"this is {self.base.partition}")
         if event.owner_epoch <= self.claim_epoch:
-            raise StaleEpoch(cid, event.owner_epoch, self.claim_epoch, "a claim must raise the owner epoch")
+            raise StaleEpochError(cid, event.owner_epoch, self.claim_epoch, "a claim must raise the owner epoch")
         if event.owner_epoch != batch_epoch:
-            raise StaleEpoch(cid, batch_epoch, self.claim_epoch, f"the claim inside is epoch {event.owner_epoch}")
+            raise StaleEpochError(cid, batch_epoch, self.claim_epoch, f"the claim inside is epoch {event.owner_epoch}")
         self.claim_epoch = event.owner_epoch
         self.claimed_by = event.worker_id
         for conversation_id in dict.fromkeys((*self.base.conversations, *self.convs)):
@@ -1105,9 +1127,9 @@ def apply_traced(state: PartitionState, batch: BatchLike) -> tuple[PartitionStat
         The new state and the edges taken, in event order.
 
     Raises:
-        StaleEpoch: If the batch's owner epoch is below the latest preceding claim, a claim does not raise the
+        StaleEpochError: If the batch's owner epoch is below the latest preceding claim, a claim does not raise the
             epoch, or the batch's epoch was never claimed (DESIGN.md §3).
-        ChainBroken: If the batch does not continue its conversation's event sequence and digest chain.
+        ChainBreakError: If the batch does not continue its conversation's event sequence and digest chain.
         IllegalTransition: If an event's transition is not an edge of the table, or the event is not permitted in
             its submission's state (spec §3).
         LogInconsistency: If an event contradicts the state otherwise (an input decided twice, a key admitted
@@ -1138,8 +1160,8 @@ def apply_conversation(
 
     Raises:
         ValueError: The batch holds an `OwnershipClaimed` (it changes every conversation: use `apply_traced`).
-        StaleEpoch: See `apply_traced`.
-        ChainBroken: See `apply_traced`.
+        StaleEpochError: See `apply_traced`.
+        ChainBreakError: See `apply_traced`.
         IllegalTransition: See `apply_traced`.
         LogInconsistency: See `apply_traced`.
     """
@@ -1172,8 +1194,8 @@ def apply(state: PartitionState, batch: BatchLike) -> PartitionState:
         The new state.
 
     Raises:
-        StaleEpoch: See `apply_traced`.
-        ChainBroken: See `apply_traced`.
+        StaleEpochError: See `apply_traced`.
+        ChainBreakError: See `apply_traced`.
         IllegalTransition: See `apply_traced`.
         LogInconsistency: See `apply_traced`.
     """
@@ -1193,8 +1215,8 @@ def fold(state: PartitionState, batches: Iterable[BatchLike]) -> PartitionState:
         The folded state.
 
     Raises:
-        StaleEpoch: See `apply_traced`.
-        ChainBroken: See `apply_traced`.
+        StaleEpochError: See `apply_traced`.
+        ChainBreakError: See `apply_traced`.
         IllegalTransition: See `apply_traced`.
         LogInconsistency: See `apply_traced`.
     """

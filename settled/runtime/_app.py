@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from settled._errors import ErrorCategory, SettledError
 from settled.processors import Agent
 from settled.runtime._context import AgentFunction, RunOptions, execute
 from settled.runtime._errors import UnsafeToolsError
@@ -31,8 +32,10 @@ __all__ = ["App", "AppLoadError", "load_app"]
 F = TypeVar("F", bound=ToolFunction)
 
 
-class AppLoadError(ValueError):
+class AppLoadError(SettledError, ValueError):
     """``--app`` does not name an `App` (the message names the reference and what was found)."""
+
+    category = ErrorCategory.BAD_INPUT
 
 
 @dataclass(frozen=True)

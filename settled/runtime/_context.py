@@ -405,6 +405,7 @@ class RunContext:
         Raises:
             AttemptSuperseded: This attempt may append nothing more (or an earlier posted record was refused).
             ProtocolError: The fold refused the batch.
+            ChainBreakError: The batch does not continue its conversation's chain.
         """
         self._raise_failed_posts()
         batch = [*self._buffer, *events]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from settled._errors import ErrorCategory, SettledError
 from settled.processors import RunFailed
 
 __all__ = [
@@ -30,6 +31,8 @@ class ReplayDivergence(RunFailed):
         actual: The effect the code asked for, described.
     """
 
+    category = ErrorCategory.BROKEN_INVARIANT
+
     def __init__(self, ordinal: int, expected: str, actual: str) -> None:
         super().__init__(
             "ReplayDivergence",
@@ -51,6 +54,8 @@ class UnsafeReplay(RunFailed):
         call_id: The call.
     """
 
+    category = ErrorCategory.BROKEN_INVARIANT
+
     def __init__(self, call_id: str, tool: str) -> None:
         super().__init__(
             "UnsafeReplay",
@@ -61,7 +66,7 @@ class UnsafeReplay(RunFailed):
         self.call_id = call_id
 
 
-class ToolCallError(Exception):
+class ToolCallError(SettledError):
     """A tool's recorded application error: raised on the live call and re-raised identically on every replay.
 
     Attributes:
@@ -71,6 +76,8 @@ class ToolCallError(Exception):
         message: The recorded message.
         non_retryable: Whether the tool said retrying cannot help.
     """
+
+    category = ErrorCategory.REJECTED
 
     def __init__(self, tool: str, call_id: str, error_type: str, message: str, *, non_retryable: bool = False) -> None:
         super().__init__(f"tool {tool!r} (call {call_id}) failed: {error_type}: {message}")
@@ -85,23 +92,29 @@ class ToolRefused(ToolCallError):
     """A call to a tool that was not offered for the turn; recorded as ``ToolCallRefused``; nothing ran."""
 
 
-class UnknownToolError(LookupError):
+class UnknownToolError(SettledError, LookupError):
     """Agent code called a tool name that the app has not registered."""
 
+    category = ErrorCategory.BAD_INPUT
 
-class ToolTransportError(Exception):
+
+class ToolTransportError(SettledError):
     """Raised by a tool whose call got no answer (connection refused, reset, lost): the outcome is in doubt.
 
     The runtime also treats `ConnectionError` and `TimeoutError` as in doubt; wrap other clients' transport errors
     (e.g. ``httpx.TransportError``) in this. Never recorded as a result (DESIGN.md §5).
     """
 
+    category = ErrorCategory.OUTCOME_UNKNOWN
 
-class ToolUnavailable(Exception):
+
+class ToolUnavailable(SettledError):
     """An idempotent (or reconcilable) call stayed in doubt past its retry budget in this attempt.
 
     The attempt ends with the call prepared; recovery retries it under the same key in the next attempt.
     """
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 class RunSuspended(BaseException):
@@ -111,9 +124,13 @@ class RunSuspended(BaseException):
     """
 
 
-class RunCancelled(Exception):
+class RunCancelled(SettledError):
     """The run was cancelled (an abort became canonical, or the attempt was superseded)."""
 
+    category = ErrorCategory.CONFLICT
 
-class UnsafeToolsError(ValueError):
+
+class UnsafeToolsError(SettledError, ValueError):
     """A registered tool is neither idempotent nor reconcilable and no resolver key is configured (DUR-017)."""
+
+    category = ErrorCategory.BAD_INPUT

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from settled._errors import ErrorCategory, SettledError
 from settled.schemas import DeclaredToolCall, ModelResponseCompleted, Usage, canonical_json, json_digest
 
 __all__ = [
@@ -154,13 +155,15 @@ class ModelResponse:
 ModelEvent = TextDelta | ReasoningDelta | ToolArgumentsDelta | ModelResponse
 
 
-class ProviderError(Exception):
+class ProviderError(SettledError):
     """A provider call failed; says whether retrying can help.
 
     Attributes:
         retryable: True when a retry may succeed (rate limit, overload, lost connection).
         retry_after_s: How long to wait first, when the provider said.
     """
+
+    category = ErrorCategory.UNAVAILABLE
 
     def __init__(self, message: str, *, retryable: bool, retry_after_s: float | None = None) -> None:
         super().__init__(message)

@@ -14,6 +14,8 @@ from typing import Any
 
 import rfc8785
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = [
     "DIGEST_HEX_CHARS",
     "CanonicalJsonError",
@@ -28,12 +30,14 @@ DIGEST_HEX_CHARS = 64
 """Length of a digest: hexadecimal SHA-256."""
 
 
-class CanonicalJsonError(ValueError):
+class CanonicalJsonError(SettledError, ValueError):
     """A value or text cannot be represented as RFC 8785 canonical JSON, or a text is not canonical.
 
     Attributes:
         reason: Why, in words.
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -33,6 +33,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.validation import ValidationError as AvroValidationError
 from pydantic import ValidationError
 
+from settled._errors import ErrorCategory, SettledError
 from settled.schemas._binary import read_body, write_body
 from settled.schemas._envelope import ChainEntry, LogBatch, body_batch_digest
 from settled.schemas._events import (
@@ -146,7 +147,7 @@ class DecodeFailure(enum.StrEnum):
         return QuarantineReason.UNDECODABLE
 
 
-class DecodeError(ValueError):
+class DecodeError(SettledError, ValueError):
     """A record value that cannot be decoded (issue 4 item 3).
 
     Attributes:
@@ -159,6 +160,8 @@ class DecodeError(ValueError):
         field: For ``invalid_field``: the dotted path of the first offending field, e.g. ``"payload.input_json"``.
         datum: For ``invalid_field``: the decoded dict (ids for a rejection receipt), else None.
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(
         self,
@@ -183,7 +186,7 @@ class DecodeError(ValueError):
         self.datum = datum
 
 
-class EncodeError(ValueError):
+class EncodeError(SettledError, ValueError):
     """A record or dict that does not fit its schema.
 
     Attributes:
@@ -191,14 +194,18 @@ class EncodeError(ValueError):
         detail: fastavro's complaint.
     """
 
+    category = ErrorCategory.BAD_INPUT
+
     def __init__(self, avro_name: str, detail: str) -> None:
         super().__init__(f"cannot encode {avro_name}: {detail}")
         self.avro_name = avro_name
         self.detail = detail
 
 
-class SchemaRegistryUnavailableError(RuntimeError):
+class SchemaRegistryUnavailableError(SettledError, RuntimeError):
     """The Schema Registry did not answer; the record itself may be fine (retry, do not quarantine)."""
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 class SchemaRegistry(Protocol):

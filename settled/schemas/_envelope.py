@@ -20,6 +20,7 @@ from typing import Annotated, Any, NamedTuple, Self
 
 from pydantic import Field, model_validator
 
+from settled._errors import ErrorCategory, SettledError
 from settled.schemas._binary import write_body
 from settled.schemas._events import (
     LOG_EVENT_TYPES,
@@ -212,22 +213,42 @@ class LogBatch(AvroRecord):
 # ------------------------------------------------------------------------------------------------ the chain
 
 
-class ChainBreakError(Exception):
-    """A conversation's chain of batches is broken (issue 4 item 2).
+class ChainBreakError(SettledError):
+    """A conversation's chain of batches is broken (issue 4 item 2; DESIGN.md §3).
+
+    Raised by `verify_chain` and the readers' `RepeatedBatchGuard` (with the offset), and by the fold
+    (`settled.protocol.apply`) for a batch that does not continue its conversation's chain (without one).
 
     Attributes:
-        offset: Kafka offset of the first batch at which the break shows.
+        offset: Kafka offset of the first batch at which the break shows; None when the raiser does not know it
+            (the fold).
         kind: ``"digest_mismatch"`` (the batch is altered), ``"prev_digest_mismatch"`` (a batch before it is
-            missing or altered), ``"seq_gap"``, ``"epoch_regression"``, ``"conversation_mismatch"`` or
-            ``"repeated_batch"``.
+            missing or altered), ``"seq_gap"``, ``"epoch_regression"``, ``"conversation_mismatch"``,
+            ``"repeated_batch"`` or ``"empty_batch"``.
         detail: Human-readable detail.
+        conversation_id: The conversation, when the raiser names it.
+        field: The envelope field that does not fit (``first_event_seq``, ``prev_batch_digest``, ``events``), when
+            the raiser names it.
     """
 
-    def __init__(self, offset: int, kind: str, detail: str) -> None:
-        super().__init__(f"chain break at offset {offset} ({kind}): {detail}")
+    category = ErrorCategory.BROKEN_INVARIANT
+
+    def __init__(
+        self,
+        offset: int | None,
+        kind: str,
+        detail: str,
+        *,
+        conversation_id: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        where = "" if offset is None else f" at offset {offset}"
+        super().__init__(f"chain break{where} ({kind}): {detail}")
         self.offset = offset
         self.kind = kind
         self.detail = detail
+        self.conversation_id = conversation_id
+        self.field = field
 
 
 class RepeatedBatchError(ChainBreakError):

@@ -22,6 +22,8 @@ from typing import Any
 from fastavro import parse_schema
 from fastavro.schema import UnknownType, fingerprint, to_parsing_canonical_form
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = [
     "NamedSchema",
     "SchemaError",
@@ -34,13 +36,15 @@ __all__ = [
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
 
-class SchemaError(ValueError):
+class SchemaError(SettledError, ValueError):
     """A shipped ``.avsc`` folder is inconsistent (unparsable file, unresolvable or duplicate name).
 
     Attributes:
         path: The offending file or folder.
         reason: What is wrong.
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")

@@ -3,10 +3,11 @@
 Issue 5 item 8; ``unknown resolve`` sends a signed ``ResolveUnknown`` (DUR-009, DESIGN.md §5).
 
 Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
-come), and its errors on stderr with a distinct exit code: 1 rejected (the rejection receipt is still printed on
-stdout), 2 no broker or bad input, 3 outcome unknown (the message names the idempotency key or command id to send again
-with), 4 no settlement in time. Settings come from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``,
-...); without ``SETTLED_KAFKA_BOOTSTRAP`` the running dev stack's broker is used (never started here).
+come), and its errors on stderr with the exit code of their category (`settled.EXIT_CODES`): 1 rejected (the rejection
+receipt is still printed on stdout), 2 no broker or bad input, 3 outcome unknown (the message names the idempotency
+key or command id to send again with), 4 no settlement in time. Settings come from the environment
+(``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``, ...) through `settled.services._cli_root.resolve_settings`: without
+``SETTLED_KAFKA_BOOTSTRAP`` the running dev stack's broker is used (never started here).
 """
 
 from __future__ import annotations
@@ -19,52 +20,20 @@ from typing import Any, NoReturn
 import typer
 from pydantic import BaseModel
 
-from settled._settings import Settings
+from settled._errors import BadInputError, SettledError
 from settled.client import (
     NO_RESULT,
-    BrokerUnavailable,
     Client,
-    ClientError,
-    CommandRejection,
-    InboxProduceError,
-    OutcomeUnknown,
-    PayloadTooLarge,
-    SettlementTimeout,
-    SigningKeyError,
-    SubmissionRejected,
     load_signing_key,
     public_key_b64,
     write_signing_key,
 )
 from settled.schemas import Receipt, ResolutionKind
-from settled.services._cli_dev import stack_from_settings
+from settled.services._cli_root import command, fail, resolve_settings
 
-__all__ = ["EXIT_NO_SETTLEMENT", "EXIT_REJECTED", "EXIT_UNAVAILABLE", "EXIT_UNKNOWN", "abort", "keygen",
-           "resolve_unknown", "settlements_app", "submit"]  # fmt: skip
-
-EXIT_REJECTED = 1
-"""Exit code: the owner rejected the request (the receipt is printed)."""
-EXIT_UNAVAILABLE = 2
-"""Exit code: no broker, bad input, or the broker refused the record; nothing is pending."""
-EXIT_UNKNOWN = 3
-"""Exit code: no reply in time; the outcome is unknown (send again with the key or command id named)."""
-EXIT_NO_SETTLEMENT = 4
-"""Exit code: ``--wait`` read no settlement in time."""
+__all__ = ["abort", "keygen", "resolve_unknown", "settlements_app", "submit"]
 
 settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
-
-
-def _settings() -> Settings:
-    settings = Settings()
-    if settings.kafka_bootstrap:
-        return settings
-    broker = stack_from_settings(settings).broker()
-    if not broker.is_running():
-        _fail(
-            EXIT_UNAVAILABLE,
-            "no Kafka broker: set SETTLED_KAFKA_BOOTSTRAP, or start the local one with `settled dev up`",
-        )
-    return settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
 
 
 def _print(record: BaseModel) -> None:
@@ -72,11 +41,21 @@ def _print(record: BaseModel) -> None:
     sys.stdout.flush()
 
 
-def _fail(code: int, message: str) -> NoReturn:
-    sys.stderr.write(f"settled: {message}\n")
-    raise typer.Exit(code)
+def _bad_input(message: str) -> NoReturn:
+    fail(BadInputError(message))
 
 
+def _client_call(call: Callable[[], Any]) -> Any:
+    """Run one client call; a plain ``ValueError`` (the client's checks of its arguments) is bad input (exit 2)."""
+    try:
+        return call()
+    except ValueError as exc:
+        if isinstance(exc, SettledError):
+            raise
+        _bad_input(str(exc))
+
+
+@command
 def submit(
     conversation: str = typer.Argument(..., metavar="CONVERSATION", help="The conversation id."),
     input_json: str = typer.Argument(..., metavar="INPUT_JSON", help="The turn's input, a JSON text."),
@@ -90,30 +69,19 @@ def submit(
     try:
         value = json.loads(input_json)
     except json.JSONDecodeError as exc:
-        _fail(EXIT_UNAVAILABLE, f"INPUT_JSON is not JSON: {exc}")
-    settings = _settings()
-    with Client(settings, default_timeout_s=timeout_s) as client:
-        try:
-            receipt = client.submit(
+        _bad_input(f"INPUT_JSON is not JSON: {exc}")
+    with Client(resolve_settings(), default_timeout_s=timeout_s) as client:
+        receipt = _client_call(
+            lambda: client.submit(
                 conversation, value, idempotency_key=key, principal=principal, tools_offered=tuple(tool)
             )
-        except SubmissionRejected as exc:
-            _print(exc.receipt)
-            _fail(EXIT_REJECTED, str(exc))
-        except OutcomeUnknown as exc:
-            _fail(EXIT_UNKNOWN, str(exc))
-        except (ValueError, PayloadTooLarge, BrokerUnavailable, InboxProduceError) as exc:
-            _fail(EXIT_UNAVAILABLE, str(exc))
+        )
         _print(receipt)
         if wait:
-            try:
-                _print(client.wait(receipt, timeout_s))
-            except SettlementTimeout as exc:
-                _fail(EXIT_NO_SETTLEMENT, str(exc))
-            except BrokerUnavailable as exc:
-                _fail(EXIT_UNAVAILABLE, str(exc))
+            _print(client.wait(receipt, timeout_s))
 
 
+@command
 def abort(
     conversation: str = typer.Argument(..., metavar="CONVERSATION", help="The conversation id."),
     submission: str = typer.Argument(..., metavar="SUBMISSION", help="The submission id to abort."),
@@ -134,20 +102,11 @@ def abort(
 def _send_command(timeout_s: float, send: Callable[[Client], Receipt]) -> None:
     """Send one command through a fresh client and print its reply as a JSON line.
 
-    A rejection exits `EXIT_REJECTED` (after printing the rejection receipt), no reply in time `EXIT_UNKNOWN`, bad
-    input or no broker `EXIT_UNAVAILABLE`.
+    A rejection exits 1 (after printing the rejection receipt), no reply in time 3, bad input or no broker 2: the
+    categories' exit codes (`settled.EXIT_CODES`), through `command`.
     """
-    with Client(_settings(), default_timeout_s=timeout_s) as client:
-        try:
-            receipt = send(client)
-        except CommandRejection as exc:
-            _print(exc.receipt)
-            _fail(EXIT_REJECTED, str(exc))
-        except OutcomeUnknown as exc:
-            _fail(EXIT_UNKNOWN, str(exc))
-        except (ValueError, BrokerUnavailable, InboxProduceError) as exc:
-            _fail(EXIT_UNAVAILABLE, str(exc))
-        _print(receipt)
+    with Client(resolve_settings(), default_timeout_s=timeout_s) as client:
+        _print(_client_call(lambda: send(client)))
 
 
 #: ``--kind`` values: the resolution kinds, with ``outcome`` short for ``outcome_for_submission``.
@@ -165,9 +124,10 @@ def _json_option(name: str, text: str | None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        _fail(EXIT_UNAVAILABLE, f"{name} is not JSON: {exc}")
+        _bad_input(f"{name} is not JSON: {exc}")
 
 
+@command
 def resolve_unknown(
     submission: str = typer.Argument(..., metavar="SUBMISSION_ID", help="The submission whose call is Unknown."),
     call: str = typer.Argument(..., metavar="CALL_ID", help="The Unknown call (`settled unknown list`)."),
@@ -194,13 +154,10 @@ def resolve_unknown(
     """Resolve an Unknown tool call with a signed ResolveUnknown; print the reply (a command receipt) as a JSON line."""
     resolution = _KINDS.get(kind)
     if resolution is None:
-        _fail(EXIT_UNAVAILABLE, f"--kind must be one of safe_to_retry, call_outcome, outcome; got {kind!r}")
+        _bad_input(f"--kind must be one of safe_to_retry, call_outcome, outcome; got {kind!r}")
     result_value = NO_RESULT if result is None else _json_option("--result", result)
     reply_value = _json_option("--reply", reply)
-    try:
-        key = load_signing_key(key_file)
-    except SigningKeyError as exc:
-        _fail(EXIT_UNAVAILABLE, str(exc))
+    key = load_signing_key(key_file)
     _send_command(
         timeout_s,
         lambda client: client.resolve_unknown(
@@ -219,14 +176,12 @@ def resolve_unknown(
     )
 
 
+@command
 def keygen(
     out: str = typer.Option(..., "--out", help="The private key file to create (PEM, mode 0600; never overwritten)."),
 ) -> None:
     """Create a resolver signing key; print its base64 public key, the value to put in App.resolver_keys."""
-    try:
-        key = write_signing_key(out)
-    except SigningKeyError as exc:
-        _fail(EXIT_UNAVAILABLE, str(exc))
+    key = write_signing_key(out)
     sys.stdout.write(public_key_b64(key) + "\n")
     sys.stdout.flush()
     sys.stderr.write(
@@ -236,6 +191,7 @@ def keygen(
 
 
 @settlements_app.command("tail")
+@command
 def tail(
     from_beginning: bool = typer.Option(False, "--from-beginning", help="Start at the first settlement."),
     idle_timeout_s: float | None = typer.Option(
@@ -243,11 +199,9 @@ def tail(
     ),
 ) -> None:
     """Print settlements as JSON lines as they are committed (read_committed), from the end or the beginning."""
-    settings = _settings()
-    with Client(settings) as client:
-        try:
-            with client.settlements(from_beginning=from_beginning, idle_timeout_s=idle_timeout_s) as stream:
-                for record in stream:
-                    _print(record)
-        except ClientError as exc:
-            _fail(EXIT_UNAVAILABLE, str(exc))
+    with (
+        Client(resolve_settings()) as client,
+        client.settlements(from_beginning=from_beginning, idle_timeout_s=idle_timeout_s) as stream,
+    ):
+        for record in stream:
+            _print(record)

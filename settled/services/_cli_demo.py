@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from rich.console import Console
 
-from settled._settings import Settings
-from settled.services._cli_dev import stack_from_settings
+from settled.producers import admin_config, producer_config, reader_config
+from settled.services._cli_root import command, resolve_settings
 
 _console = Console()
 
@@ -32,45 +32,25 @@ demo_app = typer.Typer(
 )
 
 
-def _services(settings: Settings) -> tuple[str, str]:
-    if settings.kafka_bootstrap and settings.postgres_dsn:
-        return settings.kafka_bootstrap, settings.postgres_dsn
-    bootstrap, dsn = stack_from_settings(settings).up()
-    return settings.kafka_bootstrap or bootstrap, settings.postgres_dsn or dsn
-
-
 @demo_app.command("roundtrip")
+@command
 def roundtrip(timeout_s: float = typer.Option(30.0, help="Bound on each Kafka call, in seconds.")) -> None:
     """Start the stack if needed and run one transactional round trip through Kafka into PostgreSQL."""
-    settings = Settings()
-    bootstrap, dsn = _services(settings)
+    settings = resolve_settings(kafka=True, postgres=True, start=True)
+    bootstrap, dsn = settings.kafka_bootstrap, settings.postgres_dsn
     _console.print(f"Kafka {bootstrap}, PostgreSQL {dsn}")
     topic = settings.topic("demo")
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(admin_config(settings))
     if topic not in admin.list_topics(timeout=timeout_s).topics:
         admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=timeout_s)[topic].result()
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": f"{settings.namespace}.{settings.app_id}.demo",
-            "linger.ms": settings.linger_ms,
-            "retry.backoff.ms": settings.retry_backoff_ms,
-        }
-    )
+    producer = Producer(producer_config(settings, transactional_id=f"{settings.namespace}.{settings.app_id}.demo"))
     producer.init_transactions(timeout_s)
     marker = uuid.uuid4().hex.encode()
     started = time.monotonic()
     producer.begin_transaction()
     producer.produce(topic, key=b"demo", value=marker)
     producer.commit_transaction(timeout_s)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"{settings.namespace}.demo-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.demo-reader"))
     end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)[1]
     consumer.assign([TopicPartition(topic, 0, max(end - 2, 0))])
     found = False

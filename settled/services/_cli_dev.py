@@ -7,37 +7,23 @@ import time
 import typer
 from rich.console import Console
 
-from settled._settings import Settings
-from settled.services._devstack import DevStack, StackError
+from settled._settings import DEV_TIMEOUTS, Settings
+from settled.services._cli_root import stack_from_settings
+from settled.services._devstack import StackError
+
+__all__ = ["dev_app", "stack_from_settings"]
 
 dev_app = typer.Typer(no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker.")
 _console = Console(stderr=True)
 
 
-def stack_from_settings(settings: Settings) -> DevStack:
-    """Build the dev stack that ``settings`` describes.
-
-    Args:
-        settings: The process settings (state folder, versions, ports, heap).
-
-    Returns:
-        The (not started) ``DevStack``.
-    """
-    return DevStack(
-        state_dir=settings.state_dir,
-        jar_cache_dir=settings.jar_cache_dir,
-        kafka_version=settings.kafka_version,
-        log4j2_version=settings.log4j2_version,
-        kafka_port=settings.kafka_port,
-        kafka_controller_port=settings.kafka_controller_port,
-        postgres_port=settings.postgres_port,
-        kafka_heap_mb=settings.kafka_heap_mb,
-    )
-
-
 @dev_app.command("up")
 def up() -> None:
-    """Start the broker and PostgreSQL (idempotent) and print their addresses as shell exports."""
+    """Start the broker and PostgreSQL (idempotent) and print their addresses and short timeouts as shell exports.
+
+    The timeouts are `settled._settings.DEV_TIMEOUTS`, which the dev broker allows: a developer's shell that evals
+    the exports runs workers and tests with them.
+    """
     stack = stack_from_settings(Settings())
     before = stack.status()
     started = time.monotonic()
@@ -52,6 +38,8 @@ def up() -> None:
     _console.print(f"ready in {took_s:.1f} s; state in {stack.state_dir}")
     typer.echo(f"export SETTLED_KAFKA_BOOTSTRAP={bootstrap}")
     typer.echo(f"export SETTLED_POSTGRES_DSN={dsn}")
+    for name, value in DEV_TIMEOUTS.items():
+        typer.echo(f"export SETTLED_{name.upper()}={value}")
 
 
 @dev_app.command("down")

@@ -6,7 +6,8 @@
 * ``check`` compares live, a fresh rebuild and the reference fold at identical offsets; exit code 1 on any difference,
   else 4 while the projection has quarantined records (rows PostgreSQL refused: listed, and left out of the
   comparison), else 0.
-* Either exits with code 3 when another rebuild or check of the same projection is running (`RebuildInProgress`).
+* Either exits with code 3 when another rebuild or check of the same projection is running (`RebuildInProgress`, a
+  conflict: `settled.EXIT_CODES`).
 
 Settings come from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``, ``SETTLED_POSTGRES_DSN``);
 without them the running dev stack's broker and PostgreSQL are used. The projection schema defaults to the namespace
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -32,15 +32,12 @@ from settled.projections import (
     ProjectionNames,
     Projector,
     ProjectorConfig,
-    RebuildInProgress,
     RebuildProgress,
     check,
     default_schema,
     rebuild,
 )
-from settled.services._cli_dev import stack_from_settings
-from settled.services._cli_topics import cli_settings
-from settled.services._worker_service import JsonFormatter
+from settled.services._cli_root import command, configure_logging, exits_on_error, resolve_settings
 
 __all__ = ["SCHEMA_ENV_VAR", "projection_names", "projection_settings", "projections_app"]
 
@@ -57,24 +54,17 @@ _SCHEMA_HELP = "Projection schema (default: the namespace, e.g. 'settled')."
 
 
 def projection_settings() -> Settings:
-    """Return the environment's settings with Kafka and Postgres resolved.
+    """Return the environment's settings with Kafka and PostgreSQL resolved (`resolve_settings`).
 
     Returns:
-        ``Settings()``; an empty ``SETTLED_POSTGRES_DSN`` means the running dev stack's PostgreSQL.
+        ``Settings()``; an empty ``SETTLED_KAFKA_BOOTSTRAP`` / ``SETTLED_POSTGRES_DSN`` means the running dev stack's.
 
     Raises:
         typer.Exit: No broker or no PostgreSQL is configured and the dev stack's is not running (exit code 2).
     """
-    settings = cli_settings()
-    if settings.postgres_dsn:
-        return settings
-    postgres = stack_from_settings(settings).postgres()
-    if not postgres.is_running():
-        Console(stderr=True).print(
-            "[red]no PostgreSQL:[/red] set SETTLED_POSTGRES_DSN, or start the local one with `settled dev up`"
-        )
-        raise typer.Exit(2)
-    return settings.model_copy(update={"postgres_dsn": postgres.dsn})
+    with exits_on_error():
+        return resolve_settings(kafka=True, postgres=True)
+    raise AssertionError("unreachable")  # pragma: no cover - exits_on_error re-raises as typer.Exit
 
 
 def projection_names(settings: Settings, schema: str | None) -> ProjectionNames:
@@ -95,14 +85,6 @@ def projection_names(settings: Settings, schema: str | None) -> ProjectionNames:
     except ValueError as exc:
         Console(stderr=True).print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-
-
-def _json_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
 
 
 def _parse_partitions(text: str | None) -> tuple[int, ...] | None:
@@ -130,7 +112,7 @@ def run_command(
     """Project the log into the live schema until SIGTERM or SIGINT (one transaction per partition chunk)."""
     settings = projection_settings()
     names = projection_names(settings, schema)
-    _json_logging()
+    configure_logging("INFO")
     projector = Projector(
         settings,
         ProjectorConfig(
@@ -153,6 +135,7 @@ def run_command(
 
 
 @projections_app.command("rebuild")
+@command
 def rebuild_command(
     schema: str | None = typer.Option(None, "--schema", envvar=SCHEMA_ENV_VAR, help=_SCHEMA_HELP),
     keep_retired: bool = typer.Option(
@@ -173,6 +156,7 @@ def rebuild_command(
 
 
 @projections_app.command("check")
+@command
 def check_command(
     schema: str | None = typer.Option(None, "--schema", envvar=SCHEMA_ENV_VAR, help=_SCHEMA_HELP),
     keep_scratch: bool = typer.Option(False, "--keep-scratch", help="Keep the fresh rebuild in <schema>__check."),
@@ -215,7 +199,7 @@ def _maintenance(description: str) -> Iterator[Callable[[RebuildProgress], None]
     """Show a rebuild's or check's progress bar on stderr while the block runs; yields its progress callback.
 
     Raises:
-        typer.Exit: Code 3 when another rebuild or check of the projection is running (`RebuildInProgress`).
+        RebuildInProgress: Another rebuild or check of the projection is running (exit code 3).
     """
     console = Console(stderr=True)
     with _progress(console) as bar:
@@ -224,11 +208,7 @@ def _maintenance(description: str) -> Iterator[Callable[[RebuildProgress], None]
         def report(p: RebuildProgress) -> None:
             bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
 
-        try:
-            yield report
-        except RebuildInProgress as exc:
-            console.print(f"[red]{exc}[/red]")
-            raise typer.Exit(3) from exc
+        yield report  # a RebuildInProgress (a conflict) ends the command with exit code 3 through `command`
 
 
 def _progress(console: Console) -> Progress:

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from settled._settings import Settings
-from settled.producers import read_partition
+from settled.producers import admin_config, read_partition
 from settled.schemas import Codec, QuarantineRecord
-from settled.services._cli_topics import cli_settings
+from settled.services._cli_root import command, resolve_settings
 
 __all__ = ["quarantine_app", "read_quarantine"]
 
@@ -37,7 +37,7 @@ def read_quarantine(settings: Settings, timeout_s: float) -> list[QuarantineReco
         DecodeError: A record on the quarantine topic is not a `QuarantineRecord` (naming its offset).
     """
     topic = settings.topic("quarantine")
-    metadata = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(topic, timeout=timeout_s)
+    metadata = AdminClient(admin_config(settings)).list_topics(topic, timeout=timeout_s)
     meta = metadata.topics.get(topic)
     if meta is None or meta.error is not None:
         raise LookupError(f"topic {topic} does not exist: run `settled topics create`")
@@ -57,12 +57,13 @@ def read_quarantine(settings: Settings, timeout_s: float) -> list[QuarantineReco
 
 
 @quarantine_app.command("list")
+@command
 def list_quarantined(
     limit: int = typer.Option(50, "--limit", min=1, help="Show the N most recent records."),
     timeout_s: float = typer.Option(30.0, "--timeout-s", help="Bound on each Kafka call, in seconds."),
 ) -> None:
     """List the quarantined inbox records: topic, partition, offset, reason, detail, size."""
-    settings = cli_settings()
+    settings = resolve_settings()
     try:
         records = read_quarantine(settings, timeout_s)
     except LookupError as exc:

@@ -1,8 +1,8 @@
 """``settled topics create|describe``: settled's co-partitioned topics and their genesis (DESIGN.md §2; issue 4 item 4).
 
 Both read the settings from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``,
-``SETTLED_PARTITIONS``, ...). Without ``SETTLED_KAFKA_BOOTSTRAP`` they use the local dev stack's broker when it runs
-(``settled dev up``); they never start one.
+``SETTLED_PARTITIONS``, ...) through `settled.services._cli_root.resolve_settings`. Without ``SETTLED_KAFKA_BOOTSTRAP``
+they use the local dev stack's broker when it runs (``settled dev up``); they never start one.
 """
 
 from __future__ import annotations
@@ -14,36 +14,15 @@ from rich.console import Console
 from rich.table import Table
 
 from settled._settings import Settings
-from settled.producers import PartitionCountMismatchError, TopicInfo, describe_topics, provision_topics, read_genesis
+from settled.producers import TopicInfo, describe_topics, provision_topics, read_genesis
 from settled.schemas import Codec
-from settled.services._cli_dev import stack_from_settings
+from settled.services._cli_root import command, resolve_settings
 
-__all__ = ["cli_settings", "topics_app"]
+__all__ = ["topics_app"]
 
 topics_app = typer.Typer(no_args_is_help=True, help="Create and describe settled's co-partitioned topics.")
 
 _TIMEOUT_OPTION = typer.Option(30.0, "--timeout-s", help="Bound on each Kafka call, in seconds.")
-
-
-def cli_settings() -> Settings:
-    """Return the environment's settings with Kafka resolved, for commands that talk to an existing broker.
-
-    Returns:
-        ``Settings()``; when ``SETTLED_KAFKA_BOOTSTRAP`` is empty, with the running dev stack's broker address.
-
-    Raises:
-        typer.Exit: No broker is configured and the dev stack's broker is not running (exit code 2).
-    """
-    settings = Settings()
-    if settings.kafka_bootstrap:
-        return settings
-    broker = stack_from_settings(settings).broker()
-    if not broker.is_running():
-        Console(stderr=True).print(
-            "[red]no Kafka broker:[/red] set SETTLED_KAFKA_BOOTSTRAP, or start the local one with `settled dev up`"
-        )
-        raise typer.Exit(2)
-    return settings.model_copy(update={"kafka_bootstrap": broker.bootstrap})
 
 
 def _table(settings: Settings, infos: list[TopicInfo]) -> Table:
@@ -85,31 +64,28 @@ def _genesis_summary(settings: Settings, infos: list[TopicInfo], timeout_s: floa
 
 
 @topics_app.command("create")
+@command
 def create(timeout_s: float = _TIMEOUT_OPTION) -> None:
     """Create the missing topics and write the genesis record to every empty log partition (idempotent).
 
     Refuses, exit code 1, when an existing topic's partition count differs from SETTLED_PARTITIONS or from the
     genesis record (adding partitions would move conversations away from their history, DESIGN.md §2).
     """
-    settings = cli_settings()
-    err = Console(stderr=True)
-    try:
-        infos = provision_topics(settings, Codec(), datetime.now(UTC), timeout_s)
-    except PartitionCountMismatchError as exc:
-        err.print(f"[red]settled topics create refused:[/red] {exc}")
-        raise typer.Exit(1) from exc
+    settings = resolve_settings()
+    infos = provision_topics(settings, Codec(), datetime.now(UTC), timeout_s)  # a mismatch is refused: exit 1
     console = Console()
     console.print(_table(settings, infos))
     console.print(_genesis_summary(settings, infos, timeout_s))
 
 
 @topics_app.command("describe")
+@command
 def describe(timeout_s: float = _TIMEOUT_OPTION) -> None:
     """Print settled's topics: partitions, retention, timestamp type, max.message.bytes; and their genesis.
 
     Exit code 1 when a topic is missing.
     """
-    settings = cli_settings()
+    settings = resolve_settings()
     infos = describe_topics(settings, timeout_s)
     console = Console()
     console.print(_table(settings, infos))

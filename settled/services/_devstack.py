@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from settled._errors import ErrorCategory, SettledError
+
 __all__ = [
     "DevStack",
     "KafkaBroker",
@@ -39,8 +41,10 @@ _PG_USER = "settled"
 _READY_TIMEOUT_S = 90.0
 
 
-class StackError(RuntimeError):
+class StackError(SettledError, RuntimeError):
     """A dev-stack service could not be installed, started or stopped; the message says why and what to run."""
+
+    category = ErrorCategory.UNAVAILABLE
 
 
 def free_port() -> int:
@@ -326,8 +330,10 @@ class KafkaBroker:
         """
         from confluent_kafka.admin import AdminClient
 
+        from settled._connection import KafkaConnection
+
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        admin = AdminClient(KafkaConnection(bootstrap_servers=self.bootstrap).client_config(log_level=0))
         last: Exception | None = None
         while time.monotonic() < deadline:
             if not self.is_running():

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import faulthandler
-import json
-import logging
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 import typer
@@ -16,28 +13,10 @@ import typer
 from settled._settings import Settings
 from settled.processors import Conductor, LedgerDecider, PartitionOwner, Worker, WorkerConfig, load_public_key
 from settled.protocol import PartitionState
-from settled.runtime import App, AppLoadError, load_app
+from settled.runtime import App, load_app
+from settled.services._cli_root import JsonFormatter, configure_logging, exits_on_error, resolve_settings
 
 __all__ = ["JsonFormatter", "build_worker", "worker_command"]
-
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and every ``extra`` field (ids, epochs)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Format ``record`` as one JSON line."""
-        out: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
 
 
 def build_worker(
@@ -101,14 +80,9 @@ def worker_command(
     "Operating"). There is no default app: the echo app (``settled.testing.echo:app``) is a test app.
     """
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # diagnosing a stuck worker
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
-    try:
+    configure_logging(log_level)
+    with exits_on_error():  # set-up errors by category (an app that does not load: exit 2); run()'s are unhandled
         loaded = load_app(app)
-    except AppLoadError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
-    worker = build_worker(Settings(), loaded, worker_id=worker_id or None)
+        worker = build_worker(resolve_settings(), loaded, worker_id=worker_id or None)
     worker.install_signal_handlers()
     worker.run()

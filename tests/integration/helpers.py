@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from settled._settings import Settings
-from settled.producers import partition_for_key, producer_config, read_partition
+from settled.producers import admin_config, partition_for_key, producer_config, read_partition, reader_config
 from settled.projections import (
     CheckReport,
     ProjectionNames,
@@ -73,7 +73,7 @@ class Rec:
 
 def read_topic(settings: Settings, short: str, timeout_s: float = 30.0) -> list[Rec]:
     topic = settings.topic(short)
-    md = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(topic, timeout=timeout_s)
+    md = AdminClient(admin_config(settings)).list_topics(topic, timeout=timeout_s)
     out: list[Rec] = []
     for p in sorted(md.topics[topic].partitions):
         for m in read_partition(settings, topic, p, 0, timeout_s):
@@ -224,15 +224,7 @@ def committed_log_ends(settings: Settings, timeout_s: float = 30.0) -> dict[int,
     """
     topic = settings.topic("log")
     deadline = time.monotonic() + timeout_s
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": f"{settings.namespace}.test-log-ends",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
-    )
+    consumer = Consumer(reader_config(settings, f"{settings.namespace}.test-log-ends"))
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         out: dict[int, int] = {}

@@ -53,6 +53,8 @@ def test_up_twice_is_a_noop_and_down_leaves_no_process(tmp_path: Path, kafka_lib
     assert first.returncode == 0, first.stderr
     assert "kafka: started" in first.stderr and "postgres: started" in first.stderr
     assert f"SETTLED_KAFKA_BOOTSTRAP=127.0.0.1:{env['SETTLED_KAFKA_PORT']}" in first.stdout
+    for line in ("SESSION_TIMEOUT_MS=3000", "HEARTBEAT_INTERVAL_MS=500", "TRANSACTION_TIMEOUT_MS=2500"):
+        assert f"export SETTLED_{line}\n" in first.stdout  # the short timeouts the dev broker allows
     kafka_pid = (state / "kafka" / "kafka.pid").read_text()
     try:
         second = _settled(env, "dev", "up")

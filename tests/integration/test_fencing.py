@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from settled import _failpoints
 from settled._settings import Settings
+from settled.producers import reader_config
 from settled.projections import ProjectionNames
 from settled.schemas import LogBatch, OwnershipClaimed, Settlement, SettlementOutcome, SettlementRecord
 from tests._promise import promise
@@ -57,14 +58,7 @@ def projection(topics: Settings) -> Iterator[tuple[ProjectionNames, LiveProjecto
 
 def _all_log_batches(s: Settings, isolation: str) -> list[tuple[int, LogBatch]]:
     """Every batch record on the log partition, read with ``isolation`` (read_uncommitted shows aborted ones too)."""
-    c = Consumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": "fencing-reader",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
-    )
+    c = Consumer(reader_config(s, "fencing-reader", isolation_level=isolation))
     tp = TopicPartition(s.topic("log"), 0)
     end = c.get_watermark_offsets(tp, timeout=10, cached=False)[1]
     c.assign([TopicPartition(s.topic("log"), 0, 0)])

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from settled import _failpoints
 from settled._settings import Settings
-from settled.producers import producer_config
+from settled.producers import admin_config, producer_config, reader_config
 from settled.schemas import AbortRequested, InboxRecord, LogBatch
 from settled.testing import ECHO_APP, WorkerProcess
 from tests.integration.helpers import CODEC, produce_inbox
@@ -80,16 +80,8 @@ class Tail:
 
     def __post_init__(self) -> None:
         topic = self.settings.topic(self.short)
-        md = AdminClient({"bootstrap.servers": self.settings.kafka_bootstrap}).list_topics(topic, timeout=30)
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka_bootstrap,
-                "group.id": f"tail-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-            }
-        )
+        md = AdminClient(admin_config(self.settings)).list_topics(topic, timeout=30)
+        self._consumer = Consumer(reader_config(self.settings, f"tail-{uuid.uuid4().hex[:8]}"))
         self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in md.topics[topic].partitions])
 
     def poll(self, timeout_s: float = 0.05) -> int:

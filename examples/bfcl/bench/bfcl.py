@@ -54,12 +54,13 @@ from _common import (
     percentile,
     resolve_bootstrap,
     table,
+    use_dev_timeouts,
 )
 from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
 from settled._settings import Settings
-from settled.producers import producer_config
+from settled.producers import admin_config, producer_config
 from settled.projections import ProjectionNames, default_schema
 from settled_bfcl import ReplayMode, load_corpus, replayable_entries
 from settled_bfcl._backends import World
@@ -237,7 +238,7 @@ def settled_side(result: DemoResult, in_flight: int) -> SideResult:
 
 def _drop_namespace(settings: Settings) -> str:
     """Delete the namespace's topics, its consumer groups and its projection schemas; say what went."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     listing = admin.list_consumer_groups(request_timeout=30).result()
     groups = [g.group_id for g in listing.valid if g.group_id.startswith(f"{settings.namespace}.")]
     topics = delete_namespace(settings, groups)
@@ -321,6 +322,7 @@ def _timed(what: str, fn: Callable[[], SideResult]) -> SideResult:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table; return the exit status."""
     args = _parse(argv)
+    use_dev_timeouts()  # printed with the results; spawned children inherit them
     wall_start = time.monotonic()
     load_before = load_average()
     settings, where = _settings(args.bootstrap)
@@ -415,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"durability class: {info.durability_class()}")
     print(f"client: {client_versions()}; broker: {info.version} ({settings.kafka_bootstrap}, {where})")
+    print(f"Kafka timeouts: {Settings().timeouts_label()}")
     conf = producer_config(settings, transactional_id="x")
     keys = ("linger.ms", "retry.backoff.ms", "retry.backoff.max.ms", "acks", "enable.idempotence", "partitioner")
     print("client settings (settled.producers.producer_config): " + ", ".join(f"{k}={conf[k]}" for k in keys))

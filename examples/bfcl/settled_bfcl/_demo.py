@@ -65,7 +65,7 @@ from settled.client import (
     SubmissionOutcomeUnknown,
 )
 from settled.processors import WATCHDOG_EXIT_CODE
-from settled.producers import provision_topics, read_partition
+from settled.producers import provision_topics, read_partition, reader_config
 from settled.projections import ProjectionNames, ProjectionReader, default_schema
 from settled.schemas import (
     AttemptStarted,
@@ -331,15 +331,7 @@ class _LogTail:
 
     def _run(self) -> None:
         topic = self._settings.topic("log")
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self._settings.kafka_bootstrap,
-                "group.id": f"{self._settings.namespace}.bfcl-demo-tail",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-            }
-        )
+        consumer = Consumer(reader_config(self._settings, f"{self._settings.namespace}.bfcl-demo-tail"))
         try:
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(self._settings.partitions)])
             while not self._stop.is_set():
@@ -535,6 +527,7 @@ def _child_env(settings: Settings, config: BfclAppConfig) -> dict[str, str]:
             "SETTLED_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "SETTLED_POSTGRES_DSN": settings.postgres_dsn,
             "SETTLED_PARTITIONS": str(settings.partitions),
+            **settings.timeouts_env(),
         }
     )
     env.update(config.env())
@@ -1042,7 +1035,8 @@ def run_demo(
 
     Args:
         options: What to run.
-        settings: Kafka/Postgres and tuning (``Settings()`` when None); its namespace is replaced.
+        settings: Kafka/Postgres and tuning (``Settings()`` when None); its namespace is replaced, and every Kafka
+            timeout it does not set explicitly is the dev stack's (`settled._settings.DEV_TIMEOUTS`).
         namespace: The namespace to run in; a fresh one when None.
         console: Where progress and messages go.
         broker: A broker the caller manages and the demo may restart under chaos (``settings.kafka_bootstrap`` must
@@ -1055,7 +1049,7 @@ def run_demo(
         DemoError: A service did not start, a helper thread failed, or the judge could not run.
     """
     console = console or Console()
-    base = settings or Settings()
+    base = (settings or Settings()).with_dev_timeouts()  # the dev stack's short timeouts: kills recover in seconds
     seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1, 2**31)
     started = time.monotonic()
     deadline = started + options.timeout_s

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from typer.testing import CliRunner
 
+from settled import EXIT_CODES, ErrorCategory
 from settled._settings import Settings
 from settled.client import Client, ResolveRejected
 from settled.schemas import (
@@ -31,7 +32,6 @@ from settled.schemas import (
     ToolCallUnknown,
     canonical_json,
 )
-from settled.services._cli_client import EXIT_REJECTED
 from settled.services.cli import app
 from tests._promise import promise
 from tests.integration.engine._helpers import TIMEOUT_S, decisions, events_of, invocations, plan
@@ -146,7 +146,7 @@ def test_cli_resolves_an_unknown_call_and_rejects_a_key_the_workers_do_not_know(
     assert made.exit_code == 0, made.output
     base64.b64decode(made.stdout.strip(), validate=True)
     rejected = runner.invoke(app, [*args, "--key-file", str(new_key)], env=env)
-    assert rejected.exit_code == EXIT_REJECTED, rejected.output
+    assert rejected.exit_code == EXIT_CODES[ErrorCategory.REJECTED] == 1, rejected.output
     refusal = Receipt.model_validate_json(rejected.stdout.strip())
     assert refusal.outcome is ReceiptOutcome.REJECTED and (refusal.reason or "").startswith("bad_signature"), refusal
 

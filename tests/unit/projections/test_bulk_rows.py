@@ -6,8 +6,7 @@ import pytest
 
 from settled.projections import ProjectionState, RowSet, project_batch
 from settled.projections._rows import project_chunk
-from settled.protocol import ChainBroken
-from settled.schemas import LogBatch
+from settled.schemas import ChainBreakError, LogBatch
 from tests.integration.projection_script import script_log
 
 
@@ -70,7 +69,7 @@ def test_a_refused_batch_in_a_chunk_raises_after_the_rows_before_it() -> None:
     batches = script_log()
     broken = batches[5].model_copy(update={"first_event_seq": batches[5].first_event_seq + 1})
     rows = RowSet()
-    with pytest.raises(ChainBroken):
+    with pytest.raises(ChainBreakError):
         project_chunk(ProjectionState.empty(0), [*enumerate(batches[:5]), (5, broken)], rows)
     assert rows.tables == _rows(batches[:5], deferred=False).tables
 

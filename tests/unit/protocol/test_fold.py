@@ -6,11 +6,10 @@ import pytest
 
 from settled.protocol import (
     EDGES,
-    ChainBroken,
     IllegalTransition,
     LogInconsistency,
     PartitionState,
-    StaleEpoch,
+    StaleEpochError,
     SubmissionState,
     abort,
     admit,
@@ -23,6 +22,7 @@ from settled.protocol._fold import _RULES, PARTITION_EVENT_TYPES
 from settled.schemas import (
     LOG_EVENT_TYPES,
     AttemptStarted,
+    ChainBreakError,
     Genesis,
     InputApplied,
     OwnershipClaimed,
@@ -79,20 +79,20 @@ def test_a_batch_below_the_latest_claim_is_refused_as_stale(log: Log) -> None:
     admitted(log, "s1", "k1")
     log.claim("w2")
     late = admit(log.state.conversation("c1"), proposal("s2", "k2"), log.ref(), T0)
-    with pytest.raises(StaleEpoch) as info:
+    with pytest.raises(StaleEpochError) as info:
         log.append("c1", late.events, epoch=1)
     assert (info.value.batch_epoch, info.value.claim_epoch, info.value.conversation_id) == (1, 2, "c1")
 
 
 def test_a_claim_must_raise_the_epoch(log: Log) -> None:
     same = OwnershipClaimed(partition=0, owner_epoch=1, worker_id="w2", claimed_at=T0)
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(StaleEpochError):
         log.append(PARTITION_CID, [same], epoch=1)
 
 
 def test_a_batch_at_an_epoch_that_was_never_claimed_is_refused(log: Log) -> None:
     decision = admit(log.state.conversation("c1"), proposal("s1", "k1"), log.ref(), T0)
-    with pytest.raises(StaleEpoch):
+    with pytest.raises(StaleEpochError):
         log.append("c1", decision.events, epoch=5)
 
 
@@ -134,11 +134,11 @@ def test_a_batch_that_skips_event_sequences_or_links_elsewhere_breaks_the_chain(
     decision = admit(log.state.conversation("c1"), proposal("s2", "k2"), log.ref(), T0)
     good = log.seal("c1", decision.events)
     gap = good.model_copy(update={"first_event_seq": good.first_event_seq + 1})
-    with pytest.raises(ChainBroken) as info:
+    with pytest.raises(ChainBreakError) as info:
         apply(log.state, gap)
     assert info.value.field == "first_event_seq"
     relinked = good.model_copy(update={"prev_batch_digest": "f" * 64})
-    with pytest.raises(ChainBroken) as info:
+    with pytest.raises(ChainBreakError) as info:
         apply(log.state, relinked)
     assert info.value.field == "prev_batch_digest"
 
