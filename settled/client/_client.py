@@ -2,8 +2,8 @@
 
 One client holds one idempotent inbox producer and one receipts reader, both shared by every thread that calls it
 (DESIGN.md §4: one shared receipts reader per process — use one client per process). ``submit()`` returns only after
-reading its receipt; when none comes within its deadline it raises `SubmissionOutcomeUnknown` naming the idempotency
-key, never a false success: submitting again with the same key and payload returns the original receipt.
+reading its receipt; when none comes within its deadline it raises `SubmissionOutcomeUnknownError` naming the
+idempotency key, never a false success: submitting again with the same key and payload returns the original receipt.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from settled import protocol
 from settled._settings import Settings
 from settled.client._errors import (
-    AbortOutcomeUnknown,
-    AbortRejected,
-    BrokerUnavailable,
+    AbortOutcomeUnknownError,
+    AbortRejectedError,
+    BrokerUnavailableError,
     ClientError,
-    IdempotencyConflict,
+    IdempotencyConflictError,
     InboxProduceError,
-    OutcomeUnknown,
-    PayloadTooLarge,
-    ResolveOutcomeUnknown,
-    ResolveRejected,
-    SubmissionOutcomeUnknown,
-    SubmissionRejected,
-    UnexpectedReceipt,
+    OutcomeUnknownError,
+    PayloadTooLargeError,
+    ResolveOutcomeUnknownError,
+    ResolveRejectedError,
+    SubmissionOutcomeUnknownError,
+    SubmissionRejectedError,
+    UnexpectedReceiptError,
     reason_parts,
 )
 from settled.client._inbox import InboxProducer
@@ -257,11 +257,11 @@ class Client:
                 (`settled.protocol.check_proposal`: empty, over 256 characters, a NUL, lone surrogate or other
                 control character, a repeated tool name), or input that is not JSON; the field is named; nothing was
                 sent.
-            PayloadTooLarge: If the encoded proposal exceeds ``max_payload_bytes``; nothing was sent.
-            IdempotencyConflict: The key was admitted earlier with another payload.
-            SubmissionRejected: Any other rejection (reason code, detail and field where known).
-            SubmissionOutcomeUnknown: No receipt within the deadline; names the key to submit again with.
-            BrokerUnavailable: Kafka could not be reached before anything was sent.
+            PayloadTooLargeError: If the encoded proposal exceeds ``max_payload_bytes``; nothing was sent.
+            IdempotencyConflictError: The key was admitted earlier with another payload.
+            SubmissionRejectedError: Any other rejection (reason code, detail and field where known).
+            SubmissionOutcomeUnknownError: No receipt within the deadline; names the key to submit again with.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
         timeout = self._timeout(timeout_s)
@@ -289,23 +289,23 @@ class Client:
         _keep_contract(protocol.check_proposal(proposal))
         value = self._codec.encode(proposal)
         if len(value) > self._max_payload_bytes:
-            raise PayloadTooLarge(conversation_id, len(value), self._max_payload_bytes)
+            raise PayloadTooLargeError(conversation_id, len(value), self._max_payload_bytes)
         receipt = self._request(
             conversation_id,
             proposal.submission_id,
             value,
             deadline,
-            lambda: SubmissionOutcomeUnknown(key, conversation_id, proposal.submission_id, timeout),
+            lambda: SubmissionOutcomeUnknownError(key, conversation_id, proposal.submission_id, timeout),
         )
         if receipt.request_kind is not RequestKind.SUBMISSION:
-            raise UnexpectedReceipt(receipt)
+            raise UnexpectedReceiptError(receipt)
         if receipt.outcome in (ReceiptOutcome.ADMITTED, ReceiptOutcome.DUPLICATE):
             return receipt
         if receipt.outcome is ReceiptOutcome.REJECTED:
             if reason_parts(receipt.reason)[0] == "idempotency_conflict":
-                raise IdempotencyConflict(receipt)
-            raise SubmissionRejected(receipt)
-        raise UnexpectedReceipt(receipt)
+                raise IdempotencyConflictError(receipt)
+            raise SubmissionRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
 
     # ----------------------------------------------------------------------------------------------- abort
 
@@ -336,10 +336,10 @@ class Client:
         Raises:
             ValueError: If an argument is empty or breaks the input contract (`settled.protocol.check_command`; the
                 field is named); nothing was sent.
-            AbortRejected: The owner rejected it (e.g. ``unknown_target``; ``already_terminal`` names the outcome
+            AbortRejectedError: The owner rejected it (e.g. ``unknown_target``; ``already_terminal`` names the outcome
                 that won the race).
-            AbortOutcomeUnknown: No reply within the deadline; names the command id to send again.
-            BrokerUnavailable: Kafka could not be reached before anything was sent.
+            AbortOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
         timeout = self._timeout(timeout_s)
@@ -365,15 +365,15 @@ class Client:
             cid,
             encoded,
             deadline,
-            lambda: AbortOutcomeUnknown(cid, conversation_id, submission_id, timeout),
+            lambda: AbortOutcomeUnknownError(cid, conversation_id, submission_id, timeout),
         )
         if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceipt(receipt)
+            raise UnexpectedReceiptError(receipt)
         if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
             return receipt
         if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise AbortRejected(receipt)
-        raise UnexpectedReceipt(receipt)
+            raise AbortRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
 
     # ------------------------------------------------------------------------------------------- resolve
 
@@ -428,11 +428,11 @@ class Client:
             ValueError: If an argument is invalid or a field does not fit ``kind`` (the field is named); nothing was
                 sent.
             TypeError: If ``signing_key`` is not an ``Ed25519PrivateKey``; nothing was sent.
-            PayloadTooLarge: If the encoded command exceeds ``max_payload_bytes``; nothing was sent.
-            ResolveRejected: The owner rejected it (``unsigned``, ``unknown_key``, ``bad_signature``;
+            PayloadTooLargeError: If the encoded command exceeds ``max_payload_bytes``; nothing was sent.
+            ResolveRejectedError: The owner rejected it (``unsigned``, ``unknown_key``, ``bad_signature``;
                 ``not_unknown``; ``unknown_target``; ``already_terminal``; ``invalid``).
-            ResolveOutcomeUnknown: No reply within the deadline; names the command id to send again.
-            BrokerUnavailable: Kafka could not be reached before anything was sent.
+            ResolveOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
         timeout = self._timeout(timeout_s)
@@ -473,21 +473,21 @@ class Client:
         command = ResolveUnknown(**fields, signature=signing_key.sign(unsigned.signing_bytes()))
         encoded = self._codec.encode(command)
         if len(encoded) > self._max_payload_bytes:
-            raise PayloadTooLarge(conversation_id, len(encoded), self._max_payload_bytes, request="resolution")
+            raise PayloadTooLargeError(conversation_id, len(encoded), self._max_payload_bytes, request="resolution")
         receipt = self._request(
             conversation_id,
             cid,
             encoded,
             deadline,
-            lambda: ResolveOutcomeUnknown(cid, conversation_id, submission_id, call_id, timeout),
+            lambda: ResolveOutcomeUnknownError(cid, conversation_id, submission_id, call_id, timeout),
         )
         if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceipt(receipt)
+            raise UnexpectedReceiptError(receipt)
         if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
             return receipt
         if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise ResolveRejected(receipt)
-        raise UnexpectedReceipt(receipt)
+            raise ResolveRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
 
     @staticmethod
     def _resolution_json(
@@ -532,8 +532,8 @@ class Client:
 
         Raises:
             ValueError: If the receipt is not an admitted or duplicate submission receipt.
-            SettlementTimeout: None within the deadline; names the submission.
-            BrokerUnavailable: The settlements topic does not exist, or Kafka did not answer.
+            SettlementTimeoutError: None within the deadline; names the submission.
+            BrokerUnavailableError: The settlements topic does not exist, or Kafka did not answer.
         """
         if receipt.request_kind is not RequestKind.SUBMISSION:
             raise ValueError(f"receipt.request_kind is {receipt.request_kind.value!r}: only submissions settle")
@@ -572,7 +572,7 @@ class Client:
             use it in a ``with`` block, to release its consumer).
 
         Raises:
-            BrokerUnavailable: The topic does not exist, or Kafka did not answer the position lookups.
+            BrokerUnavailableError: The topic does not exist, or Kafka did not answer the position lookups.
         """
         return SettlementStream(
             self.settings,
@@ -611,7 +611,7 @@ class Client:
         request_id: str,
         value: bytes,
         deadline: float,
-        unknown: Callable[[], OutcomeUnknown],
+        unknown: Callable[[], OutcomeUnknownError],
     ) -> Receipt:
         """Produce one inbox record and return the receipt read for ``request_id``.
 
@@ -648,7 +648,7 @@ class Client:
                     raise unknown()
                 try:
                     self._send(key, value, waiter, deadline)
-                except (BrokerUnavailable, InboxProduceError) as exc:
+                except (BrokerUnavailableError, InboxProduceError) as exc:
                     if maybe_landed:
                         raise unknown() from exc
                     raise

@@ -1,8 +1,8 @@
 """The client's typed errors (DESIGN.md §4; issue 5 item 8).
 
-Every error says what is known about the request: `SubmissionOutcomeUnknown` is raised only when the proposal may have
-reached the inbox and no receipt was read in time (never a false success, never a false failure); `BrokerUnavailable`
-and `PayloadTooLarge` only when nothing was produced.
+Every error says what is known about the request: `SubmissionOutcomeUnknownError` is raised only when the proposal
+may have reached the inbox and no receipt was read in time (never a false success, never a false failure);
+`BrokerUnavailableError` and `PayloadTooLargeError` only when nothing was produced.
 """
 
 from __future__ import annotations
@@ -11,23 +11,23 @@ from settled._errors import ErrorCategory, SettledError
 from settled.schemas import Receipt
 
 __all__ = [
-    "AbortOutcomeUnknown",
-    "AbortRejected",
-    "BrokerUnavailable",
+    "AbortOutcomeUnknownError",
+    "AbortRejectedError",
+    "BrokerUnavailableError",
     "ClientError",
-    "CommandOutcomeUnknown",
-    "CommandRejection",
-    "IdempotencyConflict",
+    "CommandOutcomeUnknownError",
+    "CommandRejectedError",
+    "IdempotencyConflictError",
     "InboxProduceError",
-    "OutcomeUnknown",
-    "PayloadTooLarge",
-    "ResolveOutcomeUnknown",
-    "ResolveRejected",
-    "SettlementTimeout",
+    "OutcomeUnknownError",
+    "PayloadTooLargeError",
+    "ResolveOutcomeUnknownError",
+    "ResolveRejectedError",
+    "SettlementTimeoutError",
     "SigningKeyError",
-    "SubmissionOutcomeUnknown",
-    "SubmissionRejected",
-    "UnexpectedReceipt",
+    "SubmissionOutcomeUnknownError",
+    "SubmissionRejectedError",
+    "UnexpectedReceiptError",
     "reason_parts",
 ]
 
@@ -61,7 +61,7 @@ class ClientError(SettledError):
     category = ErrorCategory.UNAVAILABLE
 
 
-class SubmissionRejected(ClientError):
+class SubmissionRejectedError(ClientError):
     """The owner rejected the submission (receipt outcome ``rejected``; DESIGN.md §4).
 
     Attributes:
@@ -92,17 +92,17 @@ class SubmissionRejected(ClientError):
         )
 
 
-class IdempotencyConflict(SubmissionRejected):
+class IdempotencyConflictError(SubmissionRejectedError):
     """The idempotency key was admitted earlier with another payload (reason ``idempotency_conflict``, DESIGN.md §4)."""
 
 
-class OutcomeUnknown(ClientError, TimeoutError):
+class OutcomeUnknownError(ClientError, TimeoutError):
     """No reply was read within the deadline, and the request may have reached the inbox."""
 
     category = ErrorCategory.OUTCOME_UNKNOWN
 
 
-class SubmissionOutcomeUnknown(OutcomeUnknown):
+class SubmissionOutcomeUnknownError(OutcomeUnknownError):
     """No receipt was read within ``submit()``'s deadline: the submission may or may not be admitted (DESIGN.md §4).
 
     Attributes:
@@ -133,7 +133,7 @@ class SubmissionOutcomeUnknown(OutcomeUnknown):
         )
 
 
-class CommandOutcomeUnknown(OutcomeUnknown):
+class CommandOutcomeUnknownError(OutcomeUnknownError):
     """No reply to an inbox command (an abort, a resolution) was read within the deadline (DESIGN.md §4).
 
     Sending the command again with the same command id is safe: the owner answers a command id it already applied
@@ -174,7 +174,7 @@ class CommandOutcomeUnknown(OutcomeUnknown):
         )
 
 
-class AbortOutcomeUnknown(CommandOutcomeUnknown):
+class AbortOutcomeUnknownError(CommandOutcomeUnknownError):
     """No reply to an abort was read within the deadline (DUR-012).
 
     Attributes:
@@ -187,7 +187,7 @@ class AbortOutcomeUnknown(CommandOutcomeUnknown):
     command_name = "abort"
 
 
-class ResolveOutcomeUnknown(CommandOutcomeUnknown):
+class ResolveOutcomeUnknownError(CommandOutcomeUnknownError):
     """No reply to a `ResolveUnknown` was read within the deadline (DUR-009, DESIGN.md §5).
 
     ``Client.resolve_unknown(..., command_id=err.command_id)`` sends it again; a resolution already applied is
@@ -225,7 +225,7 @@ class ResolveOutcomeUnknown(CommandOutcomeUnknown):
         )
 
 
-class CommandRejection(ClientError):
+class CommandRejectedError(ClientError):
     """The owner rejected an inbox command (receipt outcome ``rejected``, request kind ``command``; DESIGN.md §4).
 
     Attributes:
@@ -254,7 +254,7 @@ class CommandRejection(ClientError):
         )
 
 
-class AbortRejected(CommandRejection):
+class AbortRejectedError(CommandRejectedError):
     """The owner rejected an abort (e.g. ``unknown_target``, or ``already_terminal`` naming the outcome that won).
 
     Attributes:
@@ -266,7 +266,7 @@ class AbortRejected(CommandRejection):
     command_name = "abort"
 
 
-class ResolveRejected(CommandRejection):
+class ResolveRejectedError(CommandRejectedError):
     """The owner rejected a `ResolveUnknown` (DUR-009, DESIGN.md §4, §5).
 
     Reason codes the worker uses: ``unsigned``, ``unknown_key`` (a key id not among the workers' resolver keys),
@@ -303,7 +303,7 @@ class SigningKeyError(ClientError, ValueError):
         super().__init__(f"signing key file {path!r}: {problem}")
 
 
-class UnexpectedReceipt(ClientError):
+class UnexpectedReceiptError(ClientError):
     """A receipt whose outcome does not answer its request kind (e.g. ``applied`` for a submission).
 
     Attributes:
@@ -325,7 +325,7 @@ class UnexpectedReceipt(ClientError):
         )
 
 
-class PayloadTooLarge(ClientError, ValueError):
+class PayloadTooLargeError(ClientError, ValueError):
     """The encoded record exceeds the inbox's hard size limit; nothing was produced (DESIGN.md §4).
 
     Attributes:
@@ -353,7 +353,7 @@ class PayloadTooLarge(ClientError, ValueError):
         )
 
 
-class BrokerUnavailable(ClientError):
+class BrokerUnavailableError(ClientError):
     """Kafka could not be reached before anything was produced; the request was not sent."""
 
     category = ErrorCategory.UNAVAILABLE
@@ -385,7 +385,7 @@ class InboxProduceError(ClientError):
         )
 
 
-class SettlementTimeout(ClientError, TimeoutError):
+class SettlementTimeoutError(ClientError, TimeoutError):
     """No settlement for the submission was read within ``wait()``'s deadline (DESIGN.md §4).
 
     Attributes:

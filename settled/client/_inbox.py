@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from settled._settings import Settings
-from settled.client._errors import BrokerUnavailable
+from settled.client._errors import BrokerUnavailableError
 from settled.producers import producer_config
 
 __all__ = ["DeliveryCallback", "InboxProducer"]
@@ -105,8 +105,8 @@ class InboxProducer:
             deadline: ``time.monotonic()`` value after which a full local queue is given up.
 
         Raises:
-            BrokerUnavailable: The local queue stayed full, or the producer kept failing fatally, until ``deadline``;
-                the record was not queued.
+            BrokerUnavailableError: The local queue stayed full, or the producer kept failing fatally, until
+                ``deadline``; the record was not queued.
             KafkaException: A non-fatal error that refuses the record at once (e.g. it is larger than
                 ``message.max.bytes``); the record was not queued.
         """
@@ -117,7 +117,7 @@ class InboxProducer:
                 return
             except BufferError as exc:
                 if time.monotonic() >= deadline:
-                    raise BrokerUnavailable(
+                    raise BrokerUnavailableError(
                         "the inbox producer's local queue stayed full until the deadline; nothing was sent"
                     ) from exc
                 time.sleep(0.01)
@@ -125,7 +125,7 @@ class InboxProducer:
                 if not _is_fatal(exc.args[0]):
                     raise
                 if time.monotonic() >= deadline:
-                    raise BrokerUnavailable(
+                    raise BrokerUnavailableError(
                         f"the inbox producer failed fatally until the deadline ({exc.args[0]}); nothing was sent"
                     ) from exc
                 self._replace(producer, exc.args[0])

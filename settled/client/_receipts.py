@@ -15,7 +15,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from settled._settings import Settings
-from settled.client._errors import BrokerUnavailable
+from settled.client._errors import BrokerUnavailableError
 from settled.producers import consume_promptly, reader_config
 from settled.schemas import Codec, DecodeError, Receipt
 
@@ -139,7 +139,7 @@ class ReceiptsReader:
             timeout_s: Bound on the metadata and offset queries, in seconds.
 
         Raises:
-            BrokerUnavailable: The topic does not exist or Kafka did not answer in time; nothing was produced.
+            BrokerUnavailableError: The topic does not exist or Kafka did not answer in time; nothing was produced.
         """
         if self._thread is not None:
             return
@@ -149,7 +149,7 @@ class ReceiptsReader:
             metadata = consumer.list_topics(self._topic, timeout=max(timeout_s, 0.1))
             meta = metadata.topics.get(self._topic)
             if meta is None or meta.error is not None or not meta.partitions:
-                raise BrokerUnavailable(
+                raise BrokerUnavailableError(
                     f"topic {self._topic} does not exist or has no partitions ({meta.error if meta else 'missing'}): "
                     "run `settled topics create`; nothing was produced"
                 )
@@ -163,7 +163,7 @@ class ReceiptsReader:
             consumer.assign(assignment)
         except KafkaException as exc:
             consumer.close()
-            raise BrokerUnavailable(
+            raise BrokerUnavailableError(
                 f"could not start the receipts reader on {self._topic}: {exc.args[0]}; nothing was produced"
             ) from exc
         except BaseException:

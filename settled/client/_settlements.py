@@ -14,7 +14,7 @@ from datetime import datetime
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from settled._settings import Settings
-from settled.client._errors import BrokerUnavailable, SettlementTimeout
+from settled.client._errors import BrokerUnavailableError, SettlementTimeoutError
 from settled.producers import consume_promptly, partition_for_key, reader_config
 from settled.schemas import Codec, SettlementRecord
 
@@ -49,14 +49,14 @@ def settlement_partitions(consumer: Consumer, topic: str, timeout_s: float) -> l
         The partition numbers, sorted.
 
     Raises:
-        BrokerUnavailable: The topic does not exist, or Kafka did not answer.
+        BrokerUnavailableError: The topic does not exist, or Kafka did not answer.
     """
     try:
         meta = consumer.list_topics(topic, timeout=max(timeout_s, 0.1)).topics.get(topic)
     except KafkaException as exc:
-        raise BrokerUnavailable(f"could not read the metadata of {topic}: {exc.args[0]}") from exc
+        raise BrokerUnavailableError(f"could not read the metadata of {topic}: {exc.args[0]}") from exc
     if meta is None or meta.error is not None or not meta.partitions:
-        raise BrokerUnavailable(f"topic {topic} does not exist or has no partitions: run `settled topics create`")
+        raise BrokerUnavailableError(f"topic {topic} does not exist or has no partitions: run `settled topics create`")
     return sorted(meta.partitions)
 
 
@@ -103,8 +103,8 @@ def read_settlement(
         The settlement.
 
     Raises:
-        SettlementTimeout: None was read within ``timeout_s``.
-        BrokerUnavailable: The topic does not exist, or Kafka did not answer the position lookups.
+        SettlementTimeoutError: None was read within ``timeout_s``.
+        BrokerUnavailableError: The topic does not exist, or Kafka did not answer the position lookups.
         DecodeError: A record in the partition is not a settlement record (the owner writes only those).
     """
     topic = settings.topic("settlements")
@@ -116,12 +116,12 @@ def read_settlement(
         try:
             start = _start_at_time(consumer, topic, [partition], since, max(deadline - time.monotonic(), 0.1))
         except KafkaException as exc:
-            raise BrokerUnavailable(f"could not find the start of {topic}[{partition}]: {exc.args[0]}") from exc
+            raise BrokerUnavailableError(f"could not find the start of {topic}[{partition}]: {exc.args[0]}") from exc
         consumer.assign(start)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise SettlementTimeout(submission_id, conversation_id, topic, partition, timeout_s)
+                raise SettlementTimeoutError(submission_id, conversation_id, topic, partition, timeout_s)
             for msg in consume_promptly(consumer, 500, min(remaining, 0.2)):
                 err = msg.error()
                 if err is not None:
@@ -171,7 +171,7 @@ class SettlementStream(Iterator[SettlementRecord]):
             timeout_s: Bound on the metadata and position lookups, in seconds.
 
         Raises:
-            BrokerUnavailable: The topic does not exist, or Kafka did not answer the lookups.
+            BrokerUnavailableError: The topic does not exist, or Kafka did not answer the lookups.
         """
         self._topic = settings.topic("settlements")
         self._codec = codec
@@ -190,7 +190,7 @@ class SettlementStream(Iterator[SettlementRecord]):
             consumer.assign(start)
         except KafkaException as exc:
             consumer.close()
-            raise BrokerUnavailable(f"could not find the start positions on {self._topic}: {exc.args[0]}") from exc
+            raise BrokerUnavailableError(f"could not find the start positions on {self._topic}: {exc.args[0]}") from exc
         except BaseException:
             consumer.close()
             raise

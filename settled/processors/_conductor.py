@@ -81,12 +81,12 @@ __all__ = [
     "JOURNAL_EVENT_TYPES",
     "Agent",
     "AgentRun",
-    "AttemptSuperseded",
+    "AttemptSupersededError",
     "CancelSignal",
     "Conductor",
     "HistoryTurn",
     "ResumeGate",
-    "RunFailed",
+    "RunFailedError",
     "ToolPolicy",
 ]
 
@@ -107,7 +107,7 @@ JOURNAL_EVENT_TYPES: tuple[type[LogEvent], ...] = (
 )
 
 
-class RunFailed(SettledError):
+class RunFailedError(SettledError):
     """An agent's run ended with an error that is not worth retrying (``non_retryable``).
 
     Attributes:
@@ -123,7 +123,7 @@ class RunFailed(SettledError):
         self.non_retryable = non_retryable
 
 
-class AttemptSuperseded(SettledError):
+class AttemptSupersededError(SettledError):
     """A run's effect cannot be recorded: its attempt is no longer the submission's running one (spec §6).
 
     Raised into the run (through the future `AgentRun.record` returned) when the attempt was aborted, timed out,
@@ -233,7 +233,7 @@ def _nothing() -> None:
 
 def _no_recorder(events: Sequence[LogEvent]) -> Future[None]:
     fut: Future[None] = Future()
-    fut.set_exception(AttemptSuperseded("this run has no recorder (it was not started by a conductor)"))
+    fut.set_exception(AttemptSupersededError("this run has no recorder (it was not started by a conductor)"))
     return fut
 
 
@@ -271,7 +271,7 @@ class AgentRun:
         tools_offered: Tool names offered for the turn (empty: no restriction).
         journal: The submission's recorded effects, committed, in log order (`JOURNAL_EVENT_TYPES`), to replay.
         record: Stages events of this attempt for the next checkpoint; the future resolves once they are committed,
-            or fails with `AttemptSuperseded` (or the fold's `settled.protocol.ProtocolError` or
+            or fails with `AttemptSupersededError` (or the fold's `settled.protocol.ProtocolError` or
             `settled.schemas.ChainBreakError`) when they cannot be.
         history: The conversation's earlier settled submissions, oldest first (only when the conductor keeps
             history, for model-driven agents).
@@ -559,7 +559,7 @@ class Conductor:
             fut: Future[None] = Future()
             with self._lock:
                 if self._closed:
-                    fut.set_exception(AttemptSuperseded("this worker no longer owns the partition"))
+                    fut.set_exception(AttemptSupersededError("this worker no longer owns the partition"))
                 elif not events:
                     fut.set_result(None)
                 else:
@@ -584,7 +584,7 @@ class Conductor:
                 # after it may become canonical, or the chain would hold a later step without the earlier one.
                 self._refuse(
                     effect,
-                    AttemptSuperseded(f"an earlier record of attempt {effect.attempt_id} was refused: {refused}"),
+                    AttemptSupersededError(f"an earlier record of attempt {effect.attempt_id} was refused: {refused}"),
                 )
                 continue
             conv = self._conv(effect.conversation_id)
@@ -594,7 +594,7 @@ class Conductor:
                 state = "unknown" if sub is None else sub.state.value
                 self._refuse(
                     effect,
-                    AttemptSuperseded(
+                    AttemptSupersededError(
                         f"attempt {effect.attempt_id} of submission {effect.submission_id} is not running "
                         f"(the submission is {state}, its attempt {getattr(sub, 'attempt_id', None)}): "
                         f"{[type(e).__name__ for e in effect.events]} not recorded"
@@ -627,7 +627,7 @@ class Conductor:
             return
         exc = running.future.exception()
         if exc is not None:
-            error_type = exc.error_type if isinstance(exc, RunFailed) else type(exc).__name__
+            error_type = exc.error_type if isinstance(exc, RunFailedError) else type(exc).__name__
             self._last_error[run.submission_id] = (error_type, str(exc))
         if sub.open_calls:
             # A call is prepared without a settlement (e.g. an abort past the grace, a transport error budget
@@ -645,7 +645,7 @@ class Conductor:
         else:
             error_type, reason = self._last_error[run.submission_id]
             # Attempts a graceful revoke ended are no death and not charged (DESIGN.md §5).
-            final = (isinstance(exc, RunFailed) and exc.non_retryable) or sub.charged_attempts >= self.max_attempts
+            final = (isinstance(exc, RunFailedError) and exc.non_retryable) or sub.charged_attempts >= self.max_attempts
             if final:
                 decision = protocol.terminalize(
                     conv, run.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=reason
@@ -815,7 +815,7 @@ class Conductor:
             elif self.owner.is_pending(conversation_id):
                 still.append((conversation_id, last_seq, effect))  # a deferred checkpoint: still pending
             else:
-                self._refuse(effect, AttemptSuperseded("the batch holding the effect was not committed"))
+                self._refuse(effect, AttemptSupersededError("the batch holding the effect was not committed"))
         self._awaiting = still
         for submission_id, (conversation_id, attempt_id) in list(self._staged.items()):
             if self._draining:
@@ -902,7 +902,7 @@ class Conductor:
         self._gate.leave(self)
         for running in self._running.values():
             running.run.cancelled.set()
-        gone = AttemptSuperseded("this worker no longer owns the partition")
+        gone = AttemptSupersededError("this worker no longer owns the partition")
         for _, _, effect in self._awaiting:
             _resolve(effect.future, gone)
         for effect in self._held:

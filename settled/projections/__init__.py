@@ -9,7 +9,7 @@
   ``settled/projections/sql/`` mirror them (`migrate`, `check_layout`, `ProjectionNames` in `_schema`).
 * `rebuild` and `check` (`_rebuild`): replay from offset 0 into a new schema version and switch atomically; compare
   live, a fresh rebuild and the reference fold at identical offsets; one at a time per projection (an advisory lock,
-  `maintenance_lock_key`; a second raises `RebuildInProgress`). The replay (`_bulk`) folds whole partitions in
+  `maintenance_lock_key`; a second raises `RebuildInProgressError`). The replay (`_bulk`) folds whole partitions in
   memory and writes their final rows once with COPY, one process per share of the partitions (`ReplayTimings` says
   where its time went), then catches up through projectors seeded with the folded states.
 * A record whose rows PostgreSQL refuses (a data error, told from a lost connection by SQLSTATE: `classify`,
@@ -24,11 +24,11 @@ Never imports `settled.processors`: the worker and the projections are independe
 from settled.projections._bulk import RebuildWorkerError, ReplayTimings
 from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
-from settled.projections._queries import ProjectionReader, ReadYourWritesTimeout
+from settled.projections._queries import ProjectionReader, ReadYourWritesTimeoutError
 from settled.projections._rebuild import (
     CheckReport,
     Difference,
-    RebuildInProgress,
+    RebuildInProgressError,
     RebuildProgress,
     RebuildResult,
     check,
@@ -61,7 +61,7 @@ from settled.projections._schema import (
 )
 from settled.projections._sqlstate import ErrorKind, classify
 from settled.projections._store import (
-    OffsetConflict,
+    OffsetConflictError,
     ProjectionWriter,
     QuarantinedRecord,
     read_offsets,
@@ -84,7 +84,7 @@ __all__ = [
     "FastBatchDecoder",
     "MergeRule",
     "Migration",
-    "OffsetConflict",
+    "OffsetConflictError",
     "ProjectionLayoutError",
     "ProjectionNames",
     "ProjectionReader",
@@ -93,8 +93,8 @@ __all__ = [
     "Projector",
     "ProjectorConfig",
     "QuarantinedRecord",
-    "ReadYourWritesTimeout",
-    "RebuildInProgress",
+    "ReadYourWritesTimeoutError",
+    "RebuildInProgressError",
     "RebuildProgress",
     "RebuildResult",
     "RebuildWorkerError",

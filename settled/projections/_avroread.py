@@ -9,10 +9,10 @@ dicts, arrays as lists, enums as their symbols, ``timestamp-millis`` as aware UT
 one record branch as ``(full name, dict)``.
 
 It covers the Avro the log's schemas use (records, arrays, enums, unions, null, boolean, int, long, string and
-``timestamp-millis``); `compile_reader` raises `UnsupportedSchema` for anything else. It checks what it reads (a string
-or varint past the end, a union branch or enum symbol out of range, bytes after the body) by raising; the caller
-then decodes the record the slow way, which names what is wrong. A unit test compares it with fastavro on every log
-event type and on generated batches.
+``timestamp-millis``); `compile_reader` raises `UnsupportedSchemaError` for anything else. It checks what it reads (a
+string or varint past the end, a union branch or enum symbol out of range, bytes after the body) by raising; the
+caller then decodes the record the slow way, which names what is wrong. A unit test compares it with fastavro on
+every log event type and on generated batches.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from settled._errors import ErrorCategory, SettledError
 
-__all__ = ["READ_ERRORS", "RecordCompiler", "UnsupportedSchema", "compile_reader"]
+__all__ = ["READ_ERRORS", "RecordCompiler", "UnsupportedSchemaError", "compile_reader"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -33,7 +33,7 @@ READ_ERRORS = (IndexError, ValueError, EOFError, TypeError, KeyError)
 _PRIMITIVES = frozenset({"string", "int", "long", "boolean", "null"})
 
 
-class UnsupportedSchema(SettledError, TypeError):
+class UnsupportedSchemaError(SettledError, TypeError):
     """The schema uses Avro this compiler does not cover (bytes, fixed, float, double, maps, other logical types)."""
 
     category = ErrorCategory.BAD_INPUT
@@ -167,13 +167,13 @@ class RecordCompiler:
         if isinstance(t, list):
             return self.union(t, var, ind, depth)
         if not isinstance(t, dict):
-            raise UnsupportedSchema(f"Avro type {t!r}")
+            raise UnsupportedSchemaError(f"Avro type {t!r}")
         kind, logical = t.get("type"), t.get("logicalType")
         if logical is not None:
             if kind == "long" and logical == "timestamp-millis":
                 # timedelta(0, 0, 0, ms) is timedelta(microseconds=ms * 1000) (integers, exact), without keywords.
                 return [*self.wide_varint(var, ind), f"{ind}{var} = EPOCH + TD(0, 0, 0, {var})"]
-            raise UnsupportedSchema(f"logical type {logical!r} of {kind!r}")
+            raise UnsupportedSchemaError(f"logical type {logical!r} of {kind!r}")
         if kind == "record":
             return [f"{ind}{var}, p = {self.record(t)}(d, p, n)"]
         if kind == "enum":
@@ -198,7 +198,7 @@ class RecordCompiler:
                 f"{ind}        {var}.append({item})",
                 *self.varint(count, ind + "    "),
             ]
-        raise UnsupportedSchema(f"Avro type {kind!r}")
+        raise UnsupportedSchemaError(f"Avro type {kind!r}")
 
     def union(self, branches: list[Any], var: str, ind: str, depth: int) -> list[str]:
         resolved = [self.resolve(b) for b in branches]
@@ -225,10 +225,10 @@ def compile_reader(parsed: Mapping[str, Any]) -> Callable[[bytes, int], dict[str
         `READ_ERRORS` when the bytes are not such a body (bytes left after it included).
 
     Raises:
-        UnsupportedSchema: The schema uses a type this compiler does not cover.
+        UnsupportedSchemaError: The schema uses a type this compiler does not cover.
     """
     if parsed.get("type") != "record":
-        raise UnsupportedSchema("only a record schema is compiled")
+        raise UnsupportedSchemaError("only a record schema is compiled")
     compiler = RecordCompiler(parsed.get("__named_schemas", {}))
     top = compiler.record(parsed)
     source = "\n\n\n".join(compiler.sources)

@@ -19,7 +19,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from settled.projections._avroread import READ_ERRORS, RecordCompiler, UnsupportedSchema, compile_reader
+from settled.projections._avroread import READ_ERRORS, RecordCompiler, UnsupportedSchemaError, compile_reader
 from settled.schemas import (
     LOG_EVENT_TYPES,
     AvroRecord,
@@ -136,7 +136,7 @@ def _base_slot_setter(name: str) -> Callable[[Any, Any], None]:
     """The ``__set__`` of the descriptor that ``object.__setattr__(model, name, value)`` uses for a `BaseModel` slot.
 
     Raises:
-        UnsupportedSchema: No class of `AvroRecord`'s bases defines it (another pydantic layout).
+        UnsupportedSchemaError: No class of `AvroRecord`'s bases defines it (another pydantic layout).
     """
     for klass in AvroRecord.__mro__:
         descriptor = klass.__dict__.get(name)
@@ -146,7 +146,7 @@ def _base_slot_setter(name: str) -> Callable[[Any, Any], None]:
                 break
             found: Callable[[Any, Any], None] = setter
             return found
-    raise UnsupportedSchema(f"{name} is not a slot of the models' base")  # pragma: no cover - see above
+    raise UnsupportedSchemaError(f"{name} is not a slot of the models' base")  # pragma: no cover - see above
 
 
 class _ModelCompiler(RecordCompiler):
@@ -154,7 +154,7 @@ class _ModelCompiler(RecordCompiler):
 
     Each record with a model is read into locals and built as `_builder` builds it from fastavro's dict: the same
     conversions (`_converter`: enum members, nested models, tuples), done where the value is read. A field whose
-    (Avro type, annotation) pair is not one of those raises `UnsupportedSchema`: the dict reader is used instead.
+    (Avro type, annotation) pair is not one of those raises `UnsupportedSchemaError`: the dict reader is used instead.
     """
 
     def __init__(self, named: Mapping[str, Any], models: Mapping[str, type[AvroRecord]]) -> None:
@@ -175,7 +175,7 @@ class _ModelCompiler(RecordCompiler):
         name = str(schema["name"])
         model = self.models.get(name)
         if model is None:
-            raise UnsupportedSchema(f"record {name} has no model")
+            raise UnsupportedSchemaError(f"record {name} has no model")
         found = self.records.get(name)
         if found is not None:
             return found
@@ -183,9 +183,9 @@ class _ModelCompiler(RecordCompiler):
         self.records[name] = function
         fields = {str(f["name"]): f["type"] for f in schema["fields"]}
         if list(fields) != list(model.model_fields):
-            raise UnsupportedSchema(f"{name}: Avro fields {list(fields)} are not the model's fields")
+            raise UnsupportedSchemaError(f"{name}: Avro fields {list(fields)} are not the model's fields")
         if model.__pydantic_post_init__ is not None or model.__pydantic_root_model__:  # pragma: no cover - none
-            raise UnsupportedSchema(f"{model.__name__} has model_post_init or is a root model")
+            raise UnsupportedSchemaError(f"{model.__name__} has model_post_init or is a root model")
         lines = [f"def {function}(d, p, n):  # {name}"]
         for i, (field_name, avro) in enumerate(fields.items()):
             lines += self.field(avro, model.model_fields[field_name].annotation, f"f{i}", "    ", 0)
@@ -210,7 +210,7 @@ class _ModelCompiler(RecordCompiler):
         inner = _optional(annotation)
         if inner is not None:
             if not (isinstance(t, list) and len(t) == 2 and "null" in [self.resolve(b) for b in t]):
-                raise UnsupportedSchema(f"optional {annotation!r} read from {t!r}")
+                raise UnsupportedSchemaError(f"optional {annotation!r} read from {t!r}")
             null = [self.resolve(b) for b in t].index("null")
             lines = self.varint("u", ind)
             lines += [f"{ind}if u == {null}:", f"{ind}    {var} = None", f"{ind}elif u == {1 - null}:"]
@@ -218,7 +218,7 @@ class _ModelCompiler(RecordCompiler):
             return [*lines, f"{ind}else:", f"{ind}    raise ValueError"]
         if get_origin(annotation) is tuple:
             if not (isinstance(t, dict) and t.get("type") == "array"):
-                raise UnsupportedSchema(f"tuple {annotation!r} read from {t!r}")
+                raise UnsupportedSchemaError(f"tuple {annotation!r} read from {t!r}")
             item_annotation = get_args(annotation)[0]
             count, item, items = f"c{depth}", f"i{depth}", f"l{depth}"
             return [
@@ -236,7 +236,7 @@ class _ModelCompiler(RecordCompiler):
             ]
         if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
             if not (isinstance(t, dict) and t.get("type") == "enum"):
-                raise UnsupportedSchema(f"enum {annotation.__name__} read from {t!r}")
+                raise UnsupportedSchemaError(f"enum {annotation.__name__} read from {t!r}")
             convert = _converter(annotation)
             assert convert is not None
             members = self.constant(tuple(convert(symbol) for symbol in t["symbols"]))  # a stray symbol raises here
@@ -248,12 +248,12 @@ class _ModelCompiler(RecordCompiler):
             ]
         if isinstance(annotation, type) and issubclass(annotation, AvroRecord):
             if not (isinstance(t, dict) and t.get("type") == "record" and t["name"] == annotation.AVRO_NAME):
-                raise UnsupportedSchema(f"record {annotation.__name__} read from {t!r}")
+                raise UnsupportedSchemaError(f"record {annotation.__name__} read from {t!r}")
             return [f"{ind}{var}, p = {self.record(t)}(d, p, n)"]
         if _converter(annotation) is not None:  # pragma: no cover - every converted kind is handled above
-            raise UnsupportedSchema(f"{annotation!r} needs a conversion this compiler does not make")
+            raise UnsupportedSchemaError(f"{annotation!r} needs a conversion this compiler does not make")
         if isinstance(t, list) or (isinstance(t, dict) and t.get("type") in ("record", "array", "enum")):
-            raise UnsupportedSchema(f"{annotation!r} read from {t!r}")
+            raise UnsupportedSchemaError(f"{annotation!r} read from {t!r}")
         return self.read(t, var, ind, depth)
 
     def item(self, avro: Any, annotation: Any, var: str, ind: str, depth: int) -> list[str]:
@@ -263,12 +263,12 @@ class _ModelCompiler(RecordCompiler):
         if get_origin(annotation) in (Union, types.UnionType) and _optional(annotation) is None:
             branches = [self.resolve(b) for b in t] if isinstance(t, list) else []
             if not branches or any(not (isinstance(b, dict) and b.get("type") == "record") for b in branches):
-                raise UnsupportedSchema(f"union {annotation!r} read from {t!r}")
+                raise UnsupportedSchemaError(f"union {annotation!r} read from {t!r}")
             options = {cls.AVRO_NAME: cls for cls in get_args(annotation)}
             functions = []
             for branch in branches:
                 if branch["name"] not in options:
-                    raise UnsupportedSchema(f"{branch['name']} is not one of {sorted(options)}")
+                    raise UnsupportedSchemaError(f"{branch['name']} is not one of {sorted(options)}")
                 functions.append(self.record(branch))
             # The branch's reader by its index: one lookup instead of a comparison per branch.
             table = f"BRANCHES{len(self.sources)}"
@@ -301,7 +301,7 @@ def _compile_batch_reader(codec: Codec) -> Callable[[bytes, int], LogBatch] | No
     try:
         compiler = _ModelCompiler(parsed.get("__named_schemas", {}), _models(LogBatch, {}))
         top = compiler.record(parsed)
-    except (UnsupportedSchema, ValueError, KeyError):
+    except (UnsupportedSchemaError, ValueError, KeyError):
         return None
     source = "\n\n\n".join(compiler.sources)
     # The source is generated from the schema's structure and the models' field names (repr() literals only).
@@ -347,7 +347,7 @@ class FastBatchDecoder:
             if self._header:
                 try:
                     self._read = compile_reader(self.codec.schema(_BATCH_NAME).parsed)
-                except UnsupportedSchema:
+                except UnsupportedSchemaError:
                     self._read = None  # fastavro reads it
         return self._read
 

@@ -56,7 +56,7 @@ from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._rows import ProjectionState, RowSet, project_batch
 from settled.projections._schema import ProjectionNames, check_layout, migrate
 from settled.projections._sqlstate import ErrorKind, classify, describe
-from settled.projections._store import OffsetConflict, ProjectionWriter, QuarantinedRecord
+from settled.projections._store import OffsetConflictError, ProjectionWriter, QuarantinedRecord
 from settled.schemas import Codec, LogBatch
 
 __all__ = ["ChunkApplied", "Projector", "ProjectorConfig"]
@@ -373,7 +373,7 @@ class Projector:
         next_offset = _offset(rest[-1]) + 1
         try:
             sent = self._write(p, part.pos, _offset(rest[0]), next_offset, rows)
-        except OffsetConflict as conflict:
+        except OffsetConflictError as conflict:
             self._conflict(part, conflict)
             return 0
         except (psycopg.Error, UnicodeEncodeError) as exc:
@@ -409,7 +409,7 @@ class Projector:
                     if not self._rows_refused(p, exc):
                         return done
                     sent = self._quarantine(p, part.pos, offset, batch, rows, exc)
-            except OffsetConflict as conflict:
+            except OffsetConflictError as conflict:
                 self._conflict(part, conflict)
                 return done
             except (psycopg.Error, UnicodeEncodeError) as exc:  # the quarantine's own transaction
@@ -467,7 +467,7 @@ class Projector:
             Rows written.
 
         Raises:
-            OffsetConflict: Another writer moved the offset (rolled back).
+            OffsetConflictError: Another writer moved the offset (rolled back).
             psycopg.Error: A transient or other error (rolled back; the caller handles it).
         """
         conn = self._require_conn()
@@ -477,7 +477,7 @@ class Projector:
         with conn.transaction():
             stored = self._writer.lock_offset(conn, p)
             if stored != expected or offset < stored:
-                raise OffsetConflict(p, expected, stored)
+                raise OffsetConflictError(p, expected, stored)
             for group, group_rows in sorted(rows.by_group().items()):
                 try:
                     with conn.transaction():  # a savepoint
@@ -509,7 +509,7 @@ class Projector:
             )  # fmt: skip
         return sent
 
-    def _conflict(self, part: _Part, conflict: OffsetConflict) -> None:
+    def _conflict(self, part: _Part, conflict: OffsetConflictError) -> None:
         self.conflicts += 1
         _log.info(
             "offset conflict",
@@ -528,14 +528,14 @@ class Projector:
             with conn.transaction():
                 stored = writer.lock_offset(conn, p)
                 if stored != expected or first_offset < stored:
-                    raise OffsetConflict(p, expected, stored)
+                    raise OffsetConflictError(p, expected, stored)
                 writer.set_offset(conn, p, next_offset)
                 self._notify(conn, p, next_offset)
             return sent
         with conn.transaction():
             stored = writer.lock_offset(conn, p)
             if stored != expected or first_offset < stored:
-                raise OffsetConflict(p, expected, stored)
+                raise OffsetConflictError(p, expected, stored)
             sent = writer.write_rows(conn, rows)
             failpoint("projector.before_commit")
             writer.set_offset(conn, p, next_offset)

@@ -32,14 +32,14 @@ from settled._errors import ErrorCategory, SettledError
 from settled.projections._schema import ProjectionNames
 from settled.schemas import Receipt
 
-__all__ = ["ProjectionReader", "ReadYourWritesTimeout"]
+__all__ = ["ProjectionReader", "ReadYourWritesTimeoutError"]
 
 _log = logging.getLogger("settled.projections")
 
 Row = dict[str, Any]
 
 
-class ReadYourWritesTimeout(SettledError, TimeoutError):
+class ReadYourWritesTimeoutError(SettledError, TimeoutError):
     """The projection did not hold a receipt's request within the timeout.
 
     Attributes:
@@ -231,13 +231,13 @@ class ProjectionReader:
             timeout_s: Longest wait, in seconds.
 
         Raises:
-            ReadYourWritesTimeout: It did not within ``timeout_s``.
+            ReadYourWritesTimeoutError: It did not within ``timeout_s``.
             ValueError: ``timeout_s`` is negative.
         """
         if timeout_s < 0:
             raise ValueError(f"timeout_s must not be negative, got {timeout_s}")
         if not self._waiters.wait((receipt.conversation_id, receipt.request_id), timeout_s):
-            raise ReadYourWritesTimeout(receipt.request_id, receipt.conversation_id, timeout_s)
+            raise ReadYourWritesTimeoutError(receipt.request_id, receipt.conversation_id, timeout_s)
 
     def _after(self, after: Receipt | None, timeout_s: float) -> None:
         if after is not None:
@@ -276,7 +276,7 @@ class ProjectionReader:
             The ``submissions`` rows, by conversation id (empty when not projected).
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         self._after(after, timeout_s)
         return self._by_id("submissions", "submission_id", submission_id, conversation_id)
@@ -301,7 +301,7 @@ class ProjectionReader:
             The ``submissions`` row, or None when not projected.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         rows = self.submissions(submission_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return rows[0] if rows else None
@@ -326,7 +326,7 @@ class ProjectionReader:
             The ``receipts`` rows, by conversation id.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         self._after(after, timeout_s)
         return self._by_id("receipts", "request_id", request_id, conversation_id)
@@ -351,7 +351,7 @@ class ProjectionReader:
             The ``receipts`` row, or None.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         rows = self.receipts(request_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return rows[0] if rows else None
@@ -378,7 +378,7 @@ class ProjectionReader:
             ``runs`` view rows.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
             ValueError: ``limit`` is not positive.
         """
         if limit < 1:
@@ -417,7 +417,7 @@ class ProjectionReader:
             ``runs`` rows, each plus ``attempts`` and ``tool_calls`` lists, by conversation id.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         self._after(after, timeout_s)
         runs = self._by_id("runs", "submission_id", submission_id, conversation_id)
@@ -458,7 +458,7 @@ class ProjectionReader:
             The ``runs`` row plus ``attempts`` and ``tool_calls`` lists, or None.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         runs = self.runs_of(submission_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return runs[0] if runs else None
@@ -474,7 +474,7 @@ class ProjectionReader:
             ``unknown_obligations`` view rows (with ``age``).
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         self._after(after, timeout_s)
         return self._query(
@@ -495,7 +495,7 @@ class ProjectionReader:
             The ``conversations`` row plus a ``transcript`` list, or None when not projected.
 
         Raises:
-            ReadYourWritesTimeout: ``after`` was not projected in time.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
         """
         self._after(after, timeout_s)
         rows = self._query(

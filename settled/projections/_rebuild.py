@@ -29,11 +29,11 @@ or ahead of its own, folds the records in between without writing them, and goes
 One at a time: `rebuild` and `check` both drop and recreate a schema version of the projection (``<base>__next``,
 ``<base>__retired``, ``<base>__check``), so each first takes the projection's session advisory lock
 (``pg_try_advisory_lock`` on a session held until it returns; key: `maintenance_lock_key`) and a second
-one started meanwhile raises `RebuildInProgress` at once — without it a second rebuild's ``DROP SCHEMA <base>__next``
-could drop the version the first had just switched to live, or wait on the first's switch while the first waited on
-its catch-up behind that ``DROP`` (a deadlock PostgreSQL cannot see: one side of it waits in Python). Its own
-statements (drop, migrate, the switch) run on that session, so once the session is gone, and the lock with it, the
-switch fails with the connection instead of renaming schemas that another rebuild may be using.
+one started meanwhile raises `RebuildInProgressError` at once — without it a second rebuild's
+``DROP SCHEMA <base>__next`` could drop the version the first had just switched to live, or wait on the first's switch
+while the first waited on its catch-up behind that ``DROP`` (a deadlock PostgreSQL cannot see: one side of it waits in
+Python). Its own statements (drop, migrate, the switch) run on that session, so once the session is gone, and the
+lock with it, the switch fails with the connection instead of renaming schemas that another rebuild may be using.
 
 The live projector waits for step 2 at most ``locked_catch_up_timeout_s`` (plus one projector step, as the bound is
 checked between steps) and the lock waits' ``lock_timeout``.
@@ -91,7 +91,7 @@ from settled.schemas import Codec, LogBatch
 __all__ = [
     "CheckReport",
     "Difference",
-    "RebuildInProgress",
+    "RebuildInProgressError",
     "RebuildProgress",
     "RebuildResult",
     "check",
@@ -196,7 +196,7 @@ def _connect(settings: Settings) -> Conn:
     return conn
 
 
-class RebuildInProgress(SettledError, RuntimeError):
+class RebuildInProgressError(SettledError, RuntimeError):
     """Another `rebuild` or `check` of the same projection holds its maintenance lock (module doc: one at a time).
 
     Attributes:
@@ -234,7 +234,7 @@ def maintenance_lock_key(base: str) -> int:
 
 
 def _maintenance_lock(settings: Settings, names: ProjectionNames, what: str) -> Conn:
-    """Take the projection's maintenance lock on a dedicated session, or raise `RebuildInProgress` at once.
+    """Take the projection's maintenance lock on a dedicated session, or raise `RebuildInProgressError` at once.
 
     Returns:
         The session holding the lock; closing it releases the lock. The rebuild or check does its own work (drop,
@@ -259,7 +259,7 @@ def _maintenance_lock(settings: Settings, names: ProjectionNames, what: str) -> 
         conn.close()
         raise
     conn.close()
-    raise RebuildInProgress(names.base, f"pid {holder[0]}, {holder[1]!r}" if holder else None)
+    raise RebuildInProgressError(names.base, f"pid {holder[0]}, {holder[1]!r}" if holder else None)
 
 
 class _Behind(Exception):
@@ -378,7 +378,7 @@ def rebuild(
     Raises:
         ValueError: ``switch_attempts`` is below 1, ``locked_catch_up_max_offsets`` below 0 or
             ``locked_catch_up_timeout_s`` not above 0.
-        RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
+        RebuildInProgressError: Another rebuild or check of this projection is running (nothing was changed).
         psycopg.OperationalError: The session holding the maintenance lock was lost (the live version is not switched).
         TimeoutError: The replay or the switch did not finish in time.
         LookupError: The log topic does not exist.
@@ -687,7 +687,7 @@ def check(
 
     Raises:
         LookupError: The live projection or the log topic does not exist.
-        RebuildInProgress: Another rebuild or check of this projection is running (nothing was changed).
+        RebuildInProgressError: Another rebuild or check of this projection is running (nothing was changed).
         psycopg.OperationalError: The session holding the maintenance lock was lost before the tables were read (no
             report: another rebuild or check may have changed ``<base>__check`` meanwhile).
         TimeoutError: The check did not finish in time.

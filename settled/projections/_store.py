@@ -3,8 +3,8 @@
 `ProjectionWriter` writes a chunk's `RowSet` with batched statements (``executemany`` in pipeline mode for the
 upserted tables, ``COPY`` for the append-only ones) and moves the partition's offset row, all inside the caller's
 transaction. The offset row is read ``FOR UPDATE`` first: its lock serialises every writer of the partition, and the
-caller compares the stored next offset with the one it expects (`OffsetConflict`), so a second projector on the same
-partition rolls back instead of applying anything twice.
+caller compares the stored next offset with the one it expects (`OffsetConflictError`), so a second projector on the
+same partition rolls back instead of applying anything twice.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from settled.projections._rows import RowSet
 from settled.projections._schema import PROJECTION_NAME
 from settled.projections._tables import QUARANTINE, TABLES, MergeRule, TableMode, TableSpec
 
-__all__ = ["OffsetConflict", "ProjectionWriter", "QuarantinedRecord", "read_offsets", "read_quarantine", "read_table"]
+__all__ = [
+    "OffsetConflictError",
+    "ProjectionWriter",
+    "QuarantinedRecord",
+    "read_offsets",
+    "read_quarantine",
+    "read_table",
+]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -52,7 +59,7 @@ class QuarantinedRecord:
     error: str
 
 
-class OffsetConflict(SettledError):
+class OffsetConflictError(SettledError):
     """The stored next offset is not the one this writer expected: another writer moved it (DUR-015).
 
     Attributes:

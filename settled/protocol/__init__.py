@@ -1,7 +1,7 @@
 """settled's pure protocol core: the submission state machine, the fold, the decisions (DESIGN.md §1b).
 
 * `EDGES` (`_states`): the submission state machine of spec §3 as one table of edges, plus the edges DESIGN.md §5
-  and spec §13 add; `IllegalTransition` for anything else.
+  and spec §13 add; `IllegalTransitionError` for anything else.
 * `apply` / `fold` (`_fold`): a partition's conversations as a fold of canonical batches (`PartitionState`,
   `ConversationState`), refusing a stale owner epoch (`StaleEpochError`), a broken chain, an illegal transition or an
   inconsistent log with typed errors.
@@ -54,14 +54,14 @@ from settled.protocol._decide import (
     terminalize,
 )
 from settled.protocol._errors import (
-    IllegalTransition,
-    InputAlreadyDecided,
-    LogInconsistency,
+    IllegalTransitionError,
+    InputAlreadyDecidedError,
+    LogInconsistencyError,
     ProtocolError,
     StaleEpochError,
-    TerminalOutcomeConflict,
-    UnknownSubmission,
-    WrongConversation,
+    TerminalOutcomeConflictError,
+    UnknownSubmissionError,
+    WrongConversationError,
 )
 from settled.protocol._fold import (
     GRACEFUL_REVOKE,
@@ -116,11 +116,11 @@ __all__ = [
     "ConversationState",
     "Decision",
     "Edge",
-    "IllegalTransition",
-    "InputAlreadyDecided",
+    "IllegalTransitionError",
+    "InputAlreadyDecidedError",
     "InputKey",
     "KeyEntry",
-    "LogInconsistency",
+    "LogInconsistencyError",
     "OpenCall",
     "PartitionState",
     "ProtocolError",
@@ -134,12 +134,12 @@ __all__ = [
     "StartAttempt",
     "Submission",
     "SubmissionState",
-    "TerminalOutcomeConflict",
+    "TerminalOutcomeConflictError",
     "ToolSafety",
     "Transition",
-    "UnknownSubmission",
+    "UnknownSubmissionError",
     "Violation",
-    "WrongConversation",
+    "WrongConversationError",
     "abort",
     "admit",
     "apply",

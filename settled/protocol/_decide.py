@@ -8,7 +8,7 @@ I/O: ``now`` and ids are arguments (DESIGN.md §1b).
 
 Every inbox input yields exactly one log event carrying its ``input_ref`` (DESIGN.md §3): `SubmissionAdmitted`,
 `SubmissionDuplicate`, `SubmissionRejected`, `InputQuarantined`, `AbortRecorded`, `CommandRejected` or
-`UnknownResolved`. A decision asked for an input that is already decided raises `InputAlreadyDecided`: the caller
+`UnknownResolved`. A decision asked for an input that is already decided raises `InputAlreadyDecidedError`: the caller
 skips re-read inputs (`ConversationState.is_decided`, `PartitionState.is_decided`).
 
 Receipt reasons read ``"<code>: <detail>"``; ``<code>`` is a `SubmissionRejectReason` or `CommandRejectReason`
@@ -30,11 +30,11 @@ from settled.protocol._contract import (
     quarantine_conversation,
 )
 from settled.protocol._errors import (
-    IllegalTransition,
-    InputAlreadyDecided,
-    TerminalOutcomeConflict,
-    UnknownSubmission,
-    WrongConversation,
+    IllegalTransitionError,
+    InputAlreadyDecidedError,
+    TerminalOutcomeConflictError,
+    UnknownSubmissionError,
+    WrongConversationError,
 )
 from settled.protocol._fold import ConversationState, PartitionState, Submission
 from settled.protocol._states import SubmissionState, outcome_state
@@ -161,16 +161,16 @@ def _reason(code: str, detail: str) -> str:
 
 def _check_input(state: ConversationState, conversation_id: str, input_ref: InputRef) -> None:
     if conversation_id != state.conversation_id:
-        raise WrongConversation(state.conversation_id, conversation_id)
+        raise WrongConversationError(state.conversation_id, conversation_id)
     if state.is_decided(input_ref):
-        raise InputAlreadyDecided(input_ref)
+        raise InputAlreadyDecidedError(input_ref)
 
 
 def _check_rejected_input(state: ConversationState, conversation_id: str, input_ref: InputRef) -> None:
     """A rejection is filed under its conversation, or under ``~quarantine/<p>``, which takes any input of ``p``."""
     if state.conversation_id == quarantine_conversation(input_ref.partition):
         if state.is_decided(input_ref):
-            raise InputAlreadyDecided(input_ref)
+            raise InputAlreadyDecidedError(input_ref)
         return
     _check_input(state, filing_conversation(conversation_id, input_ref.partition), input_ref)
 
@@ -178,7 +178,7 @@ def _check_rejected_input(state: ConversationState, conversation_id: str, input_
 def _get(state: ConversationState, submission_id: str) -> Submission:
     found = state.submission(submission_id)
     if found is None:
-        raise UnknownSubmission(state.conversation_id, submission_id)
+        raise UnknownSubmissionError(state.conversation_id, submission_id)
     return found
 
 
@@ -218,8 +218,8 @@ def admit(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is not the conversation that files this proposal.
-        InputAlreadyDecided: If ``input_ref`` is already decided.
+        WrongConversationError: If ``state`` is not the conversation that files this proposal.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     violation = check_proposal(proposal) if check_contract else None
     if violation is not None:
@@ -336,9 +336,10 @@ def reject_submission(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is neither the conversation that files this proposal (`filing_conversation`)
-            nor ``~quarantine/<p>`` (where the worker files what does not belong to this partition: ``misrouted``).
-        InputAlreadyDecided: If ``input_ref`` is already decided.
+        WrongConversationError: If ``state`` is neither the conversation that files this proposal
+            (`filing_conversation`) nor ``~quarantine/<p>`` (where the worker files what does not belong to this
+            partition: ``misrouted``).
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     _check_rejected_input(state, proposal.conversation_id, input_ref)
     submission_id = bounded_id(proposal.submission_id)
@@ -387,8 +388,8 @@ def reject_invalid(
         receipt, all bounded in size whatever the input held.
 
     Raises:
-        WrongConversation: If ``state`` is not the conversation that files this input.
-        InputAlreadyDecided: If ``input_ref`` is already decided.
+        WrongConversationError: If ``state`` is not the conversation that files this input.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     if isinstance(record, SubmissionProposed):
         return reject_submission(
@@ -504,13 +505,13 @@ def start_attempt(state: ConversationState, submission_id: str, attempt_id: str,
         The decision.
 
     Raises:
-        UnknownSubmission: If the conversation holds no such submission.
-        IllegalTransition: If `schedule` does not name this submission to start.
+        UnknownSubmissionError: If the conversation holds no such submission.
+        IllegalTransitionError: If `schedule` does not name this submission to start.
     """
     sub = _get(state, submission_id)
     nxt = schedule(state)
     if not (isinstance(nxt, StartAttempt) and nxt.submission_id == submission_id):
-        raise IllegalTransition(
+        raise IllegalTransitionError(
             submission_id,
             sub.state,
             S.RUNNING,
@@ -540,12 +541,12 @@ def interrupt(state: ConversationState, submission_id: str, reason: str) -> Deci
         The decision: one `AttemptInterrupted`.
 
     Raises:
-        UnknownSubmission: If the conversation holds no such submission.
-        IllegalTransition: If it is not running.
+        UnknownSubmissionError: If the conversation holds no such submission.
+        IllegalTransitionError: If it is not running.
     """
     sub = _get(state, submission_id)
     if sub.state is not S.RUNNING or sub.attempt_id is None:
-        raise IllegalTransition(submission_id, sub.state, S.READY, "AttemptInterrupted", "only a running attempt")
+        raise IllegalTransitionError(submission_id, sub.state, S.READY, "AttemptInterrupted", "only a running attempt")
     return Decision(events=(AttemptInterrupted(submission_id=submission_id, attempt_id=sub.attempt_id, reason=reason),))
 
 
@@ -653,22 +654,22 @@ def terminalize(
         The decision: one `Settlement` and the settlement record.
 
     Raises:
-        UnknownSubmission: If the conversation holds no such submission.
-        TerminalOutcomeConflict: If the submission is already settled, or another outcome is reserved (§12).
-        IllegalTransition: If its state does not allow settling (e.g. queued without an abort, Unknown, Recovery).
+        UnknownSubmissionError: If the conversation holds no such submission.
+        TerminalOutcomeConflictError: If the submission is already settled, or another outcome is reserved (§12).
+        IllegalTransitionError: If its state does not allow settling (e.g. queued without an abort, Unknown, Recovery).
     """
     sub = _get(state, submission_id)
     if sub.outcome is not None:
-        raise TerminalOutcomeConflict(submission_id, sub.outcome, outcome, settled=True)
+        raise TerminalOutcomeConflictError(submission_id, sub.outcome, outcome, settled=True)
     if sub.abort_requested:
         outcome = SettlementOutcome.ABORTED
         reply_json = reply_digest = reply_ref = error_type = None
         error_reason = _abort_reason(sub)
     elif sub.reserved_outcome is not None and sub.reserved_outcome is not outcome:
-        raise TerminalOutcomeConflict(submission_id, sub.reserved_outcome, outcome, settled=False)
+        raise TerminalOutcomeConflictError(submission_id, sub.reserved_outcome, outcome, settled=False)
     settles_inactive = sub.state in (S.ADMITTED, S.READY) and outcome is SettlementOutcome.ABORTED
     if not (sub.state in (S.RUNNING, S.TERMINALIZING, S.JOINED) or settles_inactive):
-        raise IllegalTransition(
+        raise IllegalTransitionError(
             submission_id,
             sub.state,
             outcome_state(outcome),
@@ -720,9 +721,9 @@ def reject_command(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is neither the conversation that files this command (`filing_conversation`)
+        WrongConversationError: If ``state`` is neither the conversation that files this command (`filing_conversation`)
             nor ``~quarantine/<p>``.
-        InputAlreadyDecided: If ``input_ref`` is already decided.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     _check_rejected_input(state, command.conversation_id, input_ref)
     kind = CommandKind.ABORT if isinstance(command, AbortRequested) else CommandKind.RESOLVE_UNKNOWN
@@ -839,8 +840,8 @@ def abort(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is not the conversation that files this command (`filing_conversation`).
-        InputAlreadyDecided: If ``input_ref`` is already decided.
+        WrongConversationError: If ``state`` is not the conversation that files this command (`filing_conversation`).
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     checked = _precheck_command(state, command, input_ref, now, check_contract)
     if isinstance(checked, Decision):
@@ -905,8 +906,8 @@ def resolve(
         The decision.
 
     Raises:
-        WrongConversation: If ``state`` is not the conversation that files this command (`filing_conversation`).
-        InputAlreadyDecided: If ``input_ref`` is already decided.
+        WrongConversationError: If ``state`` is not the conversation that files this command (`filing_conversation`).
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     checked = _precheck_command(state, command, input_ref, now, check_contract)
     if isinstance(checked, Decision):

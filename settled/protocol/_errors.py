@@ -15,14 +15,14 @@ if TYPE_CHECKING:
     from settled.schemas import InputRef, SettlementOutcome
 
 __all__ = [
-    "IllegalTransition",
-    "InputAlreadyDecided",
-    "LogInconsistency",
+    "IllegalTransitionError",
+    "InputAlreadyDecidedError",
+    "LogInconsistencyError",
     "ProtocolError",
     "StaleEpochError",
-    "TerminalOutcomeConflict",
-    "UnknownSubmission",
-    "WrongConversation",
+    "TerminalOutcomeConflictError",
+    "UnknownSubmissionError",
+    "WrongConversationError",
 ]
 
 
@@ -32,7 +32,7 @@ class ProtocolError(SettledError):
     category = ErrorCategory.BROKEN_INVARIANT
 
 
-class IllegalTransition(ProtocolError):
+class IllegalTransitionError(ProtocolError):
     """An event would move a submission along a path that is not an edge of the state table (spec §3).
 
     Raised by the fold for a canonical event the table does not allow, and by a decision asked to do something the
@@ -92,7 +92,7 @@ class StaleEpochError(ProtocolError):
         self.detail = detail
 
 
-class LogInconsistency(ProtocolError):
+class LogInconsistencyError(ProtocolError):
     """A canonical event contradicts the folded state without being a state transition (DESIGN.md §3, §4).
 
     Examples: an inbox input decided twice, an idempotency key admitted twice, a gap in the submission sequence,
@@ -115,7 +115,7 @@ class LogInconsistency(ProtocolError):
         self.reason = reason
 
 
-class TerminalOutcomeConflict(ProtocolError):
+class TerminalOutcomeConflictError(ProtocolError):
     """A second terminal outcome for a submission that already has (or has reserved) one (spec §12, DUR-002/012).
 
     Attributes:
@@ -146,7 +146,7 @@ class TerminalOutcomeConflict(ProtocolError):
         self.settled = settled
 
 
-class InputAlreadyDecided(ProtocolError):
+class InputAlreadyDecidedError(ProtocolError):
     """A decision was asked for an inbox input whose decision is already canonical (DESIGN.md §3).
 
     The caller must skip inputs for which `ConversationState.is_decided` is true.
@@ -165,7 +165,7 @@ class InputAlreadyDecided(ProtocolError):
         self.input_ref = input_ref
 
 
-class UnknownSubmission(ProtocolError):
+class UnknownSubmissionError(ProtocolError):
     """A worker-side decision (start, terminalize, interrupt) named a submission the conversation does not hold.
 
     Attributes:
@@ -181,7 +181,7 @@ class UnknownSubmission(ProtocolError):
         self.submission_id = submission_id
 
 
-class WrongConversation(ProtocolError):
+class WrongConversationError(ProtocolError):
     """An input was handed to the state of another conversation (a routing bug in the caller).
 
     Attributes:

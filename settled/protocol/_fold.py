@@ -12,12 +12,12 @@ an error, not as silent corruption"):
   not raise the epoch, a batch appended at an epoch that was never claimed;
 * a batch that does not continue its conversation's chain (`settled.schemas.ChainBreakError`: event sequence or
   previous digest);
-* a transition that is not an edge, or an event in a state that does not permit it (`IllegalTransition`), among
+* a transition that is not an edge, or an event in a state that does not permit it (`IllegalTransitionError`), among
   them a second terminal outcome (DUR-002), an attempt start while another submission holds the lane (DUR-005) or
   while an earlier submission is still queued (DUR-004), a settlement other than ``aborted`` after an abort was
   recorded (DUR-012);
 * an inbox input decided twice, an idempotency key admitted twice, a gap in the submission sequence, an attempt
-  number that skips (`LogInconsistency`).
+  number that skips (`LogInconsistencyError`).
 
 Pending overlay (DESIGN.md §3): the worker keeps the committed state and a scratch state, ``apply(committed, b)``
 for every batch of the open transaction; decisions read the scratch, so a key proposed twice inside one open
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from settled.protocol._errors import IllegalTransition, LogInconsistency, StaleEpochError
+from settled.protocol._errors import IllegalTransitionError, LogInconsistencyError, StaleEpochError
 from settled.protocol._states import (
     TERMINAL_STATES,
     Edge,
@@ -585,7 +585,7 @@ class _ConvBuilder:
             self.base.decided_inputs if self._inputs is None else self._inputs
         )
         if key in current:
-            raise LogInconsistency(
+            raise LogInconsistencyError(
                 self.cid, _name(event), "input_ref", key, "this inbox input is already decided (DESIGN.md §3)"
             )
         if self._inputs is None:
@@ -613,16 +613,16 @@ class _ConvBuilder:
     def get(self, submission_id: str, event: AvroRecord, target: SubmissionState | None) -> Submission:
         found = self.subs().get(submission_id)
         if found is None:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 submission_id, S.PROPOSED, target, _name(event), "the conversation has not admitted this submission"
             )
         return found
 
     def move(self, sub: Submission, target: SubmissionState, event: AvroRecord, **changes: Any) -> Submission:
-        """Take the table edge ``sub.state -> target`` caused by ``event``, or raise `IllegalTransition`."""
+        """Take the table edge ``sub.state -> target`` caused by ``event``, or raise `IllegalTransitionError`."""
         edge = _edge(sub.state, target, event)
         if edge is None:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id, sub.state, target, _name(event), "not an edge of the state table (spec §3)"
             )
         self.trace.append(_new_transition(self.cid, sub.submission_id, edge, event))
@@ -634,13 +634,13 @@ class _ConvBuilder:
         """Check that an in-state event (one that changes no state) is permitted in the submission's state."""
         if sub.state not in states:
             allowed = ", ".join(sorted(state.value for state in states))
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id, sub.state, None, _name(event), f"{why}; permitted only in: {allowed}"
             )
 
     def require_attempt(self, sub: Submission, attempt_id: str, event: AvroRecord) -> None:
         if sub.attempt_id != attempt_id:
-            raise LogInconsistency(
+            raise LogInconsistencyError(
                 self.cid,
                 _name(event),
                 "attempt_id",
@@ -649,8 +649,8 @@ class _ConvBuilder:
                 "(spec §6)",
             )
 
-    def fail(self, event: AvroRecord, field_name: str, value: object, reason: str) -> LogInconsistency:
-        return LogInconsistency(self.cid, _name(event), field_name, value, reason)
+    def fail(self, event: AvroRecord, field_name: str, value: object, reason: str) -> LogInconsistencyError:
+        return LogInconsistencyError(self.cid, _name(event), field_name, value, reason)
 
     # -- the rules, one per event type -------------------------------------------------------------------------
 
@@ -666,7 +666,7 @@ class _ConvBuilder:
     def on_admitted(self, event: SubmissionAdmitted, batch_epoch: int) -> None:
         existing = self.subs().get(event.submission_id)
         if existing is not None:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 event.submission_id, existing.state, S.ADMITTED, _name(event), "the submission is already admitted"
             )
         if event.conversation_id != self.cid:
@@ -743,11 +743,11 @@ class _ConvBuilder:
             return
         sub = self.get(event.submission_id, event, None)
         if sub.terminal:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id, sub.state, None, _name(event), "a settled submission cannot be aborted (DUR-012)"
             )
         if sub.reserved_outcome is not None and sub.reserved_outcome is not SettlementOutcome.ABORTED:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id,
                 sub.state,
                 None,
@@ -766,11 +766,11 @@ class _ConvBuilder:
         sub = self.get(event.submission_id, event, S.RUNNING)
         if sub.state is S.READY:
             if sub.abort_requested:
-                raise IllegalTransition(
+                raise IllegalTransitionError(
                     sub.submission_id, sub.state, S.RUNNING, _name(event), "an abort is recorded (spec §13)"
                 )
             if self.active is not None and self.active != sub.submission_id:
-                raise IllegalTransition(
+                raise IllegalTransitionError(
                     sub.submission_id,
                     sub.state,
                     S.RUNNING,
@@ -779,7 +779,7 @@ class _ConvBuilder:
                 )
             if self.queue and self.queue[0] != sub.submission_id:
                 head = self.subs()[self.queue[0]]
-                raise IllegalTransition(
+                raise IllegalTransitionError(
                     sub.submission_id,
                     sub.state,
                     S.RUNNING,
@@ -864,7 +864,7 @@ class _ConvBuilder:
             self.move(sub, S.TERMINALIZING, event, reserved_outcome=reserved)
         else:
             if sub.unknown_calls:
-                raise IllegalTransition(
+                raise IllegalTransitionError(
                     sub.submission_id,
                     sub.state,
                     S.READY,
@@ -902,7 +902,7 @@ class _ConvBuilder:
         target = outcome_state(event.outcome)
         sub = self.get(event.submission_id, event, target)
         if sub.terminal:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id,
                 sub.state,
                 target,
@@ -910,7 +910,7 @@ class _ConvBuilder:
                 "the submission is already settled (DUR-002: exactly one terminal outcome)",
             )
         if sub.abort_requested and event.outcome is not SettlementOutcome.ABORTED:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id,
                 sub.state,
                 target,
@@ -918,7 +918,7 @@ class _ConvBuilder:
                 "an abort is recorded: only an aborted settlement is authorized (DUR-012, §13)",
             )
         if sub.reserved_outcome is not None and event.outcome is not sub.reserved_outcome:
-            raise IllegalTransition(
+            raise IllegalTransitionError(
                 sub.submission_id,
                 sub.state,
                 target,
@@ -1048,7 +1048,7 @@ class _PartitionBuilder:
             elif isinstance(event, Genesis):
                 self.genesis(cid, event)
             else:  # pragma: no cover - _RULES covers LOG_EVENT_TYPES, a unit test checks it
-                raise LogInconsistency(cid, _name(event), "type", _name(event), "not a settled log event")
+                raise LogInconsistencyError(cid, _name(event), "type", _name(event), "not a settled log event")
         if epoch != self.claim_epoch:
             raise StaleEpochError(
                 cid, epoch, self.claim_epoch, "the batch's epoch was never claimed (DESIGN.md §3 claim order)"
@@ -1060,7 +1060,9 @@ class _PartitionBuilder:
         if self.only is not None:
             raise ValueError("a batch with an ownership claim changes every conversation: fold it with apply_traced")
         if event.partition != self.base.partition:
-            raise LogInconsistency(cid, _name(event), "partition", event.partition, f"this is {self.base.partition}")
+            raise LogInconsistencyError(
+                cid, _name(event), "partition", event.partition, f"this is {self.base.partition}"
+            )
         if event.owner_epoch <= self.claim_epoch:
             raise StaleEpochError(cid, event.owner_epoch, self.claim_epoch, "a claim must raise the owner epoch")
         if event.owner_epoch != batch_epoch:
@@ -1072,7 +1074,7 @@ class _PartitionBuilder:
 
     def genesis(self, cid: str, event: Genesis) -> None:
         if self.partition_count is not None and self.partition_count != event.partition_count:
-            raise LogInconsistency(
+            raise LogInconsistencyError(
                 cid,
                 _name(event),
                 "partition_count",
@@ -1130,9 +1132,9 @@ def apply_traced(state: PartitionState, batch: BatchLike) -> tuple[PartitionStat
         StaleEpochError: If the batch's owner epoch is below the latest preceding claim, a claim does not raise the
             epoch, or the batch's epoch was never claimed (DESIGN.md §3).
         ChainBreakError: If the batch does not continue its conversation's event sequence and digest chain.
-        IllegalTransition: If an event's transition is not an edge of the table, or the event is not permitted in
+        IllegalTransitionError: If an event's transition is not an edge of the table, or the event is not permitted in
             its submission's state (spec §3).
-        LogInconsistency: If an event contradicts the state otherwise (an input decided twice, a key admitted
+        LogInconsistencyError: If an event contradicts the state otherwise (an input decided twice, a key admitted
             twice, a sequence gap; DESIGN.md §3, §4).
     """
     builder = _PartitionBuilder(state)
@@ -1162,8 +1164,8 @@ def apply_conversation(
         ValueError: The batch holds an `OwnershipClaimed` (it changes every conversation: use `apply_traced`).
         StaleEpochError: See `apply_traced`.
         ChainBreakError: See `apply_traced`.
-        IllegalTransition: See `apply_traced`.
-        LogInconsistency: See `apply_traced`.
+        IllegalTransitionError: See `apply_traced`.
+        LogInconsistencyError: See `apply_traced`.
     """
     cid = batch.conversation_id
     builder = _PartitionBuilder(head, only=cid)
@@ -1196,8 +1198,8 @@ def apply(state: PartitionState, batch: BatchLike) -> PartitionState:
     Raises:
         StaleEpochError: See `apply_traced`.
         ChainBreakError: See `apply_traced`.
-        IllegalTransition: See `apply_traced`.
-        LogInconsistency: See `apply_traced`.
+        IllegalTransitionError: See `apply_traced`.
+        LogInconsistencyError: See `apply_traced`.
     """
     return apply_traced(state, batch)[0]
 
@@ -1217,8 +1219,8 @@ def fold(state: PartitionState, batches: Iterable[BatchLike]) -> PartitionState:
     Raises:
         StaleEpochError: See `apply_traced`.
         ChainBreakError: See `apply_traced`.
-        IllegalTransition: See `apply_traced`.
-        LogInconsistency: See `apply_traced`.
+        IllegalTransitionError: See `apply_traced`.
+        LogInconsistencyError: See `apply_traced`.
     """
     builder = _PartitionBuilder(state)
     for batch in batches:

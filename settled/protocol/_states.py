@@ -1,7 +1,7 @@
 """The submission state machine as one table of edges (spec §3, §12, §13; DESIGN.md §5).
 
 `EDGES` is the whole machine. Every state change the fold (`settled.protocol.apply`) makes is one of these edges,
-looked up with `find_edge`; anything else raises `IllegalTransition`. Each edge names the canonical event type(s)
+looked up with `find_edge`; anything else raises `IllegalTransitionError`. Each edge names the canonical event type(s)
 that cause it and, where one event type causes several edges, the value of the event's discriminating field
 (`cause_qualifier`: ``RecoveryDecision.decision``, ``UnknownResolved.kind``, ``Settlement.outcome``).
 

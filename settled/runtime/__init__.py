@@ -6,8 +6,8 @@
   ``await ctx.model(provider, messages)`` — recorded in ``settled.log`` and replayed on re-entry (DESIGN.md §3, §5;
   DUR-003, 008-010).
 * `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
-* Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefused`,
-  `ReplayDivergence`, `ToolUnavailable`; tools raise `ToolTransportError` for "no answer".
+* Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefusedError`,
+  `ReplayDivergenceError`, `ToolUnavailableError`; tools raise `ToolTransportError` for "no answer".
 
 Execution is at least once: settled records exactly one outcome per accepted submission, it does not execute
 external effects exactly once (DUR-003). Idempotency keys and reconcilers are how a tool makes repeats harmless.
@@ -17,15 +17,15 @@ from settled.runtime._agent import ModelAgent, history_messages
 from settled.runtime._app import App, AppLoadError, load_app
 from settled.runtime._context import AgentFunction, RunContext, RunOptions, execute
 from settled.runtime._errors import (
-    ReplayDivergence,
-    RunCancelled,
+    ReplayDivergenceError,
+    RunCancelledError,
     RunSuspended,
     ToolCallError,
-    ToolRefused,
+    ToolRefusedError,
     ToolTransportError,
-    ToolUnavailable,
+    ToolUnavailableError,
     UnknownToolError,
-    UnsafeReplay,
+    UnsafeReplayError,
     UnsafeToolsError,
 )
 from settled.runtime._model import (
@@ -64,8 +64,8 @@ __all__ = [
     "ModelResponse",
     "ProviderError",
     "ReasoningDelta",
-    "ReplayDivergence",
-    "RunCancelled",
+    "ReplayDivergenceError",
+    "RunCancelledError",
     "RunContext",
     "RunOptions",
     "RunSuspended",
@@ -76,13 +76,13 @@ __all__ = [
     "ToolCallError",
     "ToolDeclaration",
     "ToolFunction",
-    "ToolRefused",
+    "ToolRefusedError",
     "ToolRegistry",
     "ToolSpec",
     "ToolTransportError",
-    "ToolUnavailable",
+    "ToolUnavailableError",
     "UnknownToolError",
-    "UnsafeReplay",
+    "UnsafeReplayError",
     "UnsafeToolsError",
     "declared_call",
     "execute",

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from settled.processors import HistoryTurn, RunFailed
+from settled.processors import HistoryTurn, RunFailedError
 from settled.runtime._context import RunContext
 from settled.runtime._errors import ToolCallError
 from settled.runtime._model import Message, ModelProvider, ToolDeclaration
@@ -140,7 +140,9 @@ class ModelAgent:
             if not response.tool_calls:
                 return response.text
             messages.extend(await self._run_calls(ctx, response.tool_calls, offered))
-        raise RunFailed("max_turns", f"the model still called tools after {self.max_turns} turns", non_retryable=True)
+        raise RunFailedError(
+            "max_turns", f"the model still called tools after {self.max_turns} turns", non_retryable=True
+        )
 
     async def _run_calls(
         self, ctx: RunContext, calls: Sequence[DeclaredToolCall], offered: Sequence[str]

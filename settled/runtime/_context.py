@@ -5,7 +5,7 @@ ordinal** of the run when it is *called* (so parallel effects — ``asyncio.gath
 reserve their ordinals in call order and replay aligns whatever order they finish in). On re-entry (a new attempt
 after a crash, a takeover, a retry) the run gets its submission's journal: at a recorded ordinal the recorded
 outcome is returned — or the recorded error re-raised — without running anything; a different effect or payload at
-a recorded ordinal raises `ReplayDivergence` naming the ordinal, the expected and the actual effect. Ordinals are
+a recorded ordinal raises `ReplayDivergenceError` naming the ordinal, the expected and the actual effect. Ordinals are
 scoped to one run (one submission), so two submissions calling the same tool with the same arguments never replay
 each other.
 
@@ -27,8 +27,8 @@ the run goes on once the checkpoint holding it commits, so a tool never runs bef
 response and the first call it declares — a parallel-safe group's calls — share one commit); *posted* (a tool's
 settlement: the run goes on to its next model call while it commits; it lingers `RunOptions.settle_linger_s` for the
 run's next record; an error recording it surfaces at the next awaited record or at the run's end, and nothing after
-it is recorded). A superseded attempt's late work fails with `AttemptSuperseded` and appends nothing. Runs execute on
-one event loop per worker process (`_RunLoop`); agent code must not block it.
+it is recorded). A superseded attempt's late work fails with `AttemptSupersededError` and appends nothing. Runs
+execute on one event loop per worker process (`_RunLoop`); agent code must not block it.
 
 Failpoints at the crash-matrix boundaries (spec §15): ``engine.after_prepared_commit`` (prepared, not invoked),
 ``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit`` (hit in the conductor's
@@ -61,17 +61,17 @@ from typing import Any, NoReturn
 
 from settled._failpoints import FailpointError, failpoint
 from settled._faults import fault_enabled
-from settled.processors import AgentRun, AttemptSuperseded, CancelSignal, defer_wakeup
+from settled.processors import AgentRun, AttemptSupersededError, CancelSignal, defer_wakeup
 from settled.protocol import ReconcileAnswer, Reconciliation
 from settled.runtime._errors import (
-    ReplayDivergence,
-    RunCancelled,
+    ReplayDivergenceError,
+    RunCancelledError,
     RunSuspended,
     ToolCallError,
-    ToolRefused,
+    ToolRefusedError,
     ToolTransportError,
-    ToolUnavailable,
-    UnsafeReplay,
+    ToolUnavailableError,
+    UnsafeReplayError,
 )
 from settled.runtime._model import (
     Message,
@@ -403,7 +403,7 @@ class RunContext:
             Whether ``launch`` was taken (its hook runs when the batch commits).
 
         Raises:
-            AttemptSuperseded: This attempt may append nothing more (or an earlier posted record was refused).
+            AttemptSupersededError: This attempt may append nothing more (or an earlier posted record was refused).
             ProtocolError: The fold refused the batch.
             ChainBreakError: The batch does not continue its conversation's chain.
         """
@@ -501,7 +501,11 @@ class RunContext:
         def copy(source: Future[None]) -> None:  # on the run's loop
             if waiter.done():
                 return
-            exc = AttemptSuperseded("the record's commit was cancelled") if source.cancelled() else source.exception()
+            exc = (
+                AttemptSupersededError("the record's commit was cancelled")
+                if source.cancelled()
+                else source.exception()
+            )
             if exc is not None:
                 waiter.set_exception(exc)
             else:
@@ -584,7 +588,7 @@ class RunContext:
         rec = self._recorded(ordinal)
         if rec is not None:
             if not (isinstance(rec, EffectRecorded) and rec.kind is kind):
-                raise ReplayDivergence(ordinal, _describe(rec), f"ctx.{kind.value}()")
+                raise ReplayDivergenceError(ordinal, _describe(rec), f"ctx.{kind.value}()")
             return rec.value
         value = make()
         self._buffer.append(
@@ -601,7 +605,7 @@ class RunContext:
             The time.
 
         Raises:
-            ReplayDivergence: Another effect is recorded at this ordinal.
+            ReplayDivergenceError: Another effect is recorded at this ordinal.
         """
 
         def make() -> str:
@@ -619,7 +623,7 @@ class RunContext:
             The UUID.
 
         Raises:
-            ReplayDivergence: Another effect is recorded at this ordinal.
+            ReplayDivergenceError: Another effect is recorded at this ordinal.
         """
         return uuid_module.UUID(self._effect(EffectKind.UUID, lambda: str(uuid_module.uuid4())))
 
@@ -641,7 +645,7 @@ class RunContext:
             An awaitable of the step's result (decoded from its canonical JSON, live and on replay alike).
 
         Raises:
-            ReplayDivergence: Another effect, step name or version is recorded at this ordinal (when awaited).
+            ReplayDivergenceError: Another effect, step name or version is recorded at this ordinal (when awaited).
         """
         return self._step(self._next_ordinal(), name, fn, args, version)
 
@@ -650,7 +654,7 @@ class RunContext:
         actual = f"step {name!r} version {version}"
         if rec is not None:
             if not (isinstance(rec, StepRecorded) and rec.name == name and rec.version == version):
-                raise ReplayDivergence(ordinal, _describe(rec), actual)
+                raise ReplayDivergenceError(ordinal, _describe(rec), actual)
             return json.loads(rec.result_json)
         await self._flush_response()  # a step body acts on committed responses only (spec §9)
         value = await invoke(fn, *args)
@@ -704,10 +708,10 @@ class RunContext:
 
         Raises:
             ToolCallError: The tool answered with an error (recorded; re-raised identically on replay).
-            ToolRefused: The tool was not offered for the turn (recorded as ``ToolCallRefused``; nothing ran).
+            ToolRefusedError: The tool was not offered for the turn (recorded as ``ToolCallRefused``; nothing ran).
             UnknownToolError: No tool of that name is registered.
-            ReplayDivergence: Another effect, tool or argument digest is recorded at this ordinal.
-            ToolUnavailable: An idempotent call stayed in doubt past its retry budget (the attempt ends).
+            ReplayDivergenceError: Another effect, tool or argument digest is recorded at this ordinal.
+            ToolUnavailableError: An idempotent call stayed in doubt past its retry budget (the attempt ends).
             CanonicalJsonError: ``args`` is not representable as canonical JSON.
             ValueError: ``args`` is larger than `RunOptions.max_result_bytes` (when awaited).
         """
@@ -727,11 +731,11 @@ class RunContext:
         rec = self._recorded(ordinal)
         if rec is not None:
             if not (isinstance(rec, (ToolCallPrepared, ToolCallRefused)) and rec.tool == name):
-                raise ReplayDivergence(ordinal, _describe(rec), actual)
+                raise ReplayDivergenceError(ordinal, _describe(rec), actual)
             if rec.args_digest != digest:
-                raise ReplayDivergence(ordinal, _describe(rec), actual)
+                raise ReplayDivergenceError(ordinal, _describe(rec), actual)
             if isinstance(rec, ToolCallRefused):
-                raise ToolRefused(name, call_id, "not_offered", rec.reason, non_retryable=True)
+                raise ToolRefusedError(name, call_id, "not_offered", rec.reason, non_retryable=True)
             settled = self._journal.settled.get(call_id)
             if settled is not None:
                 return self._replay(name, settled)
@@ -739,7 +743,7 @@ class RunContext:
             if resolved is not None and resolved.kind is ResolutionKind.CALL_OUTCOME:
                 return None if resolved.result_json is None else json.loads(resolved.result_json)
             if call_id not in self._journal.retry_ok:
-                raise UnsafeReplay(call_id, name)
+                raise UnsafeReplayError(call_id, name)
             # A recovery decision or a resolution declared it safe: prepared again under the same key.
         if allowed and name not in allowed:
             reason = f"not_offered: tool {name!r} is not offered for this turn (offered: {sorted(allowed)})"
@@ -755,7 +759,7 @@ class RunContext:
                     )
                 ]
             )
-            raise ToolRefused(name, call_id, "not_offered", reason, non_retryable=True)
+            raise ToolRefusedError(name, call_id, "not_offered", reason, non_retryable=True)
         spec = self._tools.get(name)
         prepared = ToolCallPrepared(
             submission_id=self.submission_id,
@@ -818,7 +822,7 @@ class RunContext:
             An awaitable of the response.
 
         Raises:
-            ReplayDivergence: Another effect is recorded at this ordinal (when awaited).
+            ReplayDivergenceError: Another effect is recorded at this ordinal (when awaited).
             ProviderError: A non-retryable provider error, or the retry budget is spent.
         """
         return self._model(self._next_ordinal(), provider, tuple(messages), tuple(tools), model)
@@ -834,7 +838,7 @@ class RunContext:
         rec = self._recorded(ordinal)
         if rec is not None:
             if not isinstance(rec, ModelResponseCompleted):
-                raise ReplayDivergence(ordinal, _describe(rec), f"a model response ({provider.name}/{model})")
+                raise ReplayDivergenceError(ordinal, _describe(rec), f"a model response ({provider.name}/{model})")
             return ModelResponse.from_record(rec)
         self._raise_failed_posts()
         await self._flush_response()  # an earlier response is canonical before the next prompt (spec §9)
@@ -1014,7 +1018,7 @@ class RunContext:
                         prepared.call_id, f"{why}; the tool is neither idempotent nor reconcilable"
                     )
                 if time.monotonic() + delay_s > deadline:
-                    raise ToolUnavailable(
+                    raise ToolUnavailableError(
                         f"call {prepared.call_id} of tool {spec.name!r} stayed in doubt for retry_budget_s="
                         f"{spec.retry_budget_s:g}: {why}"
                     ) from exc
@@ -1161,9 +1165,9 @@ async def _attempt(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, opt
             reply = canonical_json(value)
             await ctx.flush()
         except asyncio.CancelledError:
-            raise RunCancelled(f"attempt {run.attempt} of submission {run.submission_id} was cancelled") from None
+            raise RunCancelledError(f"attempt {run.attempt} of submission {run.submission_id} was cancelled") from None
         except RunSuspended as exc:
-            raise RunCancelled(f"the run stopped: {exc}") from None
+            raise RunCancelledError(f"the run stopped: {exc}") from None
         except Exception:
             await ctx._after_failure()
             raise
@@ -1188,8 +1192,8 @@ def execute(agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run:
         The reply, canonical JSON.
 
     Raises:
-        RunCancelled: The run was cancelled, or stopped with a call Unknown.
-        ReplayDivergence: The code diverged from the record.
+        RunCancelledError: The run was cancelled, or stopped with a call Unknown.
+        ReplayDivergenceError: The code diverged from the record.
         Exception: Whatever the agent raised (the conductor retries within ``max_attempts``).
     """
     reply, stop = asyncio.run_coroutine_threadsafe(

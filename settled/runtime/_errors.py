@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 from settled._errors import ErrorCategory, SettledError
-from settled.processors import RunFailed
+from settled.processors import RunFailedError
 
 __all__ = [
-    "ReplayDivergence",
-    "RunCancelled",
+    "ReplayDivergenceError",
+    "RunCancelledError",
     "RunSuspended",
     "ToolCallError",
-    "ToolRefused",
+    "ToolRefusedError",
     "ToolTransportError",
-    "ToolUnavailable",
+    "ToolUnavailableError",
     "UnknownToolError",
-    "UnsafeReplay",
+    "UnsafeReplayError",
     "UnsafeToolsError",
 ]
 
 
-class ReplayDivergence(RunFailed):
+class ReplayDivergenceError(RunFailedError):
     """On re-entry the agent asked for another effect (or payload) than the one recorded at this ordinal.
 
     The run's code changed under a recorded run, or it is not deterministic between effects. Not retryable: the
@@ -35,7 +35,7 @@ class ReplayDivergence(RunFailed):
 
     def __init__(self, ordinal: int, expected: str, actual: str) -> None:
         super().__init__(
-            "ReplayDivergence",
+            "ReplayDivergenceError",
             f"replay diverged at ordinal {ordinal}: the log records {expected}, the code asked for {actual}",
             non_retryable=True,
         )
@@ -44,7 +44,7 @@ class ReplayDivergence(RunFailed):
         self.actual = actual
 
 
-class UnsafeReplay(RunFailed):
+class UnsafeReplayError(RunFailedError):
     """A prepared call without a result that no recovery decision or resolution declared safe to run again.
 
     The runtime never re-runs such a call on its own (DUR-009); reaching this means recovery resumed a run that
@@ -58,7 +58,7 @@ class UnsafeReplay(RunFailed):
 
     def __init__(self, call_id: str, tool: str) -> None:
         super().__init__(
-            "UnsafeReplay",
+            "UnsafeReplayError",
             f"call {call_id!r} of tool {tool!r} was prepared and never settled, and nothing declared it safe to run "
             "again (no safe_retry/reconcile decision, no safe_to_retry resolution): refusing to re-run it (DUR-009)",
             non_retryable=True,
@@ -88,7 +88,7 @@ class ToolCallError(SettledError):
         self.non_retryable = non_retryable
 
 
-class ToolRefused(ToolCallError):
+class ToolRefusedError(ToolCallError):
     """A call to a tool that was not offered for the turn; recorded as ``ToolCallRefused``; nothing ran."""
 
 
@@ -108,7 +108,7 @@ class ToolTransportError(SettledError):
     category = ErrorCategory.OUTCOME_UNKNOWN
 
 
-class ToolUnavailable(SettledError):
+class ToolUnavailableError(SettledError):
     """An idempotent (or reconcilable) call stayed in doubt past its retry budget in this attempt.
 
     The attempt ends with the call prepared; recovery retries it under the same key in the next attempt.
@@ -124,7 +124,7 @@ class RunSuspended(BaseException):
     """
 
 
-class RunCancelled(SettledError):
+class RunCancelledError(SettledError):
     """The run was cancelled (an abort became canonical, or the attempt was superseded)."""
 
     category = ErrorCategory.CONFLICT

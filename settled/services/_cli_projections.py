@@ -6,7 +6,7 @@
 * ``check`` compares live, a fresh rebuild and the reference fold at identical offsets; exit code 1 on any difference,
   else 4 while the projection has quarantined records (rows PostgreSQL refused: listed, and left out of the
   comparison), else 0.
-* Either exits with code 3 when another rebuild or check of the same projection is running (`RebuildInProgress`, a
+* Either exits with code 3 when another rebuild or check of the same projection is running (`RebuildInProgressError`, a
   conflict: `settled.EXIT_CODES`).
 
 Settings come from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``, ``SETTLED_POSTGRES_DSN``);
@@ -199,7 +199,7 @@ def _maintenance(description: str) -> Iterator[Callable[[RebuildProgress], None]
     """Show a rebuild's or check's progress bar on stderr while the block runs; yields its progress callback.
 
     Raises:
-        RebuildInProgress: Another rebuild or check of the projection is running (exit code 3).
+        RebuildInProgressError: Another rebuild or check of the projection is running (exit code 3).
     """
     console = Console(stderr=True)
     with _progress(console) as bar:
@@ -208,7 +208,7 @@ def _maintenance(description: str) -> Iterator[Callable[[RebuildProgress], None]
         def report(p: RebuildProgress) -> None:
             bar.update(task, completed=p.done_offsets, total=p.total_offsets, eps=p.events_per_s, events=p.events)
 
-        yield report  # a RebuildInProgress (a conflict) ends the command with exit code 3 through `command`
+        yield report  # a RebuildInProgressError (a conflict) ends the command with exit code 3 through `command`
 
 
 def _progress(console: Console) -> Progress:

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from settled import protocol
-from settled.projections import ProjectionReader, ReadYourWritesTimeout
+from settled.projections import ProjectionReader, ReadYourWritesTimeoutError
 from settled.schemas import Receipt
 from settled.services._cli_client import keygen, resolve_unknown
 from settled.services._cli_projections import SCHEMA_ENV_VAR, projection_names, projection_settings
@@ -172,7 +172,7 @@ def _query(
     with _reader(schema) as reader:
         try:
             return query(reader, receipt, after_timeout_s)
-        except ReadYourWritesTimeout as exc:
+        except ReadYourWritesTimeoutError as exc:
             _fail(EXIT_NOT_PROJECTED, str(exc))
         except pg_errors.UndefinedTable as exc:
             _fail(

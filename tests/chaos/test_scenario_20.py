@@ -5,7 +5,7 @@ makes 1,000 ``submit()`` calls from 20 threads over 50 conversations while the t
 starts it again. A real ``settled worker`` child process (the ledger decider and the echo agent) runs against that
 broker throughout. The scenario's expectations (issue 5; ``/work/shared/scenarios.md`` scenario 20; DESIGN.md §4):
 
-* every call ends — within its deadline, none hangs — with a receipt or a `SubmissionOutcomeUnknown` naming its
+* every call ends — within its deadline, none hangs — with a receipt or a `SubmissionOutcomeUnknownError` naming its
   idempotency key;
 * submitting each timed-out key again with the same payload returns a receipt: ``duplicate`` pointing at the timed-out
   proposal when that proposal reached the inbox, ``admitted`` when it never did;
@@ -65,7 +65,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from settled._settings import Settings
-from settled.client import Client, SubmissionOutcomeUnknown
+from settled.client import Client, SubmissionOutcomeUnknownError
 from settled.producers import provision_topics
 from settled.schemas import Receipt, ReceiptOutcome, SubmissionAdmitted, SubmissionProposed
 from settled.services._devstack import KafkaBroker, StackError
@@ -487,7 +487,7 @@ def _where_calls_stopped(s: Settings, calls: list[Call]) -> str:
     Tells a client producer that delivered nothing, a worker that decided nothing and a receipts reader that read
     nothing apart (the receipt's ``request_id`` is the proposal's submission id).
     """
-    ids = {c.error.submission_id for c in calls if isinstance(c.error, SubmissionOutcomeUnknown)}
+    ids = {c.error.submission_id for c in calls if isinstance(c.error, SubmissionOutcomeUnknownError)}
     try:
         landed = {
             rec.submission_id
@@ -572,14 +572,18 @@ def test_submits_across_a_broker_restart_end_in_receipts_or_named_timeouts_and_a
             slow = [(c.key, round(c.elapsed_s, 2)) for c in calls if c.elapsed_s > TIMEOUT_S + SLACK_S]
             promise(PROMISE, not slow, f"calls overran their {TIMEOUT_S:g} s deadline by over {SLACK_S:g} s: {slow}")
             other = [
-                (c.key, repr(c.error)) for c in calls if c.error and not isinstance(c.error, SubmissionOutcomeUnknown)
+                (c.key, repr(c.error))
+                for c in calls
+                if c.error and not isinstance(c.error, SubmissionOutcomeUnknownError)
             ]
-            promise(PROMISE, not other, f"calls ended with neither a receipt nor SubmissionOutcomeUnknown: {other[:5]}")
-            timed_out = {c.key: c for c in calls if isinstance(c.error, SubmissionOutcomeUnknown)}
+            promise(
+                PROMISE, not other, f"calls ended with neither a receipt nor SubmissionOutcomeUnknownError: {other[:5]}"
+            )
+            timed_out = {c.key: c for c in calls if isinstance(c.error, SubmissionOutcomeUnknownError)}
             unnamed = [
                 c.key
                 for c in timed_out.values()
-                if not isinstance(c.error, SubmissionOutcomeUnknown)
+                if not isinstance(c.error, SubmissionOutcomeUnknownError)
                 or c.error.idempotency_key != c.key
                 or repr(c.key) not in str(c.error)
                 or c.error.conversation_id != c.conversation
@@ -637,7 +641,7 @@ def test_submits_across_a_broker_restart_end_in_receipts_or_named_timeouts_and_a
     landed = {rec.submission_id for rec in inbox if isinstance(rec, SubmissionProposed)}
     answers: Counter[str] = Counter()
     for call, receipt in resubmitted:
-        assert isinstance(receipt, Receipt) and isinstance(call.error, SubmissionOutcomeUnknown)
+        assert isinstance(receipt, Receipt) and isinstance(call.error, SubmissionOutcomeUnknownError)
         first = call.error.submission_id
         if first in landed:
             answers["duplicate"] += 1

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from settled import _failpoints
 from settled._settings import Settings
-from settled.client import Client, SubmissionOutcomeUnknown
+from settled.client import Client, SubmissionOutcomeUnknownError
 from settled.processors import Worker, WorkerConfig
 from settled.producers import BATCH_ID_HEADER, partition_for_key, producer_config, provision_topics
 from settled.projections import ProjectionNames, ProjectionReader, rebuild
@@ -577,7 +577,7 @@ def inbox_end(s: Settings) -> int:
 
 def delayed_commit_case(s: Settings, tmp_path: Path, hold_s: float, answer_timeout_s: float = 20.0) -> None:
     """Scenario 22, first run: A's admission transaction is held open at ``appender.before_commit`` past
-    ``Client.submit()``'s timeout (it raises `SubmissionOutcomeUnknown` naming the key); meanwhile A is retried at
+    ``Client.submit()``'s timeout (it raises `SubmissionOutcomeUnknownError` naming the key); meanwhile A is retried at
     the same moment by the same client, by a second producer, and as raw Avro from another process. The commit is
     released ``hold_s`` after the copies are on the broker."""
     log = tmp_path / "worker.log"
@@ -601,7 +601,7 @@ def delayed_commit_case(s: Settings, tmp_path: Path, hold_s: float, answer_timeo
         client.wait(warm, 30)
         time.sleep(0.3)  # idle: the next commit is A's
         control.arm("appender.before_commit", "1*pause(30s)")
-        with pytest.raises(SubmissionOutcomeUnknown) as timed_out:
+        with pytest.raises(SubmissionOutcomeUnknownError) as timed_out:
             client.submit("conv-22", {"q": "A"}, idempotency_key="k-22", timeout_s=0.8)
         assert "'k-22'" in str(timed_out.value) and timed_out.value.idempotency_key == "k-22"
         a_id = timed_out.value.submission_id

@@ -24,14 +24,14 @@ from typer.testing import CliRunner
 
 from settled._settings import Settings
 from settled.client import (
-    AbortRejected,
+    AbortRejectedError,
     Client,
-    IdempotencyConflict,
+    IdempotencyConflictError,
     InboxProduceError,
-    PayloadTooLarge,
-    SettlementTimeout,
-    SubmissionOutcomeUnknown,
-    SubmissionRejected,
+    PayloadTooLargeError,
+    SettlementTimeoutError,
+    SubmissionOutcomeUnknownError,
+    SubmissionRejectedError,
     murmur2,
     partition_for_key,
 )
@@ -265,7 +265,7 @@ def test_concurrent_submits_share_one_producer_and_one_reader(topics: Settings) 
 def test_an_oversized_payload_is_refused_before_producing(topics: Settings) -> None:
     s = topics
     with Client(s, max_payload_bytes=50_000) as client:
-        with pytest.raises(PayloadTooLarge) as caught:
+        with pytest.raises(PayloadTooLargeError) as caught:
             client.submit("conv-big", "x" * 60_000, idempotency_key="big")
         assert not client.receipts_reader.started  # refused before even starting the reader
     assert caught.value.limit_bytes == 50_000 and caught.value.size_bytes > 60_000
@@ -277,13 +277,13 @@ def test_rejections_raise_typed_errors(topics: Settings) -> None:
     s = topics
     # The receipt → exception mapping; a real conflict (same key, other payload) is in the real-admission test below.
     with _worker(s, scripted=True), Client(s) as client:
-        with pytest.raises(IdempotencyConflict) as conflict:
+        with pytest.raises(IdempotencyConflictError) as conflict:
             client.submit("conv-r", {"scripted_reject": "idempotency_conflict"}, idempotency_key="k", timeout_s=60)
-        with pytest.raises(SubmissionRejected) as invalid:
+        with pytest.raises(SubmissionRejectedError) as invalid:
             client.submit("conv-r", {"scripted_reject": "invalid"}, timeout_s=30)
     assert conflict.value.field == "idempotency_key" and conflict.value.reason_code == "idempotency_conflict"
     assert conflict.value.receipt.outcome is ReceiptOutcome.REJECTED
-    assert not isinstance(invalid.value, IdempotencyConflict)
+    assert not isinstance(invalid.value, IdempotencyConflictError)
     assert invalid.value.reason_code == "invalid" and invalid.value.detail == "scripted rejection"
 
 
@@ -294,7 +294,7 @@ def test_abort_returns_the_command_receipt(topics: Settings) -> None:
     with _worker(s, scripted=True), Client(s) as client:
         receipt = client.submit("conv-x", "work", timeout_s=60)
         applied = client.abort("conv-x", receipt.request_id, reason="changed my mind", command_id="cmd-1")
-        with pytest.raises(AbortRejected) as rejected:
+        with pytest.raises(AbortRejectedError) as rejected:
             client.abort("conv-x", "missing", timeout_s=30)
     assert (applied.request_kind, applied.outcome, applied.request_id) == (
         RequestKind.COMMAND, ReceiptOutcome.APPLIED, "cmd-1")  # fmt: skip
@@ -310,13 +310,13 @@ def test_with_the_real_admission_duplicates_conflicts_aborts_and_wait(topics: Se
     with _real_worker(s), Client(s) as client:
         first = client.submit("conv-real", {"q": 1}, idempotency_key="k1", timeout_s=60)
         again = client.submit("conv-real", {"q": 1}, idempotency_key="k1", timeout_s=30)
-        with pytest.raises(IdempotencyConflict) as conflict:
+        with pytest.raises(IdempotencyConflictError) as conflict:
             client.submit("conv-real", {"q": "other"}, idempotency_key="k1", timeout_s=30)
         settled = client.wait(first, 60)
         settled_via_duplicate = client.wait(again, 30)
-        with pytest.raises(AbortRejected) as too_late:
+        with pytest.raises(AbortRejectedError) as too_late:
             client.abort("conv-real", first.request_id, timeout_s=30)
-        with pytest.raises(AbortRejected) as unknown:
+        with pytest.raises(AbortRejectedError) as unknown:
             client.abort("conv-real", "no-such-submission", timeout_s=30)
         # A queued submission behind a running one settles aborted at once; the same command again is a duplicate.
         running_one = client.submit("conv-q", {"delay_s": 20}, timeout_s=30)
@@ -394,7 +394,7 @@ def test_submit_with_the_broker_down_raises_outcome_unknown_and_the_key_finds_th
             assert client.submit("conv-o", "before", timeout_s=60).outcome is ReceiptOutcome.ADMITTED
         broker.stop()
         started = time.monotonic()
-        with pytest.raises(SubmissionOutcomeUnknown) as caught:
+        with pytest.raises(SubmissionOutcomeUnknownError) as caught:
             client.submit("conv-o", {"turn": 2}, idempotency_key="key-outage", timeout_s=4)
         elapsed = time.monotonic() - started
         assert elapsed < 4 + 1.5, f"submit() took {elapsed:.1f} s with a 4 s deadline"
@@ -453,7 +453,7 @@ def test_wait_returns_the_settlement_of_the_submission(topics: Settings) -> None
         waiter.join(40)
         assert got == [mine]
         assert client.wait(receipt, 10) == mine  # read again from the receipt's time
-        with pytest.raises(SettlementTimeout) as caught:
+        with pytest.raises(SettlementTimeoutError) as caught:
             client.wait(client.submit("conv-w", "never settled", timeout_s=30), 2)
     assert caught.value.conversation_id == "conv-w"
     assert caught.value.submission_id in str(caught.value)

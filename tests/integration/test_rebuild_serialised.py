@@ -3,7 +3,7 @@
 Real Kafka, real Postgres, a real worker (the echo app) and a live projector thread. A first rebuild (A) is held at
 ``rebuild.before_switch`` while the live projector moves ahead, then released into its switch with slow catch-up
 commits, so it holds the live tables ``IN EXCLUSIVE MODE`` while its catch-up projector writes ``<base>__next``. A
-second rebuild (B) and a check started then must fail at once with `RebuildInProgress` — before the fix B's
+second rebuild (B) and a check started then must fail at once with `RebuildInProgressError` — before the fix B's
 ``DROP SCHEMA <base>__next`` either dropped the schema A had just switched to live, or queued behind A's switch while
 A's catch-up queued behind it (a deadlock PostgreSQL cannot detect). A must switch, the live projection must exist,
 and `check` must then be clean (which also shows that A released the lock).
@@ -26,7 +26,7 @@ from settled.client import Client
 from settled.projections import (
     ProjectionNames,
     Projector,
-    RebuildInProgress,
+    RebuildInProgressError,
     RebuildResult,
     check,
     maintenance_lock_key,
@@ -134,11 +134,11 @@ def test_a_second_rebuild_during_the_locked_catch_up_fails_fast_and_the_first_sw
             second.join(FAIL_FAST_S)
             assert not second.is_alive(), f"the second rebuild did not fail fast (still running after {FAIL_FAST_S} s)"
             b = outcome.get("B")
-            assert isinstance(b, RebuildInProgress), f"the second rebuild: {b!r}"
+            assert isinstance(b, RebuildInProgressError), f"the second rebuild: {b!r}"
             assert names.base in str(b) and b.base == names.base
             assert outcome["B_s"] < FAIL_FAST_S
             if first.is_alive():  # a check started meanwhile is refused too
-                with pytest.raises(RebuildInProgress, match=names.base):
+                with pytest.raises(RebuildInProgressError, match=names.base):
                     check(s, names, timeout_s=20.0)
             first.join(45)
             assert not first.is_alive(), "the first rebuild did not finish"
@@ -170,10 +170,10 @@ def test_a_rebuild_and_a_check_are_refused_while_the_lock_is_held_and_change_not
     with psycopg.connect(topics.postgres_dsn, autocommit=True, application_name="holder") as holder:
         holder.execute("SELECT pg_advisory_lock(%s::bigint)", (maintenance_lock_key(names.base),))
         started = time.monotonic()
-        with pytest.raises(RebuildInProgress, match=names.base) as refused:
+        with pytest.raises(RebuildInProgressError, match=names.base) as refused:
             rebuild(topics, names, workers=1, timeout_s=20.0)
         assert "'holder'" in str(refused.value)
-        with pytest.raises(RebuildInProgress, match=names.base):
+        with pytest.raises(RebuildInProgressError, match=names.base):
             check(topics, names, timeout_s=20.0)
         assert time.monotonic() - started < FAIL_FAST_S
         with psycopg.connect(topics.postgres_dsn, autocommit=True) as conn:

@@ -75,12 +75,12 @@ def test_every_error_class_derives_from_the_root_and_has_a_category() -> None:
 @pytest.mark.parametrize(
     ("qualified", "code"),
     [
-        ("settled.client.SubmissionRejected", 1),
-        ("settled.client.OutcomeUnknown", 3),
-        ("settled.client.BrokerUnavailable", 2),
-        ("settled.client.PayloadTooLarge", 2),
-        ("settled.client.SettlementTimeout", 4),
-        ("settled.projections.RebuildInProgress", 3),
+        ("settled.client.SubmissionRejectedError", 1),
+        ("settled.client.OutcomeUnknownError", 3),
+        ("settled.client.BrokerUnavailableError", 2),
+        ("settled.client.PayloadTooLargeError", 2),
+        ("settled.client.SettlementTimeoutError", 4),
+        ("settled.projections.RebuildInProgressError", 3),
         ("settled.runtime.AppLoadError", 2),
     ],
 )

@@ -57,12 +57,12 @@ from rich.table import Table
 from settled._settings import Settings
 from settled.client import (
     NO_RESULT,
-    BrokerUnavailable,
+    BrokerUnavailableError,
     Client,
     ClientError,
-    ResolveOutcomeUnknown,
-    SettlementTimeout,
-    SubmissionOutcomeUnknown,
+    ResolveOutcomeUnknownError,
+    SettlementTimeoutError,
+    SubmissionOutcomeUnknownError,
 )
 from settled.processors import WATCHDOG_EXIT_CODE
 from settled.producers import provision_topics, read_partition, reader_config
@@ -631,9 +631,9 @@ class _Operator:
     """Resolves Unknown calls after consulting the tool server's ledger, with `Client.resolve_unknown` (DUR-009).
 
     Each resolution is sent from a small pool, so ``step`` never waits for a reply: a rejected one is sent again
-    (a new command) a second after it was sent, one that got no reply in time (`ResolveOutcomeUnknown`) is sent again
-    under the same command id (answered as a duplicate if it was applied), and one applied whose call still shows
-    Unknown 30 s later is sent again.
+    (a new command) a second after it was sent, one that got no reply in time (`ResolveOutcomeUnknownError`) is sent
+    again under the same command id (answered as a duplicate if it was applied), and one applied whose call still
+    shows Unknown 30 s later is sent again.
     """
 
     _RESEND_APPLIED_S = 30.0
@@ -694,7 +694,7 @@ class _Operator:
             if self._tail.resolution_read(future.result().request_id):
                 return True, None  # it resolved an earlier Unknown of this call: the call went Unknown again
             return time.monotonic() - at >= self._RESEND_APPLIED_S, None  # the tail reads the resolution shortly
-        if isinstance(exc, ResolveOutcomeUnknown):
+        if isinstance(exc, ResolveOutcomeUnknownError):
             return True, exc.command_id
         if isinstance(exc, ClientError):  # rejected, or no broker during its restart: a new command
             return time.monotonic() - at >= self._RETRY_REJECTED_S, None
@@ -872,7 +872,7 @@ class _Driver:
                     tools_offered=turn.tools,
                     timeout_s=min(30.0, max(self._left_s(), 1.0)),
                 )
-            except (SubmissionOutcomeUnknown, BrokerUnavailable):
+            except (SubmissionOutcomeUnknownError, BrokerUnavailableError):
                 time.sleep(0.5)  # the same key and payload find the original receipt (DESIGN.md §4)
             except ClientError as exc:
                 with self._lock:
@@ -884,7 +884,7 @@ class _Driver:
         while not self._stop.is_set() and self._left_s() > 0:
             try:
                 record = self._client.wait(receipt, timeout_s=min(60.0, max(self._left_s(), 1.0)))
-            except (SettlementTimeout, BrokerUnavailable):
+            except (SettlementTimeoutError, BrokerUnavailableError):
                 continue  # blocked on an Unknown, or the broker is restarting
             return record.outcome.value
         return None

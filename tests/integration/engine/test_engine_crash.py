@@ -250,7 +250,7 @@ def test_changed_agent_code_raises_replay_divergence_on_resume(
     wait_for(lambda: settled(s, sub.submission_id) is not None, TIMEOUT_S, "the settlement")
     result = settled(s, sub.submission_id)
     assert result is not None and result.outcome is SettlementOutcome.FAILED, result
-    assert result.error_type == "ReplayDivergence"
+    assert result.error_type == "ReplayDivergenceError"
     reason = result.error_reason or ""
     assert "ordinal 0" in reason and "'charge_idem'" in reason and "'charge_other'" in reason, reason
     assert invocations(world_db, "charge_other") == 0 and effects(world_db, "charge_idem") == 1

@@ -3,7 +3,7 @@
 A real ``settled worker`` child runs the engine test app (resolver key ``RESOLVER_PRIVATE_KEY`` under
 ``RESOLVER_KEY_ID``). A non-idempotent tool whose server refuses connections leaves its call Unknown; the run stops
 and the conversation's next submission waits. Only a resolution signed with the configured key moves it on: a
-forged key or an unknown key id is rejected (`ResolveRejected`), the resolver's is applied, a resend of the same
+forged key or an unknown key id is rejected (`ResolveRejectedError`), the resolver's is applied, a resend of the same
 command id is answered as a duplicate.
 """
 
@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from settled import EXIT_CODES, ErrorCategory
 from settled._settings import Settings
-from settled.client import Client, ResolveRejected
+from settled.client import Client, ResolveRejectedError
 from settled.schemas import (
     Receipt,
     ReceiptOutcome,
@@ -83,16 +83,16 @@ def test_client_resolutions_are_verified_and_move_the_run_on(
         return client.resolve_unknown("conv-r1", stuck.request_id, call, **{**args, **kw})
 
     # A forged signature and a key id the workers do not know are rejected; the run stays stopped.
-    with pytest.raises(ResolveRejected) as forged:
+    with pytest.raises(ResolveRejectedError) as forged:
         resolve(signing_key=Ed25519PrivateKey.generate())
     assert forged.value.reason_code == "bad_signature", forged.value
     assert f"does not verify with resolver key {RESOLVER_KEY_ID!r}" in forged.value.detail
-    with pytest.raises(ResolveRejected) as unknown_key:
+    with pytest.raises(ResolveRejectedError) as unknown_key:
         resolve(key_id="someone-else")
     assert unknown_key.value.reason_code == "unknown_key"
     assert "key id 'someone-else' is not a configured resolver key" in unknown_key.value.detail
     # A call that is not Unknown is rejected naming it.
-    with pytest.raises(ResolveRejected) as wrong_call:
+    with pytest.raises(ResolveRejectedError) as wrong_call:
         client.resolve_unknown(
             "conv-r1", stuck.request_id, "no-such-call", kind="safe_to_retry",
             signing_key=RESOLVER_PRIVATE_KEY, key_id=RESOLVER_KEY_ID,
@@ -112,7 +112,7 @@ def test_client_resolutions_are_verified_and_move_the_run_on(
     assert first.reply_json == canonical_json({"results": [{"by": "ops", "tool": "remote_once"}]})
     assert client.wait(queued).outcome is SettlementOutcome.COMPLETED
     assert invocations(world_db, "remote_once") == 2, "the resolved call ran again"
-    # A resend of the same command (e.g. after ResolveOutcomeUnknown) is answered as a duplicate.
+    # A resend of the same command (e.g. after ResolveOutcomeUnknownError) is answered as a duplicate.
     again = resolve(command_id=applied.request_id)
     assert again.outcome is ReceiptOutcome.DUPLICATE, again
 

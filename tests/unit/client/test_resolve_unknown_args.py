@@ -29,14 +29,14 @@ from cryptography.hazmat.primitives.serialization import (
 
 from settled._settings import Settings
 from settled.client import (
-    AbortOutcomeUnknown,
-    AbortRejected,
+    AbortOutcomeUnknownError,
+    AbortRejectedError,
     Client,
-    CommandOutcomeUnknown,
-    CommandRejection,
-    PayloadTooLarge,
-    ResolveOutcomeUnknown,
-    ResolveRejected,
+    CommandOutcomeUnknownError,
+    CommandRejectedError,
+    PayloadTooLargeError,
+    ResolveOutcomeUnknownError,
+    ResolveRejectedError,
     SigningKeyError,
     load_signing_key,
     public_key_b64,
@@ -110,7 +110,7 @@ def test_the_signing_key_must_be_an_ed25519_private_key(client: Client) -> None:
 
 def test_an_oversized_result_is_refused_before_sending() -> None:
     settings = Settings(kafka_bootstrap="127.0.0.1:1", namespace="unit")
-    with Client(settings, max_payload_bytes=500) as small, pytest.raises(PayloadTooLarge) as err:
+    with Client(settings, max_payload_bytes=500) as small, pytest.raises(PayloadTooLargeError) as err:
         _resolve(small, result="x" * 600)
     assert err.value.limit_bytes == 500 and err.value.size_bytes > 600
     assert str(err.value).startswith("resolution to conversation 'conv' refused before producing: the encoded command")
@@ -131,23 +131,23 @@ def _receipt(request_id: str, reason: str) -> Receipt:
 
 
 def test_command_errors_share_their_bases_and_keep_the_abort_messages() -> None:
-    rejected = ResolveRejected(_receipt("cmd-1", "unauthorized: key id 'x' is not a configured resolver key"))
-    assert isinstance(rejected, CommandRejection) and not isinstance(rejected, AbortRejected)
+    rejected = ResolveRejectedError(_receipt("cmd-1", "unauthorized: key id 'x' is not a configured resolver key"))
+    assert isinstance(rejected, CommandRejectedError) and not isinstance(rejected, AbortRejectedError)
     assert (rejected.reason_code, rejected.detail) == ("unauthorized", "key id 'x' is not a configured resolver key")
     assert str(rejected) == (
         "resolution command cmd-1 in conversation 'conv' was rejected: unauthorized: key id 'x' is not a configured "
         "resolver key"
     )
-    abort = AbortRejected(_receipt("cmd-2", "unknown_target: no such submission"))
-    assert isinstance(abort, CommandRejection)
+    abort = AbortRejectedError(_receipt("cmd-2", "unknown_target: no such submission"))
+    assert isinstance(abort, CommandRejectedError)
     assert str(abort) == "abort command cmd-2 in conversation 'conv' was rejected: unknown_target: no such submission"
 
-    unknown = ResolveOutcomeUnknown("cmd-3", "conv", "sub", "call-9", 2.0)
-    assert isinstance(unknown, CommandOutcomeUnknown) and isinstance(unknown, TimeoutError)
+    unknown = ResolveOutcomeUnknownError("cmd-3", "conv", "sub", "call-9", 2.0)
+    assert isinstance(unknown, CommandOutcomeUnknownError) and isinstance(unknown, TimeoutError)
     assert (unknown.command_id, unknown.submission_id, unknown.call_id) == ("cmd-3", "sub", "call-9")
     assert "to resolution command cmd-3 for call call-9 of submission sub of conversation 'conv'" in str(unknown)
     assert "same command id 'cmd-3'" in str(unknown)
-    assert str(AbortOutcomeUnknown("cmd-4", "conv", "sub", 2.0)) == (
+    assert str(AbortOutcomeUnknownError("cmd-4", "conv", "sub", 2.0)) == (
         "no reply within 2 s to abort command cmd-4 for submission sub of conversation 'conv': its outcome is "
         "unknown. Sending the abort again with the same command id 'cmd-4' is answered as a duplicate if the first "
         "one was applied."

@@ -10,7 +10,7 @@ from fastavro import schemaless_reader
 from hypothesis import given, settings
 
 from settled.projections import FastBatchDecoder
-from settled.projections._avroread import READ_ERRORS, UnsupportedSchema, compile_reader
+from settled.projections._avroread import READ_ERRORS, UnsupportedSchemaError, compile_reader
 from settled.schemas import (
     LOG_EVENT_TYPES,
     Codec,
@@ -79,7 +79,7 @@ def test_the_fast_decoder_names_a_broken_record_as_the_codec_does() -> None:
 
 def test_a_schema_it_does_not_cover_is_refused() -> None:
     schema: dict[str, Any] = {"type": "record", "name": "X", "fields": [{"name": "f", "type": "double"}]}
-    with pytest.raises(UnsupportedSchema, match="double"):
+    with pytest.raises(UnsupportedSchemaError, match="double"):
         compile_reader(schema)
 
 

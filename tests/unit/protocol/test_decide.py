@@ -6,14 +6,14 @@ import pytest
 
 from settled.protocol import (
     ConversationState,
-    IllegalTransition,
-    InputAlreadyDecided,
+    IllegalTransitionError,
+    InputAlreadyDecidedError,
     SettleAborted,
     StartAttempt,
     SubmissionState,
-    TerminalOutcomeConflict,
-    UnknownSubmission,
-    WrongConversation,
+    TerminalOutcomeConflictError,
+    UnknownSubmissionError,
+    WrongConversationError,
     abort,
     admit,
     interrupt,
@@ -191,10 +191,10 @@ def test_one_key_proposed_twice_inside_one_open_transaction_is_admitted_once(log
 def test_a_decided_input_is_not_decided_again_and_inputs_stay_in_their_conversation(log: Log) -> None:
     ref = log.ref()
     log.commit("c1", admit(conv(log), proposal("s1", "k1"), ref, T0))
-    with pytest.raises(InputAlreadyDecided):
+    with pytest.raises(InputAlreadyDecidedError):
         admit(conv(log), proposal("s1", "k1"), ref, T0)
     assert log.state.is_decided(ref, "c1") and not log.state.is_decided(ref, "c2")
-    with pytest.raises(WrongConversation):
+    with pytest.raises(WrongConversationError):
         admit(conv(log, "c2"), proposal("s9", "k9"), log.ref(), T0)
 
 
@@ -242,7 +242,7 @@ def test_schedule_is_fifo_with_at_most_one_active(log: Log) -> None:
     assert schedule(conv(log)) == StartAttempt("s1", 1)
     run(log, "s1")
     assert schedule(conv(log)) is None, "DUR-005: s1 holds the lane"
-    with pytest.raises(IllegalTransition) as info:
+    with pytest.raises(IllegalTransitionError) as info:
         start_attempt(conv(log), "s2", "a2", log.epoch)
     assert (info.value.submission_id, info.value.from_state, info.value.to_state) == ("s2", S.READY, S.RUNNING)
     log.commit("c1", terminalize(conv(log), "s1", SettlementOutcome.COMPLETED, T0, reply_json='"hi"'))
@@ -274,9 +274,9 @@ def test_an_admitted_but_not_ready_head_blocks_the_queue(log: Log) -> None:
 
 
 def test_start_and_terminalize_of_an_unknown_submission_raise(log: Log) -> None:
-    with pytest.raises(UnknownSubmission):
+    with pytest.raises(UnknownSubmissionError):
         start_attempt(conv(log), "nope", "a", log.epoch)
-    with pytest.raises(UnknownSubmission):
+    with pytest.raises(UnknownSubmissionError):
         terminalize(conv(log), "nope", SettlementOutcome.COMPLETED, T0)
 
 
@@ -310,14 +310,14 @@ def test_conflicting_terminal_outcomes_are_rejected(log: Log) -> None:
     run(log, "s1")
     log.commit("c1", terminalize(conv(log), "s1", SettlementOutcome.FAILED, T0, error_type="E", error_reason="x"))
     for outcome in SettlementOutcome:
-        with pytest.raises(TerminalOutcomeConflict) as info:
+        with pytest.raises(TerminalOutcomeConflictError) as info:
             terminalize(conv(log), "s1", outcome, T0)
         assert info.value.winning_outcome is SettlementOutcome.FAILED and info.value.settled
 
 
 def test_a_queued_submission_cannot_settle_completed(log: Log) -> None:
     admit_one(log, "s1", "k1")
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransitionError):
         terminalize(conv(log), "s1", SettlementOutcome.COMPLETED, T0)
 
 
@@ -507,7 +507,7 @@ def test_schedule_settles_an_interrupted_run_with_a_recorded_abort_instead_of_re
     log.commit("c1", abort(conv(log), abort_cmd("x1", "s1"), log.ref(), T0))
     log.commit("c1", interrupt(conv(log), "s1", "graceful_revoke"))
     assert schedule(conv(log)) == SettleAborted("s1")
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransitionError):
         start_attempt(conv(log), "s1", "a2", log.epoch)
     log.commit("c1", terminalize(conv(log), "s1", SettlementOutcome.ABORTED, T0))
     assert schedule(conv(log)) == StartAttempt("s2", 1)
@@ -530,7 +530,7 @@ def test_recovery_of_an_aborted_run_terminalizes_it_aborted(log: Log) -> None:
     log.commit("c1", abort(conv(log), abort_cmd("x1", "s1"), log.ref(), T0))
     log.claim("w2")  # the worker disappeared before settling
     assert conv(log).state_of("s1") is S.RECOVERY
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransitionError):
         terminalize(conv(log), "s1", SettlementOutcome.ABORTED, T0)  # DUR-013: recovery decides first
     trace = log.append(
         "c1",
@@ -553,7 +553,7 @@ def test_a_reserved_outcome_wins_over_a_later_terminalize_or_abort(log: Log) -> 
     )
     log.append("c1", decision.events[:1])  # the resolution alone: Terminalizing with completed reserved
     assert conv(log).state_of("s1") is S.TERMINALIZING
-    with pytest.raises(TerminalOutcomeConflict) as info:
+    with pytest.raises(TerminalOutcomeConflictError) as info:
         terminalize(conv(log), "s1", SettlementOutcome.FAILED, T0)
     assert info.value.winning_outcome is SettlementOutcome.COMPLETED and not info.value.settled
     late = abort(conv(log), abort_cmd("x1", "s1"), log.ref(), T0)

@@ -6,8 +6,8 @@ import pytest
 
 from settled.protocol import (
     EDGES,
-    IllegalTransition,
-    LogInconsistency,
+    IllegalTransitionError,
+    LogInconsistencyError,
     PartitionState,
     StaleEpochError,
     SubmissionState,
@@ -98,7 +98,7 @@ def test_a_batch_at_an_epoch_that_was_never_claimed_is_refused(log: Log) -> None
 
 def test_a_claim_of_another_partition_is_refused(log: Log) -> None:
     other = OwnershipClaimed(partition=7, owner_epoch=2, worker_id="w2", claimed_at=T0)
-    with pytest.raises(LogInconsistency):
+    with pytest.raises(LogInconsistencyError):
         log.append(PARTITION_CID, [other], epoch=2)
 
 
@@ -122,7 +122,7 @@ def test_genesis_fixes_the_partition_count_once() -> None:
     log = Log()
     log.append(PARTITION_CID, [Genesis(namespace="ns", partition_count=12, created_at=T0)])
     assert log.state.partition_count == 12
-    with pytest.raises(LogInconsistency):
+    with pytest.raises(LogInconsistencyError):
         log.append(PARTITION_CID, [Genesis(namespace="ns", partition_count=24, created_at=T0)])
 
 
@@ -151,7 +151,7 @@ def test_a_second_settlement_is_an_illegal_transition(log: Log) -> None:
     started(log, "s1")
     decision = terminalize(log.state.conversation("c1"), "s1", SettlementOutcome.COMPLETED, T0)
     log.commit("c1", decision)
-    with pytest.raises(IllegalTransition) as info:
+    with pytest.raises(IllegalTransitionError) as info:
         log.append("c1", [decision.events[0].model_copy(update={"outcome": SettlementOutcome.ABORTED})])
     err = info.value
     assert (err.submission_id, err.from_state, err.to_state, err.event) == ("s1", S.COMPLETED, S.ABORTED, "Settlement")
@@ -162,19 +162,19 @@ def test_starting_a_second_attempt_in_the_lane_is_illegal(log: Log) -> None:
     admitted(log, "s1", "k1")
     admitted(log, "s2", "k2")
     started(log, "s1")
-    with pytest.raises(IllegalTransition, match="DUR-005"):
+    with pytest.raises(IllegalTransitionError, match="DUR-005"):
         log.append("c1", [AttemptStarted(submission_id="s2", attempt=1, attempt_id="b1", owner_epoch=log.epoch)])
 
 
 def test_starting_out_of_fifo_order_is_illegal(log: Log) -> None:
     admitted(log, "s1", "k1")
     admitted(log, "s2", "k2")
-    with pytest.raises(IllegalTransition, match="DUR-004"):
+    with pytest.raises(IllegalTransitionError, match="DUR-004"):
         log.append("c1", [AttemptStarted(submission_id="s2", attempt=1, attempt_id="b1", owner_epoch=log.epoch)])
 
 
 def test_events_for_a_submission_that_was_never_admitted_are_illegal(log: Log) -> None:
-    with pytest.raises(IllegalTransition) as info:
+    with pytest.raises(IllegalTransitionError) as info:
         log.append("c1", [AttemptStarted(submission_id="ghost", attempt=1, attempt_id="a", owner_epoch=log.epoch)])
     assert info.value.from_state is S.PROPOSED
 
@@ -191,7 +191,7 @@ def test_history_from_a_submission_that_is_not_running_is_illegal(log: Log) -> N
         result_json="1",
         result_digest=json_digest("1"),
     )
-    with pytest.raises(IllegalTransition) as info:
+    with pytest.raises(IllegalTransitionError) as info:
         log.append("c1", [step])
     assert (info.value.from_state, info.value.to_state) == (S.READY, None)
 
@@ -199,7 +199,7 @@ def test_history_from_a_submission_that_is_not_running_is_illegal(log: Log) -> N
 def test_a_stale_attempt_cannot_append_history(log: Log) -> None:
     admitted(log, "s1", "k1")
     started(log, "s1", attempt_id="a1")
-    with pytest.raises(LogInconsistency, match="attempt_id"):
+    with pytest.raises(LogInconsistencyError, match="attempt_id"):
         log.append("c1", [InputApplied(submission_id="s1", attempt_id="old", input_digest=json_digest('"hello"'))])
 
 
@@ -208,7 +208,7 @@ def test_after_an_abort_only_an_aborted_settlement_is_legal(log: Log) -> None:
     started(log, "s1")
     log.commit("c1", abort(log.state.conversation("c1"), abort_cmd("x", "s1"), log.ref(), T0))
     completed = Settlement(submission_id="s1", outcome=SettlementOutcome.COMPLETED, attempt_count=1, settled_at=T0)
-    with pytest.raises(IllegalTransition, match="DUR-012"):
+    with pytest.raises(IllegalTransitionError, match="DUR-012"):
         log.append("c1", [completed])
 
 
@@ -217,7 +217,7 @@ def test_resuming_past_an_unknown_call_is_illegal(log: Log) -> None:
     started(log, "s1")
     log.claim("w2")
     decide = RecoveryDecision(submission_id="s1", decision=RecoveryDecisionKind.UNKNOWN, reason="r", call_ids=())
-    with pytest.raises(LogInconsistency):
+    with pytest.raises(LogInconsistencyError):
         log.append("c1", [decide])  # Unknown needs an Unknown call to resolve
     resume = decide.model_copy(update={"decision": RecoveryDecisionKind.RESUME})
     trace = log.append("c1", [resume])
@@ -236,7 +236,7 @@ def test_an_input_decided_twice_is_an_inconsistent_log(log: Log) -> None:
     events = list(dup.events)
     assert isinstance(events[0], SubmissionAdmitted)
     events[0] = events[0].model_copy(update={"input_ref": ref})
-    with pytest.raises(LogInconsistency, match="already decided"):
+    with pytest.raises(LogInconsistencyError, match="already decided"):
         log.append("c1", events)
 
 
@@ -254,15 +254,15 @@ def test_a_key_admitted_twice_is_an_inconsistent_log(log: Log) -> None:
         input_json='"x"',
         input_ref=log.ref(),
     )
-    with pytest.raises(LogInconsistency, match="DUR-001"):
+    with pytest.raises(LogInconsistencyError, match="DUR-001"):
         log.append("c1", [forged])
-    with pytest.raises(LogInconsistency, match="no gaps"):
+    with pytest.raises(LogInconsistencyError, match="no gaps"):
         log.append("c1", [forged.model_copy(update={"idempotency_key": "k9", "submission_seq": 3})])
 
 
 def test_an_attempt_number_that_skips_is_an_inconsistent_log(log: Log) -> None:
     admitted(log, "s1", "k1")
-    with pytest.raises(LogInconsistency, match="attempt"):
+    with pytest.raises(LogInconsistencyError, match="attempt"):
         log.append("c1", [AttemptStarted(submission_id="s1", attempt=2, attempt_id="a", owner_epoch=log.epoch)])
 
 
@@ -286,7 +286,7 @@ def test_a_failed_batch_changes_nothing(log: Log) -> None:
         *admit(log.state.conversation("c1"), proposal("s2", "k2"), log.ref(), T0).events,
         AttemptStarted(submission_id="s2", attempt=1, attempt_id="b", owner_epoch=log.epoch),  # not the head
     ]
-    with pytest.raises(IllegalTransition):
+    with pytest.raises(IllegalTransitionError):
         log.append("c1", events)
     assert log.state is before and before.conversation("c1").submission("s2") is None
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from settled import _failpoints
-from settled.processors import AgentRun, AttemptSuperseded
+from settled.processors import AgentRun, AttemptSupersededError
 from settled.runtime import (
     App,
     Message,
@@ -183,7 +183,7 @@ def test_a_settlement_lingers_for_the_next_record_and_shares_its_commit() -> Non
 
 
 def test_a_refused_settlement_surfaces_at_the_next_step_and_nothing_after_it_is_recorded() -> None:
-    rec = GatedRecorder(settles, fail=AttemptSuperseded("attempt a1 was aborted"))
+    rec = GatedRecorder(settles, fail=AttemptSupersededError("attempt a1 was aborted"))
 
     def script(request: ModelRequest) -> list[ScriptStep]:
         if turns(request) == 0:
@@ -191,7 +191,7 @@ def test_a_refused_settlement_surfaces_at_the_next_step_and_nothing_after_it_is_
         return [ModelResponse("", (declared_call("b", "charge", {}),))]
 
     invoked: list[str] = []
-    with pytest.raises(AttemptSuperseded, match="aborted"):
+    with pytest.raises(AttemptSupersededError, match="aborted"):
         run(model_app(script, invoked, settle_linger_s=0), attempt(rec))
     # The refusal is known only after the hand-off (in the conductor's thread), so the next model call may start;
     # its response and the call it declares are never recorded, and that call never runs.

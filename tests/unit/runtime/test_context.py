@@ -21,16 +21,16 @@ import pytest
 from settled.processors import AgentRun, CancelSignal
 from settled.runtime import (
     App,
-    ReplayDivergence,
-    RunCancelled,
+    ReplayDivergenceError,
+    RunCancelledError,
     RunContext,
     RunOptions,
     ToolCall,
     ToolCallError,
-    ToolRefused,
+    ToolRefusedError,
     ToolTransportError,
-    ToolUnavailable,
-    UnsafeReplay,
+    ToolUnavailableError,
+    UnsafeReplayError,
     UnsafeToolsError,
     execute,
     recovered,
@@ -219,7 +219,7 @@ def test_another_tool_at_a_recorded_ordinal_is_a_divergence_naming_both() -> Non
         return await ctx.tool("send", {"amount": 5})
 
     run(make_app(before, world), attempt(rec))
-    with pytest.raises(ReplayDivergence) as info:
+    with pytest.raises(ReplayDivergenceError) as info:
         run(make_app(after, world), attempt(Recorder(), rec.events, n=2))
     assert info.value.ordinal == 0
     assert "'charge'" in info.value.expected and "'send'" in info.value.actual
@@ -236,7 +236,7 @@ def test_other_arguments_at_a_recorded_ordinal_are_a_divergence() -> None:
         return agent
 
     run(make_app(agent_with(5), world), attempt(rec))
-    with pytest.raises(ReplayDivergence, match="ordinal 0"):
+    with pytest.raises(ReplayDivergenceError, match="ordinal 0"):
         run(make_app(agent_with(6), world), attempt(Recorder(), rec.events, n=2))
 
 
@@ -249,7 +249,7 @@ def test_a_prepared_call_is_never_re_run_unless_declared_safe() -> None:
     app = make_app(agent, world)
     run(app, attempt(rec))
     prepared_only = [e for e in rec.events if isinstance(e, ToolCallPrepared)]
-    with pytest.raises(UnsafeReplay, match="refusing to re-run"):
+    with pytest.raises(UnsafeReplayError, match="refusing to re-run"):
         run(app, attempt(Recorder(), prepared_only, n=2))
     assert len(world.invocations) == 1
     decision = RecoveryDecision(
@@ -292,7 +292,7 @@ def test_a_tool_not_offered_is_refused_recorded_and_never_run() -> None:
     async def agent(ctx: RunContext) -> Any:
         try:
             await ctx.tool("send", {"to": "bob"})
-        except ToolRefused as exc:
+        except ToolRefusedError as exc:
             return exc.message
         return "ran"
 
@@ -341,7 +341,7 @@ def test_an_idempotent_call_in_doubt_past_its_budget_ends_the_attempt_with_the_c
     def down(args: dict[str, Any], call: ToolCall) -> str:
         raise ToolTransportError("connection reset")
 
-    with pytest.raises(ToolUnavailable, match="stayed in doubt"):
+    with pytest.raises(ToolUnavailableError, match="stayed in doubt"):
         run(app, attempt(rec))
     assert [type(e) for e in rec.events] == [ToolCallPrepared]
 
@@ -368,7 +368,7 @@ def test_a_non_idempotent_call_in_doubt_is_marked_unknown_and_the_run_stops(fail
             time.sleep(2)
         raise ConnectionResetError("reset by peer")
 
-    with pytest.raises(RunCancelled, match="Unknown"):
+    with pytest.raises(RunCancelledError, match="Unknown"):
         run(app, attempt(rec))
     assert [type(e) for e in rec.events] == [ToolCallPrepared, ToolCallUnknown]
     assert invocations == [1] and after == []
@@ -527,7 +527,7 @@ def test_a_recorded_now_where_the_code_asks_for_a_uuid_is_a_divergence() -> None
         return str(ctx.uuid())
 
     run(App(agent=before), attempt(rec))
-    with pytest.raises(ReplayDivergence, match=r"records ctx.now\(\), the code asked for ctx.uuid\(\)"):
+    with pytest.raises(ReplayDivergenceError, match=r"records ctx.now\(\), the code asked for ctx.uuid\(\)"):
         run(App(agent=after), attempt(Recorder(), rec.events, n=2))
 
 
@@ -568,7 +568,7 @@ def test_a_changed_step_version_is_a_divergence() -> None:
         return agent
 
     run(App(agent=agent_v(1)), attempt(rec))
-    with pytest.raises(ReplayDivergence, match=r"step 's' version 1.*step 's' version 2"):
+    with pytest.raises(ReplayDivergenceError, match=r"step 's' version 1.*step 's' version 2"):
         run(App(agent=agent_v(2)), attempt(Recorder(), rec.events, n=2))
 
 
@@ -592,7 +592,7 @@ def test_an_abort_gives_a_call_in_flight_its_grace_to_settle() -> None:
 
     agent_run = attempt(rec)
     threading.Thread(target=abort_when, args=(started, agent_run), daemon=True).start()
-    with pytest.raises(RunCancelled):
+    with pytest.raises(RunCancelledError):
         run(app, agent_run)
     assert [type(e) for e in rec.events] == [ToolCallPrepared, ToolCallSettled]
 
@@ -615,7 +615,7 @@ def test_past_the_grace_the_call_stays_prepared_and_its_late_return_records_noth
 
     agent_run = attempt(rec)
     threading.Thread(target=abort_when, args=(started, agent_run), daemon=True).start()
-    with pytest.raises(RunCancelled):
+    with pytest.raises(RunCancelledError):
         run(app, agent_run)
     assert returned.wait(5)
     time.sleep(0.1)

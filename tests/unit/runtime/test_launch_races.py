@@ -37,7 +37,7 @@ from settled.runtime import (
     ModelAgent,
     ModelRequest,
     ModelResponse,
-    RunCancelled,
+    RunCancelledError,
     RunContext,
     RunOptions,
     ScriptedProvider,
@@ -178,6 +178,6 @@ def test_a_run_cancelled_past_its_grace_before_the_commit_lands_gets_no_tool_sta
     assert not done.is_set(), "a run ends only once every record it handed over committed or was refused"
     rec.release()  # the commit lands after the run gave up on the call
     assert done.wait(5), "the cancelled run did not end once its record committed"
-    assert len(outcome) == 1 and isinstance(outcome[0], RunCancelled), outcome
+    assert len(outcome) == 1 and isinstance(outcome[0], RunCancelledError), outcome
     time.sleep(0.2)
     assert invoked == [], "a tool started for a run that had stopped waiting for its prepared record"
