@@ -1,7 +1,8 @@
 """One error root with a category on each class; the CLI's exit codes are a lookup (issue 14 item 4).
 
 Every exception class settled defines (outside the BFCL example) derives from `settled.SettledError` and carries an
-`ErrorCategory`; `EXIT_CODES` maps categories to the exit codes README "Operating" documents.
+`ErrorCategory`; `EXIT_CODES` maps categories to the exit codes README "Operating" documents. Every error class of
+settled and of the BFCL example has one name, ending in ``Error``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pkgutil
 import pytest
 
 import settled
+import settled_bfcl
 from settled import EXIT_CODES, ErrorCategory, SettledError, exit_code
 
 #: Exception classes that are not errors, with the reason.
@@ -20,28 +22,36 @@ NOT_ERRORS = {
     "settled.runtime._errors.RunSuspended": "a BaseException that ends a run waiting for an operator (control flow)",
 }
 
+#: Exception classes whose name does not end in ``Error``, with the reason: none of them is an error.
+NOT_NAMED_ERROR = {
+    **NOT_ERRORS,
+    "settled.projections._rebuild._Behind": "a private signal inside rebuild's switch: roll back and try again",
+    "settled.projections._rebuild._GapTooLarge": "a private signal inside rebuild's switch: catch up outside the lock",
+}
 
-def _modules() -> list[str]:
-    names = ["settled"]
-    for info in pkgutil.walk_packages(settled.__path__, "settled."):
+
+def _modules(package: str = "settled") -> list[str]:
+    names = [package]
+    root = importlib.import_module(package)
+    for info in pkgutil.walk_packages(root.__path__, f"{package}."):
         if ".bfcl" in info.name or info.name.endswith("__main__"):  # BFCL leaves the package (issue 14 item 1)
             continue
         names.append(info.name)
     return names
 
 
-def _exception_classes() -> dict[str, type[BaseException]]:
+def _exception_classes(package: str = "settled", *, private: bool = False) -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
-    for name in _modules():
+    for name in _modules(package):
         module = importlib.import_module(name)
         for attr, value in vars(module).items():
             if (
                 inspect.isclass(value)
                 and issubclass(value, BaseException)
                 and value.__module__ == name
-                and not attr.startswith("_")
+                and (private or not attr.startswith("_"))
             ):
-                found[f"{name}.{attr}"] = value
+                found[f"{name}.{value.__qualname__}"] = value
     return found
 
 
@@ -105,3 +115,15 @@ def test_one_class_per_invariant() -> None:
     ]
     assert StaleEpochError.category is ErrorCategory.CONFLICT
     assert ChainBreakError.category is ErrorCategory.BROKEN_INVARIANT
+
+
+@pytest.mark.parametrize("package", [settled.__name__, settled_bfcl.__name__])
+def test_every_error_class_name_ends_in_error(package: str) -> None:
+    classes = _exception_classes(package, private=True)
+    assert len(classes) > 10, sorted(classes)  # the walk found the package's errors
+    misnamed = sorted(
+        name for name, cls in classes.items() if not cls.__name__.endswith("Error") and name not in NOT_NAMED_ERROR
+    )
+    assert misnamed == [], f"error classes whose name does not end in Error: {misnamed}"
+    listed = {name for name in NOT_NAMED_ERROR if name.startswith(f"{package}.")}
+    assert listed <= set(classes), f"stale entries in NOT_NAMED_ERROR: {sorted(listed - set(classes))}"
