@@ -50,13 +50,11 @@ from settled.schemas import (
     SettlementOutcome,
     SettlementRecord,
     SubmissionProposed,
+    SubmissionRejected,
     SubmissionRejectReason,
     canonical_json,
     json_digest,
     payload_digest,
-)
-from settled.schemas import (
-    SubmissionRejected as SubmissionRejectedEvent,
 )
 from settled.services._devstack import StackError
 from settled.services._worker_service import build_worker
@@ -119,9 +117,9 @@ class _ScriptedDecider(TxDecider):
             value = json.loads(record.payload.input_json)
             if isinstance(value, dict) and "scripted_reject" in value:
                 code = SubmissionRejectReason(value["scripted_reject"])
-                event = SubmissionRejectedEvent(submission_id=record.submission_id,
-                                                idempotency_key=record.idempotency_key, reason=code,
-                                                detail="scripted rejection", input_ref=inp.ref)  # fmt: skip
+                event = SubmissionRejected(submission_id=record.submission_id,
+                                           idempotency_key=record.idempotency_key, reason=code,
+                                           detail="scripted rejection", input_ref=inp.ref)  # fmt: skip
                 reply = Receipt(request_kind=RequestKind.SUBMISSION, request_id=record.submission_id,
                                 outcome=ReceiptOutcome.REJECTED, reason=f"{code.value}: scripted rejection",
                                 conversation_id=record.conversation_id, decided_at=now)  # fmt: skip
