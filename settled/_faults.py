@@ -48,6 +48,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "admission does not check the input contract, so an id with a NUL, a control character or 400 KB is "
             "admitted (DUR-001, issue 25)"
         ),
+        "claim_without_rewind": (
+            "a claim resumes the inbox partition at the consumer's position instead of rewinding it to the last "
+            "committed input offset (or the partition's start), so inputs read before a drop and re-claim are "
+            "skipped (DUR-002)"
+        ),
         "projection_offsets_separate_transaction": (
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"

@@ -23,9 +23,10 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from settled._failpoints import failpoint
+from settled._faults import fault_enabled
 from settled._settings import Settings
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
 from settled.processors._conductor import ResumeGate
@@ -37,6 +38,7 @@ from settled.producers import (
     OpenTransactionError,
     PartitionCountMismatchError,
     ProducerFencedError,
+    ProducerIdExpiredError,
     TransactionalAppender,
     consume_promptly,
     consumer_config,
@@ -430,9 +432,23 @@ class Worker(Generic[S]):
             # the owner): nothing to resume; whoever holds it now claims it with a higher epoch.
             _log.info("revoked while claiming", extra={"partition": p})
             return
-        if committed.offset >= 0:
-            consumer.seek(committed)
+        self._rewind(consumer, tp, committed)
         consumer.resume([tp])  # claim step 6
+
+    def _rewind(self, consumer: Consumer, tp: TopicPartition, committed: TopicPartition) -> None:
+        """Seek the claimed inbox partition to its last committed input offset, or to its start when it has none.
+
+        Every claim rewinds, not only the first: a partition dropped and claimed again (a fatal producer error, a
+        fenced checkpoint) has a consumer position past inputs it read whose decisions never committed, and
+        resuming there would skip them for good. Inputs re-read whose decisions are canonical are skipped by the
+        owner (restore collects every decided offset), so the rewind never decides an input twice.
+        """
+        if fault_enabled("claim_without_rewind"):
+            # Fault switch (tests/fault_switches.toml): the claim resumes at the consumer's position, so inputs read
+            # before a drop and not yet decided are skipped. Breaks "no skipped input", on purpose.
+            return
+        target = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
+        consumer.seek(TopicPartition(tp.topic, tp.partition, target))
 
     def _checkpoint(self, owner: PartitionOwner[S]) -> None:
         try:
@@ -443,6 +459,13 @@ class Worker(Generic[S]):
             # coordinator aborted our own transaction for running past transaction.timeout.ms (then the partition
             # is still ours). Drop it now; claim it again once a session timeout has passed with it still assigned.
             _log.warning("fenced: dropping the partition", extra={"partition": owner.partition})
+            self._drop(owner.partition)
+            self._pause_and_claim([owner.partition], not_before_s=self.settings.session_timeout_ms / 1000)
+        except ProducerIdExpiredError:
+            # The coordinator forgot our producer id (transactional.id.expiration.ms passed while we were stopped):
+            # the partition may have a newer owner, which a new init_transactions would fence. Drop everything and
+            # claim again only through the claim order, once the group had a session timeout to revoke it.
+            _log.exception("producer id expired: dropping the partition", extra={"partition": owner.partition})
             self._drop(owner.partition)
             self._pause_and_claim([owner.partition], not_before_s=self.settings.session_timeout_ms / 1000)
         except AppenderFatalError:

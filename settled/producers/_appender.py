@@ -62,6 +62,7 @@ __all__ = [
     "OpenTransactionError",
     "OutRecord",
     "ProducerFencedError",
+    "ProducerIdExpiredError",
     "TransactionalAppender",
     "low_watermark",
 ]
@@ -106,6 +107,16 @@ class AppenderFatalError(SettledError):
     """A fatal producer error, or an error with no retriable/abortable flag: drop the producer and partition state."""
 
     category = ErrorCategory.UNAVAILABLE
+
+
+class ProducerIdExpiredError(AppenderFatalError):
+    """The coordinator no longer maps the transactional.id to a producer id (``INVALID_PRODUCER_ID_MAPPING``).
+
+    Fatal, never aborted: the id expired at the coordinator (``transactional.id.expiration.ms``) while this owner was
+    stopped, so the partition may have a newer owner; re-acquiring the id would fence it. The caller drops the
+    producer and the partition's state, and claims again only through the full claim order, after the group had a
+    session timeout to revoke the partition.
+    """
 
 
 class OpenTransactionError(SettledError):
@@ -508,11 +519,29 @@ class TransactionalAppender:
             except FailpointError as exc:
                 # Test hook: the coordinator answers the commit with an abortable error that blames no record.
                 raise KafkaException(KafkaError(KafkaError._APPLICATION, f"injected abortable error: {exc}")) from exc
+            try:
+                failpoint("appender.fatal_commit_error")
+            except FailpointError as exc:
+                # Test hook: the commit fails with a fatal producer error (the worker drops and claims again).
+                raise KafkaException(KafkaError(KafkaError._FATAL, f"injected fatal error: {exc}", fatal=True)) from exc
+            try:
+                failpoint("appender.invalid_producer_id_mapping")
+            except FailpointError as exc:
+                # Test hook: the coordinator no longer maps our transactional.id to a producer id (it expired after
+                # transactional.id.expiration.ms while this owner was stopped), reported as librdkafka does: abortable.
+                raise KafkaException(
+                    KafkaError(KafkaError.INVALID_PRODUCER_ID_MAPPING, f"injected: {exc}", txn_requires_abort=True)
+                ) from exc
             self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
             if err.code() == KafkaError._TIMED_OUT:
                 return "unknown", failed
+            if err.code() == KafkaError.INVALID_PRODUCER_ID_MAPPING:
+                # Fatal, as in Kafka's own clients: aborting would have librdkafka re-acquire the transactional.id
+                # (a new producer id or epoch), fencing whoever owns the partition now. The producer is dropped
+                # without aborting; the coordinator aborts its transaction after transaction.timeout.ms.
+                raise self._fatal(err) from exc
             if err.txn_requires_abort() or err.code() in (KafkaError._INCONSISTENT, KafkaError._APPLICATION):
                 _log.warning("transaction aborted", extra={"error": str(err), "partition": self.partition})
                 try:
@@ -595,6 +624,11 @@ class TransactionalAppender:
         self._producer = None
         if err.code() == KafkaError._FENCED:
             return ProducerFencedError(f"partition {self.partition}: fenced by a newer owner ({err})")
+        if err.code() == KafkaError.INVALID_PRODUCER_ID_MAPPING:
+            return ProducerIdExpiredError(
+                f"partition {self.partition}: the coordinator no longer maps this transactional.id to a producer id "
+                f"(transactional.id.expiration.ms passed while this owner was stopped?): {err}"
+            )
         return AppenderFatalError(f"partition {self.partition}: fatal producer error {err}")
 
     def _batch_ids_since(self, start_offset: int) -> set[str]:
