@@ -603,12 +603,27 @@ class Conductor:
                 continue
             try:
                 # All or nothing: a batch the fold refuses (e.g. a settlement of a call never prepared) is not staged.
-                self.owner.stage(Decision(effect.conversation_id, effect.events, submission_id=effect.submission_id))
+                self.owner.stage(
+                    Decision(
+                        effect.conversation_id,
+                        effect.events,
+                        submission_id=effect.submission_id,
+                        call_tools=self._call_tools(effect),
+                    )
+                )
             except (protocol.ProtocolError, ChainBreakError) as exc:
                 _log.error("an effect the fold refuses was not recorded", extra={"error": str(exc)})
                 self._refuse(effect, exc)
                 continue
             self._awaiting.append((effect.conversation_id, conv.last_event_seq + len(effect.events), effect))
+
+    def _call_tools(self, effect: _Effect) -> tuple[tuple[str, str], ...]:
+        """``(call id, tool)`` of the calls the effect settles (their prepared records are committed by now)."""
+        settled = {e.call_id for e in effect.events if isinstance(e, ToolCallSettled)}
+        if not settled:
+            return ()
+        prepared = self._prepared(effect.submission_id)
+        return tuple((call_id, prepared[call_id].tool) for call_id in sorted(settled) if call_id in prepared)
 
     def _refuse(self, effect: _Effect, exc: BaseException) -> None:
         self._refused[effect.attempt_id] = str(exc)
@@ -808,9 +823,15 @@ class Conductor:
 
     def _after_checkpoint(self) -> None:
         committed = self.owner.committed
+        replaced = self.owner.replaced_batch_ids
         still: list[tuple[str, int, _Effect]] = []
         for conversation_id, last_seq, effect in self._awaiting:
-            if committed.conversation(conversation_id).last_event_seq >= last_seq:
+            if replaced and f"{conversation_id}:{last_seq - len(effect.events) + 1}" in replaced:
+                # Too large to append: a typed failure (e.g. the call's error result_too_large) committed in its
+                # place. The run saw what it handed over, not what the log holds: it ends, and the next attempt
+                # replays the log (DESIGN.md §5).
+                self._refuse(effect, AttemptSuperseded("its record was replaced by a typed failure (too large)"))
+            elif committed.conversation(conversation_id).last_event_seq >= last_seq:
                 _resolve(effect.future)
             elif self.owner.is_pending(conversation_id):
                 still.append((conversation_id, last_seq, effect))  # a deferred checkpoint: still pending

@@ -22,6 +22,7 @@ from settled.processors._partition import Decision, InboxInput
 from settled.producers import partition_for_key
 from settled.protocol import PartitionState
 from settled.schemas import (
+    RESULT_TOO_LARGE,
     AbortRequested,
     AttemptStarted,
     CommandRejectReason,
@@ -35,6 +36,10 @@ from settled.schemas import (
     SubmissionDuplicate,
     SubmissionProposed,
     SubmissionRejectReason,
+    ToolCallSettled,
+    ToolError,
+    canonical_json,
+    json_digest,
 )
 
 __all__ = ["QUARANTINE_RAW_LIMIT_BYTES", "LedgerDecider", "load_public_key", "to_loop_decision"]
@@ -167,7 +172,11 @@ class LedgerDecider:
 
         An admission becomes a rejection naming the reason; a duplicate answered from the pending overlay with an
         admission replaced here becomes a rejection too (the same payload, the same failure); a settlement becomes a
-        failed settlement of type ``result_too_large``. An attempt start (``AttemptStarted`` + ``InputApplied``,
+        failed settlement of type ``result_too_large``. A run's record holding tool settlements (e.g. the shared
+        settlement record of parallel calls) is split, one event per batch, so each call's result that fits alone is
+        kept; a record holding just one tool settlement becomes that call's error result ``result_too_large``,
+        naming the tool, its result's size and the reason (which names the record's size and the limit). An
+        attempt start (``AttemptStarted`` + ``InputApplied``,
         deciding no input) is dropped: nothing ran yet (a run starts only once its start is committed) and the
         conductor forgets a staged start that never commits, so the scheduler decides again from what did commit.
         The conductor stages that start in the same turn as the admission or settlement before it, so it shares
@@ -213,6 +222,8 @@ class LedgerDecider:
                 out.append(to_loop_decision(d.conversation_id, r, d.inputs))
             elif not d.inputs and d.events and all(isinstance(e, (AttemptStarted, InputApplied)) for e in d.events):
                 continue
+            elif not d.inputs and any(isinstance(e, ToolCallSettled) for e in d.events):
+                out.extend(_tool_settlements_replaced(d, reason))
             else:
                 raise ValueError(f"no typed failure replaces {[type(e).__name__ for e in d.events]}: {reason}")
         return out
@@ -244,6 +255,42 @@ class LedgerDecider:
                 f"the signature does not verify with resolver key {command.key_id!r}",
             )
         return None
+
+
+def _tool_settlements_replaced(d: Decision, reason: str) -> list[Decision]:
+    """A run's record with tool settlements, too large to append: split it, or fail its one settlement alone.
+
+    Args:
+        d: The run's decision (no inputs), holding at least one ``ToolCallSettled``.
+        reason: Why it cannot be appended.
+
+    Returns:
+        One decision per event when ``d`` holds several; else the settlement as the error ``result_too_large``.
+    """
+    if len(d.events) > 1:
+        return [dataclasses.replace(d, events=(event,)) for event in d.events]
+    (settled,) = d.events
+    assert isinstance(settled, ToolCallSettled)  # the caller checked
+    tool = dict(d.call_tools).get(settled.call_id, "<unknown tool>")
+    if settled.result_json is not None:
+        recorded = settled.result_json
+        digest = settled.result_digest or json_digest(recorded)
+        what = "result"
+    else:
+        recorded = settled.error.message if settled.error is not None else ""
+        digest = settled.result_digest or json_digest(canonical_json(recorded))
+        what = "error"
+    size_bytes = len(recorded.encode("utf-8", "surrogatepass"))
+    message = f"tool {tool!r} call {settled.call_id}: its {what} of {size_bytes} bytes cannot be recorded: {reason}"
+    error = ToolError(type=RESULT_TOO_LARGE, message=message, non_retryable=True)
+    replaced = ToolCallSettled(
+        submission_id=settled.submission_id,
+        attempt_id=settled.attempt_id,
+        call_id=settled.call_id,
+        result_digest=digest,
+        error=error,
+    )
+    return [dataclasses.replace(d, events=(replaced,))]
 
 
 def _proposal_of(admitted: SubmissionAdmitted, now: datetime) -> SubmissionProposed:

@@ -101,6 +101,8 @@ class Decision:
         settlements: Records for ``settled.settlements``.
         quarantined: Records for ``settled.quarantine``.
         inputs: Inbox offsets this decision decides (each carried by one of ``events``' ``input_ref``).
+        call_tools: ``(call id, tool name)`` of the calls whose ``ToolCallSettled`` ``events`` holds, so a typed
+            failure replacing a settlement too large to append names its tool.
     """
 
     conversation_id: str
@@ -110,6 +112,7 @@ class Decision:
     settlements: tuple[SettlementRecord, ...] = ()
     quarantined: tuple[QuarantineRecord, ...] = ()
     inputs: frozenset[int] = frozenset()
+    call_tools: tuple[tuple[str, str], ...] = ()
 
 
 class Decider(Protocol[S]):
@@ -168,6 +171,8 @@ class PartitionOwner(Generic[S]):
         committed: The decider's state folded from committed batches only.
         committed_listeners: Called with every batch once it is committed (restored or checkpointed), after it is
             folded into ``committed``; e.g. the conductor's per-submission journal (issue 6).
+        replaced_batch_ids: Ids of the batches the last checkpoint could not append as staged and replaced by
+            typed failures with other events (a split that keeps every event is not counted).
     """
 
     settings: Settings
@@ -183,6 +188,7 @@ class PartitionOwner(Generic[S]):
     genesis: Genesis | None = field(default=None, init=False)
     committed: S = field(init=False)
     committed_listeners: list[Callable[[LogBatch], None]] = field(default_factory=list, init=False)
+    replaced_batch_ids: frozenset[str] = field(default=frozenset(), init=False)
     _overlay: S = field(init=False)
     _heads: dict[str, _Head] = field(default_factory=dict, init=False)
     _pending_heads: dict[str, _Head] = field(default_factory=dict, init=False)
@@ -404,6 +410,13 @@ class PartitionOwner(Generic[S]):
         result = self.appender.checkpoint(
             [b for b, _, _ in self._pending], self._pending_inputs, self._next_input_offset
         )
+        events = {id(batch): decision.events for batch, decision, _ in self._pending}
+        self.replaced_batch_ids = frozenset(
+            batch.batch_id
+            for original, replacement in result.replaced
+            if [e for b in original for e in events[id(b)]] != [e for b in replacement for e in events[id(b)]]
+            for batch in original
+        )
         # Replacements were appended to _pending after their originals, so they win for a shared batch id.
         sealed = {batch.batch_id: (batch, decision, log_batch) for batch, decision, log_batch in self._pending}
         # When every pending batch committed as staged, the overlay already is their fold on the committed state (the
@@ -443,12 +456,21 @@ class PartitionOwner(Generic[S]):
         """
         decisions = [d for b in run for batch, d, _ in self._pending if batch.batch_id == b.batch_id]
         now = self.clock()
-        replaced = self.decider.poison(self.committed, decisions, reason, now)
+        queue = [(d, False) for d in self.decider.poison(self.committed, decisions, reason, now)]
         head = self._heads.get(run[0].conversation_id, _Head())
-        out: list[AppendBatch] = []
-        for decision in replaced:
+        limit = self.appender.max_record_bytes
+        sealed: list[tuple[AppendBatch, Decision, LogBatch]] = []
+        while queue:
+            decision, again = queue.pop(0)
             batch, encoded = self._seal(decision, head, self.epoch)
+            size = encoded.largest_record_bytes
+            if size > limit and not again:
+                # A piece of the replacement is still too large (e.g. one settlement of a split record of parallel
+                # calls): it is replaced alone, once; the pieces before it stay as they are.
+                why = f"record of {size} bytes exceeds the limit of {limit} bytes"
+                queue[0:0] = [(d, True) for d in self.decider.poison(self.committed, [decision], why, now)]
+                continue
             head = _Head(batch.last_event_seq, batch.batch_digest)
-            out.append(encoded)
-            self._pending.append((encoded, decision, batch))
-        return tuple(out)
+            sealed.append((encoded, decision, batch))
+        self._pending.extend(sealed)
+        return tuple(encoded for encoded, _, _ in sealed)

@@ -43,6 +43,7 @@ from settled.producers import (
     consume_promptly,
     consumer_config,
     describe_topics,
+    producer_config,
 )
 from settled.schemas import Codec, LogBatch, QuarantineReason
 
@@ -82,6 +83,14 @@ _RECORD_ERRORS = frozenset(
 )
 
 
+#: librdkafka's default producer ``message.max.bytes``: the largest record it sends, framing included, in bytes.
+PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
+
+#: What a record's framing adds to its key, value and headers, in bytes, with room to spare (a record batch's header
+#: is 61 bytes, a record's varints at most 41, its header's 10; measured: librdkafka refuses a record whose key, value
+#: and one header total 999,980 bytes against its 1,000,000-byte ``message.max.bytes``, and takes 999,960).
+RECORD_OVERHEAD_BYTES = 256
+
 #: How long a partition whose claim failed (broker unreachable, open foreign transaction) waits before the next try.
 _CLAIM_RETRY_S = 1.0
 
@@ -105,9 +114,10 @@ class WorkerConfig:
             read within about this bound.
         max_poll_records: Most records taken per poll (and so per group-commit transaction per partition).
         max_input_bytes: settled's hard size limit for one inbox record value, in bytes; larger ones are quarantined.
-        max_record_bytes: Largest record the appender produces, in bytes; ``None`` (the default) takes the smallest
-            ``max.message.bytes`` of the topics it writes. An explicit value overrides them (a test uses a value above
-            a topic's limit to exercise the broker's own rejection).
+        max_record_bytes: Largest record (key, value and headers) the appender produces, in bytes; ``None`` (the
+            default) takes the smallest of the ``max.message.bytes`` of the topics it writes and the producer's
+            ``message.max.bytes`` (librdkafka's default 1,000,000), less `RECORD_OVERHEAD_BYTES`. An explicit value
+            overrides them (a test uses a value above a topic's limit to exercise the broker's own rejection).
         fetch_max_bytes: The group consumer's ``fetch.max.bytes`` (librdkafka's default).
         receive_message_max_bytes: The group consumer's ``receive.message.max.bytes`` (librdkafka's default; at
             least ``fetch_max_bytes + 512``): the largest fetch response, and the most one compressed record batch
@@ -288,6 +298,12 @@ class Worker(Generic[S]):
                 with self._phase("turn"):
                     self.turn()
             self._release(sorted(self.owners))  # a graceful revoke of every partition (DESIGN.md §3)
+        except BaseException:
+            # An unhandled error ends the loop: drop every partition, appending nothing, so the runs' waits on
+            # their records end (a run waiting for a commit that never comes would keep the process from exiting).
+            for p in sorted(self.owners):
+                self._drop(p)
+            raise
         finally:
             with self._phase("closing the group consumer"):
                 consumer.close()  # leaves the group: the partitions move at once
@@ -303,7 +319,10 @@ class Worker(Generic[S]):
             raise PartitionCountMismatchError(f"settled's topics are not co-partitioned: {counts}")
         self._partition_count = infos[0].partitions
         limits = [int(i.config["max.message.bytes"]) for i in infos if i.name != self.settings.topic("inbox")]
-        self._record_limit = self.config.max_record_bytes or min(limits)
+        producer_limit = int(producer_config(self.settings).get("message.max.bytes", PRODUCER_MESSAGE_MAX_BYTES))
+        # The producer refuses a record over its own message.max.bytes (librdkafka counts the record's framing
+        # too), whatever the topics allow: the smallest limit wins, less the framing.
+        self._record_limit = self.config.max_record_bytes or min(*limits, producer_limit) - RECORD_OVERHEAD_BYTES
 
     def turn(self) -> None:
         """One turn: claim new partitions, poll, decide, checkpoint."""

@@ -446,6 +446,7 @@ class TransactionalAppender:
             raise
 
     def _replacement(self, run: Run, reason: str, replaced: list[tuple[Run, Run]]) -> Run:
+        failpoint("appender.before_replacement")
         replacement = tuple(self.replace_poison(run, reason))
         before = {o for b in run for o in b.inputs}
         after = {o for b in replacement for o in b.inputs}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import faulthandler
+import logging
+import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,8 @@ from settled.runtime import App, load_app
 from settled.services._cli_root import JsonFormatter, configure_logging, exits_on_error, resolve_settings
 
 __all__ = ["JsonFormatter", "build_worker", "worker_command"]
+
+_log = logging.getLogger(__name__)
 
 
 def build_worker(
@@ -85,4 +89,13 @@ def worker_command(
         loaded = load_app(app)
         worker = build_worker(resolve_settings(), loaded, worker_id=worker_id or None)
     worker.install_signal_handlers()
-    worker.run()
+    try:
+        worker.run()
+    except Exception:  # noqa: BLE001 - logged with its traceback, then the process exits 1
+        # Exit 1 now, never a hang: run threads still inside a tool or a model call would keep the interpreter
+        # from exiting (it joins the run pool's threads). The loop dropped every partition, appending nothing;
+        # the next owner's claim recovers what was in flight, and a supervisor restarts this process.
+        _log.exception("worker failed: exiting with 1")
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(1)

@@ -119,6 +119,14 @@ app = App(
     max_attempts=3,
     options=OPTIONS,
 )
+#: The same agent and tools with settlements that linger up to 1 s for the run's next record (or its end).
+app_lingering = App(
+    agent=lambda ctx: _agent(ctx, {}),
+    resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
+    max_attempts=3,
+    tools=app.tools,
+    options=RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=1.0),
+)
 app_changed = App(
     agent=lambda ctx: _agent(ctx, {"charge_idem": "charge_other"}),
     resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
@@ -255,6 +263,9 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
                 value = await ctx.tool(rename.get(op["tool"], op["tool"]), op.get("args", {}))
             except ToolCallError as exc:
                 value = {"error": [exc.error_type, exc.message]}
+        elif "parallel" in op:  # parallel tool calls: one event-loop tick, their settlements may share a record
+            calls = [ctx.tool(o["tool"], o.get("args", {})) for o in op["parallel"]]
+            value = [len(canonical_json(r)) for r in await asyncio.gather(*calls)]
         elif "now" in op:
             value = ctx.now().isoformat()
         elif "uuid" in op:
@@ -293,3 +304,9 @@ def charge_then_hang(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
         db.execute("INSERT INTO effects VALUES (?, ?, ?)", ("charge_then_hang", call.idempotency_key, 1))
     time.sleep(float(args["hang_s"]))
     return {"tool": "charge_then_hang"}
+
+
+@app.tool(idempotent=True, timeout_s=10, parallel_safe=True)
+def blob(args: dict[str, Any], call: ToolCall) -> str:
+    """Idempotent and parallel-safe; returns a string of ``bytes`` characters (records near the size limits)."""
+    return "x" * int(args["bytes"])
