@@ -7,6 +7,7 @@ the consumer to the last committed input offset, or to the partition's start whe
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -89,3 +90,33 @@ def test_inputs_read_before_a_fatal_drop_with_no_committed_offset_are_decided_af
     assert all(n == 1 for n in by_id.values()), by_id
     settled = Counter(r.submission_id for r in _decoded(s, "settlements") if isinstance(r, SettlementRecord))
     assert settled == Counter({p.submission_id: 1 for p in [*sent, barrier]}), settled
+
+
+def test_an_invalid_producer_id_mapping_is_fatal_never_aborted_and_the_partition_is_claimed_again(
+    topics: Settings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator answers a commit with ``INVALID_PRODUCER_ID_MAPPING`` (our transactional.id expired while we
+    were stopped, so the partition may have a newer owner). Aborting would have librdkafka re-acquire the id and fence
+    that owner: the worker must drop the producer and the partition's state without aborting and claim again through
+    the claim order. Before the fix it was handled as abortable: aborted and retried on the same producer, no claim."""
+    s = topics
+    caplog.set_level(logging.WARNING, logger="settled.producers._appender")
+    sent = [proposal(f"conv-mapping-{i}") for i in range(2)]
+    produce_inbox(s, [(p.conversation_id.encode(), CODEC.encode(p)) for p in sent], partition=0)
+    # Hit 1 is the claim's own transaction (OwnershipClaimed); hit 2 the first one deciding inputs.
+    _failpoints.configure("appender.invalid_producer_id_mapping=2*raise", control_dir=tmp_path / "fp")
+    try:
+        worker: Worker[PartitionState] = build_worker(s, App(agent=EchoAgent(delay_s=0.0)))
+        with running(worker):
+            wait_for(
+                lambda: sum(isinstance(r, SettlementRecord) for r in _decoded(s, "settlements")) >= len(sent),
+                60,
+                "a settlement per proposal",
+            )
+    finally:
+        _failpoints.reset()
+    aborted = [r.getMessage() for r in caplog.records if r.getMessage() == "transaction aborted"]
+    assert not aborted, "the transaction was aborted (librdkafka would re-acquire the expired id)"
+    assert _claims(s) == [1, 2], "the worker did not drop the partition and claim it again"
+    admitted = Counter(r.request_id for r in _decoded(s, "receipts") if isinstance(r, Receipt))
+    assert admitted == Counter({p.submission_id: 1 for p in sent}), admitted
