@@ -830,7 +830,7 @@ class Conductor:
                 # Too large to append: a typed failure (e.g. the call's error result_too_large) committed in its
                 # place. The run saw what it handed over, not what the log holds: it ends, and the next attempt
                 # replays the log (DESIGN.md §5).
-                self._refuse(effect, AttemptSuperseded("its record was replaced by a typed failure (too large)"))
+                self._refuse(effect, AttemptSupersededError("its record was replaced by a typed failure (too large)"))
             elif committed.conversation(conversation_id).last_event_seq >= last_seq:
                 _resolve(effect.future)
             elif self.owner.is_pending(conversation_id):

@@ -18,9 +18,9 @@ from settled._settings import Settings
 from settled.processors import Worker
 from settled.protocol import PartitionState
 from settled.runtime import App
-from settled.runtime.echo import EchoAgent
 from settled.schemas import OwnershipClaimed, Receipt, ReceiptOutcome, SettlementRecord
 from settled.services._worker_service import build_worker
+from settled.testing import EchoAgent
 from tests._promise import promise
 from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
