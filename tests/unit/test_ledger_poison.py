@@ -12,16 +12,20 @@ import dataclasses
 
 import pytest
 
-from settled.processors import LedgerDecider
+from settled.processors import Decision, LedgerDecider
 from settled.processors._ledger import to_loop_decision
-from settled.protocol import SubmissionState, admit, start_attempt, terminalize
+from settled.protocol import PartitionState, SubmissionState, admit, start_attempt, terminalize
 from settled.schemas import (
+    RESULT_TOO_LARGE,
     ReceiptOutcome,
     Settlement,
     SettlementOutcome,
     SubmissionDuplicate,
     SubmissionRejected,
     SubmissionRejectReason,
+    ToolCallSettled,
+    canonical_json,
+    json_digest,
 )
 from tests.unit.protocol._sim import T0, Log, proposal
 
@@ -95,3 +99,39 @@ def test_an_oversized_settlement_with_the_next_attempt_start_becomes_a_failed_se
     committed.append(CID, replaced.events)
     # s2's start was dropped, not lost: it is ready and the scheduler starts it from the committed state.
     assert committed.state.conversation(CID).state_of("s2") is SubmissionState.READY
+
+
+def _settled(call_id: str, result: str) -> ToolCallSettled:
+    result_json = canonical_json(result)
+    return ToolCallSettled(
+        submission_id="s1",
+        attempt_id="a1",
+        call_id=call_id,
+        result_json=result_json,
+        result_digest=json_digest(result_json),
+    )
+
+
+def test_a_record_of_several_tool_settlements_is_split_one_event_per_decision_each_result_kept() -> None:
+    """The shared settlement record of parallel calls (issue 25): each call's result that fits alone is kept."""
+    events = tuple(_settled(f"call-{i}", "x" * 10) for i in range(5))
+    shared = Decision(CID, events, submission_id="s1", call_tools=tuple((f"call-{i}", "blob") for i in range(5)))
+
+    out = LedgerDecider(partition=0, partition_count=1).poison(PartitionState(partition=0), [shared], REASON, T0)
+
+    assert [d.events for d in out] == [(e,) for e in events]
+    assert all(d.submission_id == "s1" and not d.inputs for d in out)
+
+
+def test_one_tool_settlement_too_large_alone_becomes_the_calls_error_naming_tool_size_and_limit() -> None:
+    big = _settled("call-1", "x" * 3_000_000)
+    alone = Decision(CID, (big,), submission_id="s1", call_tools=(("call-1", "blob"),))
+
+    (out,) = LedgerDecider(partition=0, partition_count=1).poison(PartitionState(partition=0), [alone], REASON, T0)
+
+    (replaced,) = out.events
+    assert isinstance(replaced, ToolCallSettled) and replaced.call_id == "call-1"
+    assert replaced.result_json is None and replaced.result_digest == big.result_digest
+    assert replaced.error is not None and replaced.error.type == RESULT_TOO_LARGE and replaced.error.non_retryable
+    assert "'blob'" in replaced.error.message and "3000002 bytes" in replaced.error.message, replaced.error.message
+    assert REASON in replaced.error.message
