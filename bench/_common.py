@@ -1,7 +1,7 @@
 """Helpers shared by settled's benchmarks (``bench/``): broker discovery, versions, durability class, tables.
 
 Every benchmark prints the durability class it ran in, the Kafka timeouts it ran with (`use_dev_timeouts`) and the
-client and broker versions next to its numbers (DESIGN.md §3), and measures its bare-Kafka baseline in the same run
+client and broker versions next to its numbers (docs/design.md §3), and measures its bare-Kafka baseline in the same run
 with the same client settings.
 """
 
@@ -58,7 +58,7 @@ def resolve_bootstrap(cli_value: str | None) -> tuple[str, str]:
     """Find the broker to benchmark against.
 
     Order: ``--bootstrap``; ``SETTLED_KAFKA_BOOTSTRAP`` (through `Settings`); the dev stack's broker (started with
-    ``settled dev up``'s code when it is not running, DESIGN.md §8).
+    ``settled dev up``'s code when it is not running, docs/design.md §8).
 
     Args:
         cli_value: The ``--bootstrap`` argument, or ``None``.
@@ -150,7 +150,7 @@ class BrokerInfo:
     flush_interval_ms: str
 
     def durability_class(self) -> str:
-        """Describe what a committed transaction survives here (DESIGN.md §3: every benchmark prints it).
+        """Describe what a committed transaction survives here (docs/design.md §3: every benchmark prints it).
 
         Returns:
             One sentence.

@@ -5,7 +5,7 @@
 For each shape and batch size (events per transaction) it runs ``TransactionalAppender.checkpoint()`` back to back,
 each transaction carrying an input offset with a real consumer group's metadata (KIP-447), and a bare
 confluent-kafka transactional producer doing the same work — the same records (the appender's own encoded bytes,
-batch-id header included), the same offsets, the same client settings (``producer_config``, DESIGN.md §3) — in the
+batch-id header included), the same offsets, the same client settings (``producer_config``, docs/design.md §3) — in the
 same process, interleaved in blocks so machine noise hits both. It prints events/s and commit latency p50/p99 for
 each, the ratio (settled events/s ÷ bare events/s; goal ≥ 0.8), the durability class, and the versions.
 
@@ -312,7 +312,7 @@ class BareSide:
     """A bare confluent-kafka transactional producer: begin, produce, (flush,) send offsets, commit.
 
     Two variants run as baselines: the idiomatic one (no flush: ``commit_transaction`` flushes) and one that
-    flushes before sending the offsets, the appender's own call order (DESIGN.md §3's step 3 flushes so that a
+    flushes before sending the offsets, the appender's own call order (docs/design.md §3's step 3 flushes so that a
     delivery error is pinned on its batch). Which is faster depends on the batch: the flush delays
     ``AddOffsetsToTxn`` past the coordinator's marker writes of the previous commit (fewer ``CONCURRENT_TRANSACTIONS``
     retries, each costing ``retry.backoff.ms``), but serializes produce and offsets.

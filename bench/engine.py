@@ -524,7 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             f"bare p50): an engine adding nothing to one commit on the critical path would score {floor:.2f} against "
             f"the 100 ms target's 1.2 x bare p50"
         )
-        print("log batches of the sequential instant-model conversations, by shape (DESIGN.md §3 counts the commits):")
+        print(
+            "log batches of the sequential instant-model conversations, by shape"
+            " (docs/design.md §3 counts the commits):"
+        )
         for shape, n in batch_shapes(settings, "conv-seq0-"):
             print(f"  {n:5d}  {shape}")
         if args.segments:

@@ -330,7 +330,7 @@ class PartitionWriter:
         return _Out(self.partition, cid, batch.batch_id, value, len(events), side)
 
     def claim(self, worker: str) -> _Out:
-        """A worker claims the partition: `OwnershipClaimed` at the next epoch (DESIGN.md §3)."""
+        """A worker claims the partition: `OwnershipClaimed` at the next epoch (docs/design.md §3)."""
         self.worker = worker
         event = claim(self.head, worker, self.now())
         return self.append(genesis_conversation(self.partition), [event], epoch=event.owner_epoch)

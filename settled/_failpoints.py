@@ -1,7 +1,7 @@
 r"""Failpoints: named hooks in product code that tests arm per hit to crash, stall or pause a process (issue 3).
 
 Product code (producers, processors, projections, runtime; never ``settled.protocol``, which does no I/O —
-DESIGN.md §1b) marks a point with ``failpoint("appender.after_produce")``. Disarmed — neither
+docs/design.md §1b) marks a point with ``failpoint("appender.after_produce")``. Disarmed — neither
 ``SETTLED_FAILPOINTS`` nor ``SETTLED_FAILPOINT_DIR`` set — a call costs one module-global lookup: the
 environment is read once, at the first call, and never touched again (no import-time side effects).
 

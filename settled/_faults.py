@@ -27,7 +27,7 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
     {
         "random_transactional_id": (
             "the appender takes a random transactional.id instead of the partition's stable one, so a restarted "
-            "owner never fences its zombie (DUR-006, DESIGN.md §3)"
+            "owner never fences its zombie (DUR-006, docs/design.md §3)"
         ),
         "offsets_in_separate_transaction": (
             "the worker commits its consumed offsets outside the transaction holding its output, so a crash "

@@ -1,4 +1,4 @@
-"""One frozen settings object for every settled process (DESIGN.md §11).
+"""One frozen settings object for every settled process (docs/design.md §11).
 
 Every field is read from a ``SETTLED_<FIELD>`` environment variable (upper case) or from the optional file named
 by ``SETTLED_SETTINGS_FILE`` (dotenv syntax). Units are part of the field names.
@@ -36,10 +36,10 @@ class Settings(BaseSettings):
     """settled's configuration, frozen once built.
 
     Attributes:
-        namespace: Prefix of every topic, consumer group and ``transactional.id`` (DESIGN.md §2), so that
+        namespace: Prefix of every topic, consumer group and ``transactional.id`` (docs/design.md §2), so that
             deployments and parallel test runs never share them.
         app_id: Application id; the partition owner's ``transactional.id`` is
-            ``<namespace>.<app_id>.<log topic>.<partition>`` (DESIGN.md §3).
+            ``<namespace>.<app_id>.<log topic>.<partition>`` (docs/design.md §3).
         kafka_bootstrap: Kafka ``bootstrap.servers``; empty means "start or use the local dev stack".
         kafka_security_protocol: Kafka ``security.protocol`` (``plaintext``, ``ssl``, ``sasl_plaintext``,
             ``sasl_ssl``); unset: librdkafka's default, plaintext.
@@ -53,7 +53,7 @@ class Settings(BaseSettings):
         kafka_ssl_endpoint_identification_algorithm: Kafka ``ssl.endpoint.identification.algorithm``
             (``https``: check the broker's host name; ``none``: do not).
         postgres_dsn: PostgreSQL connection string; empty means "start or use the local dev stack".
-        partitions: Partition count of every co-partitioned topic (DESIGN.md §2).
+        partitions: Partition count of every co-partitioned topic (docs/design.md §2).
         state_dir: Folder holding the dev stack's data and logs.
         jar_cache_dir: Folder of the Maven-resolved jar cache (Kafka broker, Avro oracle), shared by every stack.
         kafka_version: Apache Kafka version whose broker jars the dev stack resolves from Maven Central.
@@ -68,13 +68,13 @@ class Settings(BaseSettings):
         transaction_timeout_ms: Producer ``transaction.timeout.ms``; must stay below the session timeout
             (docs/architecture.md). Default: 30 s.
         retry_backoff_ms: Producer ``retry.backoff.ms``; librdkafka's default of 100 ms makes every back-to-back
-            transaction cost ~100 ms (DESIGN.md §3), so settled lowers it.
+            transaction cost ~100 ms (docs/design.md §3), so settled lowers it.
         retry_backoff_max_ms: Producer ``retry.backoff.max.ms``, bounding the exponential growth.
         linger_ms: Producer ``linger.ms``.
         kafka_call_timeout_s: Timeout of every blocking transactional call (init, commit, abort, send offsets).
         revoke_grace_s: On a graceful revoke (SIGTERM, a rebalance), how long a partition's running attempts may
             take to finish and commit their settlements before the rest are recorded as ``AttemptInterrupted``
-            (DESIGN.md §3).
+            (docs/design.md §3).
         worker_turn_watchdog_s: Bound on one phase of a worker turn (one partition's checkpoint, a poll), in
             seconds; a worker whose phase runs past it logs CRITICAL, dumps its threads' stacks and exits 75 so a
             supervisor restarts it (librdkafka#5456, docs/architecture.md). Unset: derived from the Kafka timeouts

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Kafka broker and a real PostgreSQL for every integration test (DESIGN.md §8).
+"""Shared fixtures: a real Kafka broker and a real PostgreSQL for every integration test (docs/design.md §8).
 
 Where the services come from, in order: ``SETTLED_KAFKA_BOOTSTRAP`` / ``SETTLED_POSTGRES_DSN`` when set; a
 testcontainers container when a Docker engine answers; otherwise the local dev stack (``settled dev up``), started

@@ -1,4 +1,4 @@
-"""settled.client: submit turns, abort them, wait for and stream their settlements (DESIGN.md §4; issue 5 item 8).
+"""settled.client: submit turns, abort them, wait for and stream their settlements (docs/design.md §4; issue 5 item 8).
 
 ``Client(settings)`` holds one idempotent inbox producer and one receipts reader shared by all its threads;
 ``submit()`` returns only after reading the owner's receipt and raises `SubmissionOutcomeUnknownError` — naming the

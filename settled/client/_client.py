@@ -1,8 +1,8 @@
-"""`Client`: submit turns, abort them, wait for and stream their settlements (DESIGN.md §4; issue 5 item 8).
+"""`Client`: submit turns, abort them, wait for and stream their settlements (docs/design.md §4; issue 5 item 8).
 
 One client holds one idempotent inbox producer and one receipts reader, both shared by every thread that calls it
-(DESIGN.md §4: one shared receipts reader per process — use one client per process). ``submit()`` returns only after
-reading its receipt; when none comes within its deadline it raises `SubmissionOutcomeUnknownError` naming the
+(docs/design.md §4: one shared receipts reader per process — use one client per process). ``submit()`` returns only
+after reading its receipt; when none comes within its deadline it raises `SubmissionOutcomeUnknownError` naming the
 idempotency key, never a false success: submitting again with the same key and payload returns the original receipt.
 """
 
@@ -64,10 +64,10 @@ _log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1_000_000
 """settled's hard size limit for one inbox record value, in bytes: the worker's default ``max_input_bytes``
-(`settled.processors.WorkerConfig`), over which it quarantines a record (DESIGN.md §4)."""
+(`settled.processors.WorkerConfig`), over which it quarantines a record (docs/design.md §4)."""
 
 DEFAULT_PRINCIPAL = "default"
-"""The principal of a client built without one (the idempotency scope is principal + conversation, DESIGN.md §4)."""
+"""The principal of a client built without one (keys are scoped by principal + conversation, docs/design.md §4)."""
 
 #: Delivery errors after which producing the record again cannot succeed: after `_MAX_PERMANENT_TRIES` of them the
 #: request fails with `InboxProduceError` instead of waiting out its deadline.
@@ -127,7 +127,7 @@ def _json_field(value: Any, name: str) -> str:
 
 
 class Client:
-    """A settled client: ``submit``, ``wait``, ``abort``, ``settlements`` (DESIGN.md §4).
+    """A settled client: ``submit``, ``wait``, ``abort``, ``settlements`` (docs/design.md §4).
 
     Thread-safe; a context manager (``with Client(settings) as client: ...``) that closes its producer and reader.
 
@@ -157,7 +157,7 @@ class Client:
             codec: The record codec (default: single-object encoding of the shipped schemas).
             default_timeout_s: Deadline of a request that names none, in seconds.
             max_payload_bytes: Largest encoded proposal sent, in bytes; keep it equal to the workers'
-                ``max_input_bytes`` (a larger record would be quarantined, DESIGN.md §4).
+                ``max_input_bytes`` (a larger record would be quarantined, docs/design.md §4).
             delivery_timeout_s: How long the producer keeps trying to deliver a record, in seconds (librdkafka's
                 ``message.timeout.ms``). A record may land after ``submit()``'s deadline; that is safe.
             settlement_lookback_s: `wait` starts reading this many seconds before the receipt's ``decided_at``, a
@@ -235,7 +235,7 @@ class Client:
         tools_offered: Iterable[str] = (),
         timeout_s: float | None = None,
     ) -> Receipt:
-        """Propose one turn and return its receipt (DUR-001, DESIGN.md §4).
+        """Propose one turn and return its receipt (DUR-001, docs/design.md §4).
 
         The input is canonicalised (RFC 8785) and digested; the `SubmissionProposed` record is produced keyed by the
         conversation id, and the call returns only once the owner's receipt is read.
@@ -245,7 +245,7 @@ class Client:
             input: The turn's input, a JSON-compatible value.
             idempotency_key: The client key (scope: principal + conversation); a new UUID when ``None``.
             principal: Who submits (default: the client's).
-            tools_offered: Names of the tools offered for this turn (DESIGN.md §5).
+            tools_offered: Names of the tools offered for this turn (docs/design.md §5).
             timeout_s: Deadline, in seconds (default: the client's).
 
         Returns:
@@ -319,7 +319,7 @@ class Client:
         command_id: str | None = None,
         timeout_s: float | None = None,
     ) -> Receipt:
-        """Ask the owner to abort a submission and return its reply (DUR-012, spec §13).
+        """Ask the owner to abort a submission and return its reply (DUR-012, docs/semantics.md §13).
 
         Args:
             conversation_id: The conversation.
@@ -397,8 +397,8 @@ class Client:
 
         A call interrupted between ``ToolCallPrepared`` and ``ToolCallSettled`` whose tool is neither idempotent nor
         reconcilable is Unknown: its run stops and its conversation waits until an authorized resolution decides it
-        (DESIGN.md §5). The command is signed with ``signing_key`` (Ed25519 over `ResolveUnknown.signing_bytes`); the
-        owner verifies it against the workers' ``App.resolver_keys[key_id]`` before deciding anything.
+        (docs/design.md §5). The command is signed with ``signing_key`` (Ed25519 over `ResolveUnknown.signing_bytes`);
+        the owner verifies it against the workers' ``App.resolver_keys[key_id]`` before deciding anything.
 
         Args:
             conversation_id: The conversation.
@@ -493,7 +493,7 @@ class Client:
     def _resolution_json(
         kind: ResolutionKind, outcome: SettlementOutcome | None, result: Any, reply: Any
     ) -> str | None:
-        """Check the kind-specific fields of a resolution and return its ``result_json`` (DESIGN.md §5)."""
+        """Check the kind-specific fields of a resolution and return its ``result_json`` (docs/design.md §5)."""
         if kind is ResolutionKind.OUTCOME_FOR_SUBMISSION:
             if outcome is None:
                 raise ValueError("outcome is required when kind is outcome_for_submission (completed, failed, aborted)")
@@ -517,7 +517,7 @@ class Client:
     # ------------------------------------------------------------------------------------------ settlements
 
     def wait(self, receipt: Receipt, timeout_s: float | None = None) -> SettlementRecord:
-        """Return the settlement of the submission a receipt admitted (DESIGN.md §4).
+        """Return the settlement of the submission a receipt admitted (docs/design.md §4).
 
         Reads the conversation's partition of ``settled.settlements`` from the receipt's ``decided_at`` (less
         ``settlement_lookback_s``), found with ``offsets_for_times``, until the submission's settlement.
@@ -559,7 +559,7 @@ class Client:
         since: datetime | None = None,
         idle_timeout_s: float | None = None,
     ) -> SettlementStream:
-        """Iterate over ``settled.settlements`` for downstream consumers (read_committed; DESIGN.md §2).
+        """Iterate over ``settled.settlements`` for downstream consumers (read_committed; docs/design.md §2).
 
         Args:
             from_beginning: Start at the first record of each partition.
@@ -617,7 +617,7 @@ class Client:
 
         The reader is started (capturing the receipts' end offsets) and the waiter registered before the record is
         produced. A failed delivery produces the same record again (a repeat is answered as a duplicate of the
-        original, DESIGN.md §4) until the deadline.
+        original, docs/design.md §4) until the deadline.
         """
         reader = self._ensure_reader(deadline)
         waiter = reader.expect(request_id)

@@ -1,4 +1,4 @@
-"""The client's typed errors (DESIGN.md §4; issue 5 item 8).
+"""The client's typed errors (docs/design.md §4; issue 5 item 8).
 
 Every error says what is known about the request: `SubmissionOutcomeUnknownError` is raised only when the proposal
 may have reached the inbox and no receipt was read in time (never a false success, never a false failure);
@@ -33,7 +33,7 @@ __all__ = [
 
 
 def reason_parts(reason: str | None) -> tuple[str, str]:
-    """Split a receipt's ``reason`` (``"<code>: <detail>"``, DESIGN.md §4) into its code and detail.
+    """Split a receipt's ``reason`` (``"<code>: <detail>"``, docs/design.md §4) into its code and detail.
 
     Args:
         reason: The receipt's ``reason``, or ``None``.
@@ -47,7 +47,7 @@ def reason_parts(reason: str | None) -> tuple[str, str]:
     return code.strip(), detail.strip()
 
 
-#: The offending field a submission rejection code implies, where the code alone names it (DESIGN.md §4).
+#: The offending field a submission rejection code implies, where the code alone names it (docs/design.md §4).
 _FIELD_OF_CODE = {
     "idempotency_conflict": "idempotency_key",
     "digest_mismatch": "payload_digest",
@@ -62,7 +62,7 @@ class ClientError(SettledError):
 
 
 class SubmissionRejectedError(ClientError):
-    """The owner rejected the submission (receipt outcome ``rejected``; DESIGN.md §4).
+    """The owner rejected the submission (receipt outcome ``rejected``; docs/design.md §4).
 
     Attributes:
         receipt: The rejection receipt.
@@ -93,7 +93,7 @@ class SubmissionRejectedError(ClientError):
 
 
 class IdempotencyConflictError(SubmissionRejectedError):
-    """The idempotency key was admitted earlier with another payload (reason ``idempotency_conflict``, DESIGN.md §4)."""
+    """The idempotency key was admitted earlier with another payload (``idempotency_conflict``, docs/design.md §4)."""
 
 
 class OutcomeUnknownError(ClientError, TimeoutError):
@@ -103,7 +103,9 @@ class OutcomeUnknownError(ClientError, TimeoutError):
 
 
 class SubmissionOutcomeUnknownError(OutcomeUnknownError):
-    """No receipt was read within ``submit()``'s deadline: the submission may or may not be admitted (DESIGN.md §4).
+    """No receipt was read within ``submit()``'s deadline: the submission may or may not be admitted.
+
+    See docs/design.md §4.
 
     Attributes:
         idempotency_key: The key to submit again with.
@@ -134,7 +136,7 @@ class SubmissionOutcomeUnknownError(OutcomeUnknownError):
 
 
 class CommandOutcomeUnknownError(OutcomeUnknownError):
-    """No reply to an inbox command (an abort, a resolution) was read within the deadline (DESIGN.md §4).
+    """No reply to an inbox command (an abort, a resolution) was read within the deadline (docs/design.md §4).
 
     Sending the command again with the same command id is safe: the owner answers a command id it already applied
     as a duplicate (DUR-012).
@@ -188,7 +190,7 @@ class AbortOutcomeUnknownError(CommandOutcomeUnknownError):
 
 
 class ResolveOutcomeUnknownError(CommandOutcomeUnknownError):
-    """No reply to a `ResolveUnknown` was read within the deadline (DUR-009, DESIGN.md §5).
+    """No reply to a `ResolveUnknown` was read within the deadline (DUR-009, docs/design.md §5).
 
     ``Client.resolve_unknown(..., command_id=err.command_id)`` sends it again; a resolution already applied is
     answered as a duplicate.
@@ -226,7 +228,7 @@ class ResolveOutcomeUnknownError(CommandOutcomeUnknownError):
 
 
 class CommandRejectedError(ClientError):
-    """The owner rejected an inbox command (receipt outcome ``rejected``, request kind ``command``; DESIGN.md §4).
+    """The owner rejected an inbox command (receipt outcome ``rejected``, request kind ``command``; docs/design.md §4).
 
     Attributes:
         receipt: The rejection receipt (request kind ``command``).
@@ -267,7 +269,7 @@ class AbortRejectedError(CommandRejectedError):
 
 
 class ResolveRejectedError(CommandRejectedError):
-    """The owner rejected a `ResolveUnknown` (DUR-009, DESIGN.md §4, §5).
+    """The owner rejected a `ResolveUnknown` (DUR-009, docs/design.md §4, §5).
 
     Reason codes the worker uses: ``unsigned``, ``unknown_key`` (a key id not among the workers' resolver keys),
     ``bad_signature`` (it does not verify with that key), ``not_unknown`` (the call is not Unknown),
@@ -284,7 +286,7 @@ class ResolveRejectedError(CommandRejectedError):
 
 
 class SigningKeyError(ClientError, ValueError):
-    """A resolver signing key file cannot be read or is not an Ed25519 private key (DESIGN.md §4).
+    """A resolver signing key file cannot be read or is not an Ed25519 private key (docs/design.md §4).
 
     Attributes:
         path: The key file.
@@ -326,7 +328,7 @@ class UnexpectedReceiptError(ClientError):
 
 
 class PayloadTooLargeError(ClientError, ValueError):
-    """The encoded record exceeds the inbox's hard size limit; nothing was produced (DESIGN.md §4).
+    """The encoded record exceeds the inbox's hard size limit; nothing was produced (docs/design.md §4).
 
     Attributes:
         size_bytes: The encoded record's size.
@@ -386,7 +388,7 @@ class InboxProduceError(ClientError):
 
 
 class SettlementTimeoutError(ClientError, TimeoutError):
-    """No settlement for the submission was read within ``wait()``'s deadline (DESIGN.md §4).
+    """No settlement for the submission was read within ``wait()``'s deadline (docs/design.md §4).
 
     Attributes:
         submission_id: The submission waited for.

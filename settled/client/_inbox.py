@@ -1,11 +1,11 @@
-"""The shared inbox producer: one idempotent producer per client, replaced after a fatal error (DESIGN.md §2, §4).
+"""The shared inbox producer: one idempotent producer per client, replaced after a fatal error (docs/design.md §2, §4).
 
 ``settled.inbox`` is not authoritative (the owner decides what it admits), so the producer is idempotent — no
 duplicates or reordering from its own retries, murmur2 placement by conversation id — but not transactional. A
 background thread serves its delivery reports. A fatal error (librdkafka stops an idempotent producer when it cannot
 keep its guarantees, e.g. after some broker outages, scenario 20) replaces the producer with a new one; the records the
 old one still held fail with delivery errors and their requests produce them again on the new one, which is safe: a
-repeated proposal is answered as a duplicate of the original (DESIGN.md §4).
+repeated proposal is answered as a duplicate of the original (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class InboxProducer:
         if self._conf.get("transactional.id"):
             raise ValueError("overrides: the inbox producer is idempotent, not transactional (transactional.id set)")
         if self._conf.get("enable.idempotence") is not True:
-            raise ValueError("overrides: enable.idempotence must stay true for the inbox producer (DESIGN.md §2)")
+            raise ValueError("overrides: enable.idempotence must stay true for the inbox producer (docs/design.md §2)")
         self._poll_timeout_s = poll_timeout_s
         self._lock = threading.Lock()
         self._producer: Producer | None = None

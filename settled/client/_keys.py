@@ -1,4 +1,4 @@
-"""Resolver signing keys: load, create and describe the Ed25519 keys that sign ``ResolveUnknown`` (DESIGN.md §4, §5).
+"""Resolver signing keys: load, create and describe the Ed25519 keys signing ``ResolveUnknown`` (docs/design.md §4, §5).
 
 Workers hold the public keys (``App.resolver_keys``: key id → base64 of the raw 32 bytes) and verify every
 resolution against them (DUR-009); the operator holds the private key in a file, PEM (PKCS#8, as
@@ -29,7 +29,7 @@ _PEM_START = b"-----BEGIN"
 
 
 def load_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
-    """Read a resolver's Ed25519 private key from a file (DESIGN.md §4).
+    """Read a resolver's Ed25519 private key from a file (docs/design.md §4).
 
     Args:
         path: A PEM file (an unencrypted PKCS#8 or OpenSSL ``PRIVATE KEY``), or a text file holding the base64 of

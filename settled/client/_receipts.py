@@ -1,4 +1,4 @@
-"""The shared receipts reader: one background consumer of ``settled.receipts`` per client (DESIGN.md §4).
+"""The shared receipts reader: one background consumer of ``settled.receipts`` per client (docs/design.md §4).
 
 An assign-only ``read_committed`` consumer over every partition of the receipts topic, started at the end offsets
 captured when it starts — before the client produces anything it waits for — so no receipt of a later request can be
@@ -99,7 +99,7 @@ class ReceiptWaiter:
 
 
 class ReceiptsReader:
-    """The background reader of ``settled.receipts`` shared by every request of one client (DESIGN.md §4).
+    """The background reader of ``settled.receipts`` shared by every request of one client (docs/design.md §4).
 
     Thread-safe: `expect` and `forget` may be called from any thread.
     """

@@ -1,4 +1,4 @@
-"""Reading ``settled.settlements``: one submission's settlement, and the stream for downstream consumers (DESIGN.md §4).
+"""Reading ``settled.settlements``: one submission's settlement, the stream for downstream readers (docs/design.md §4).
 
 Both read ``read_committed`` on assign-only consumers (no consumer group, nothing committed). A start position given
 as a time is found with ``offsets_for_times``; when no record is that recent, the read starts at the end offset
@@ -94,7 +94,7 @@ def read_settlement(
     Args:
         settings: Namespace and bootstrap servers.
         codec: Decodes the records.
-        conversation_id: The conversation (its partition is ``murmur2(conversation id)``, DESIGN.md §2).
+        conversation_id: The conversation (its partition is ``murmur2(conversation id)``, docs/design.md §2).
         submission_id: The admitted submission whose settlement is wanted.
         since: Where to start, as a time (aware); the receipt's ``decided_at`` minus a clock-skew margin.
         timeout_s: Bound on the whole read, in seconds.
@@ -143,7 +143,7 @@ def read_settlement(
 
 
 class SettlementStream(Iterator[SettlementRecord]):
-    """An iterator over the committed settlements of every partition; each partition in log order (DESIGN.md §2).
+    """An iterator over the committed settlements of every partition; each partition in log order (docs/design.md §2).
 
     The start positions are fixed when it is built (so "from the end" means from the moment of the call). Close it
     (or use it as a context manager) to release its consumer; it closes itself when ``idle_timeout_s`` ends it.

@@ -1,7 +1,7 @@
 """The conductor: scheduling, attempts, effects, recovery, terminalization and abort for one owned partition.
 
-Issue 5 (spec §5, §12, §13) and issue 6 (spec §8-§11, §14, §15; DESIGN.md §3, §5). Driven by the worker loop, one
-call per phase of a turn:
+Issue 5 (docs/semantics.md §5, §12, §13) and issue 6 (docs/semantics.md §8-§11, §14, §15; docs/design.md §3, §5). Driven
+by the worker loop, one call per phase of a turn:
 
 * `before_checkpoint` — stage the effects runs asked to record (each a canonical batch, checked against the
   overlay: only the submission's current, running attempt may append — attempt tokens fence superseded attempts
@@ -11,17 +11,17 @@ call per phase of a turn:
   acting on it (DUR-013) — asking tools' reconcilers first when the classifier needs their answers; stage what the
   scheduler says next (``AttemptStarted``, canonical before the attempt runs, or an immediate aborted settlement of
   a queued submission). While submissions that recovery resumed after a death wait for their next attempt, they
-  start one at a time and alone, and nothing else starts on the partition meanwhile (DESIGN.md §5: a poison
+  start one at a time and alone, and nothing else starts on the partition meanwhile (docs/design.md §5: a poison
   submission then dies alone and spends its own ``max_attempts``, not its neighbours'). The budget counts every
   attempt started, so the shared first death counts for each attempt it interrupted.
 * `after_checkpoint` — resolve the effect futures whose batches committed (a run continues only once its record is
-  canonical: e.g. ``ToolCallPrepared`` before the tool runs, DESIGN.md §5); start the runs whose ``AttemptStarted``
+  canonical: e.g. ``ToolCallPrepared`` before the tool runs, docs/design.md §5); start the runs whose ``AttemptStarted``
   committed, handing each the journal of its submission's recorded effects to replay; cancel runs whose abort is
   canonical (DUR-012: the abort is canonical before the worker is interrupted) or whose attempt was superseded.
 
 The journal (recorded tool calls, steps, ``now``/``uuid`` values, recovery decisions, resolutions, model records)
 is kept per nonterminal submission from committed batches only (the owner's restore and checkpoints) and dropped
-when the submission settles (DESIGN.md §3 "Memory"). Runs execute on a thread pool whose size is the worker's
+when the submission settles (docs/design.md §3 "Memory"). Runs execute on a thread pool whose size is the worker's
 concurrency permit count; a run in Unknown, or suspended, holds no pool slot.
 """
 
@@ -92,7 +92,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: The events a run's journal keeps: what replay and the recovery classifier read (DESIGN.md §3, §5).
+#: The events a run's journal keeps: what replay and the recovery classifier read (docs/design.md §3, §5).
 JOURNAL_EVENT_TYPES: tuple[type[LogEvent], ...] = (
     ToolCallPrepared,
     ToolCallSettled,
@@ -124,7 +124,7 @@ class RunFailedError(SettledError):
 
 
 class AttemptSupersededError(SettledError):
-    """A run's effect cannot be recorded: its attempt is no longer the submission's running one (spec §6).
+    """A run's effect cannot be recorded: its attempt is no longer the submission's running one (docs/semantics.md §6).
 
     Raised into the run (through the future `AgentRun.record` returned) when the attempt was aborted, timed out,
     interrupted or moved to Recovery, or when this worker's ownership of the partition ended. Late work of a
@@ -239,7 +239,7 @@ def _no_recorder(events: Sequence[LogEvent]) -> Future[None]:
 
 @dataclass(frozen=True)
 class HistoryTurn:
-    """One settled submission of the conversation, as later runs may show it to a model (spec §10).
+    """One settled submission of the conversation, as later runs may show it to a model (docs/semantics.md §10).
 
     Attributes:
         submission_id: The submission.
@@ -265,7 +265,7 @@ class AgentRun:
         attempt_id: This attempt's id (its token: a superseded attempt's result and effects are dropped).
         attempt: The attempt number (1, 2, ...).
         input_json: The submission's input, canonical JSON.
-        owner_epoch: The owner epoch, a fencing token for outside systems (DESIGN.md §3).
+        owner_epoch: The owner epoch, a fencing token for outside systems (docs/design.md §3).
         cancelled: Set when the run must stop (abort, revoke, superseded); a run checks it or registers a callback.
         run_id: The logical run id, stable across attempts (part of every effect's key; the submission id).
         tools_offered: Tool names offered for the turn (empty: no restriction).
@@ -296,7 +296,7 @@ Agent = Callable[[AgentRun], str]
 
 
 class ToolPolicy(Protocol):
-    """What the conductor needs to know about tools to classify recovery (DESIGN.md §5; see `settled.runtime`)."""
+    """What the conductor needs to know about tools to classify recovery (docs/design.md §5; see `settled.runtime`)."""
 
     def safety(self, tool: str) -> ToolSafety | None:
         """Return the tool's declared safety, or None when no tool of that name is registered."""
@@ -334,7 +334,7 @@ _RESUMING = frozenset({RecoveryDecisionKind.RESUME, RecoveryDecisionKind.SAFE_RE
 
 
 class ResumeGate:
-    """One worker process's gate for attempts resumed after an unexplained death (DESIGN.md §5).
+    """One worker process's gate for attempts resumed after an unexplained death (docs/design.md §5).
 
     The conductors of one process share it (`Conductor.join_process`; a conductor on its own has a gate of its
     own). A *suspect* is a Ready submission whose last attempt recovery resumed after a death and that has not run
@@ -406,12 +406,12 @@ class Conductor:
         agent: The run body.
         pool: The worker's thread pool (its size is the worker's concurrency permit count).
         clock: Returns "now".
-        max_attempts: Attempts per submission before it settles failed (DESIGN.md §5; default 3).
+        max_attempts: Attempts per submission before it settles failed (docs/design.md §5; default 3).
         tools: The tools' declared safety and reconcilers (None: every tool counts as neither idempotent nor
             reconcilable, so any prepared call without a settlement is Unknown).
         keep_history: Keep every settled submission's input and effects per conversation and hand them to runs
             (`AgentRun.history`), for agents that show the conversation to a model. Off by default: then settled
-            submissions keep nothing beyond what admission needs (DESIGN.md §3 "Memory").
+            submissions keep nothing beyond what admission needs (docs/design.md §3 "Memory").
     """
 
     owner: PartitionOwner[PartitionState]
@@ -433,7 +433,7 @@ class Conductor:
     _inputs: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # submission -> (conv, input)
     _history: dict[str, list[HistoryTurn]] = field(default_factory=dict, init=False)  # conversation -> turns
     _closed: bool = field(default=False, init=False)
-    _draining: bool = field(default=False, init=False)  # a graceful revoke is pending (DESIGN.md §3)
+    _draining: bool = field(default=False, init=False)  # a graceful revoke is pending (docs/design.md §3)
     _held: list[_Effect] = field(default_factory=list, init=False)  # tool calls not started while draining
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
     _refused: dict[str, str] = field(default_factory=dict, init=False)  # attempt -> why an effect of it was refused
@@ -450,7 +450,7 @@ class Conductor:
 
         Args:
             wake: Wakes the worker loop (a run handed over a record, or ended); thread-safe.
-            gate: The process's gate for attempts resumed after a death (DESIGN.md §5).
+            gate: The process's gate for attempts resumed after a death (docs/design.md §5).
         """
         self._wake = wake
         self._gate.leave(self)
@@ -546,7 +546,7 @@ class Conductor:
         for conversation_id in conversations:
             self._recover(conversation_id, now)
         # After an unexplained death, the interrupted attempts resume one at a time and alone in the process
-        # (DESIGN.md §5): a poison submission then kills its worker while it runs alone, never its neighbours'.
+        # (docs/design.md §5): a poison submission then kills its worker while it runs alone, never its neighbours'.
         only = self._gate.admit(self, self._suspects(conversations))
         for conversation_id in conversations:
             self._schedule(conversation_id, now, only)
@@ -576,7 +576,7 @@ class Conductor:
             except queue.Empty:
                 return
             if self._draining and any(isinstance(e, ToolCallPrepared) for e in effect.events):
-                self._held.append(effect)  # start no new tool once a revoke is pending (DESIGN.md §3)
+                self._held.append(effect)  # start no new tool once a revoke is pending (docs/design.md §3)
                 continue
             refused = self._refused.get(effect.attempt_id)
             if refused is not None:
@@ -646,7 +646,7 @@ class Conductor:
             self._last_error[run.submission_id] = (error_type, str(exc))
         if sub.open_calls:
             # A call is prepared without a settlement (e.g. an abort past the grace, a transport error budget
-            # spent): the classifier decides, after this interruption moves the run to Recovery (DESIGN.md §5).
+            # spent): the classifier decides, after this interruption moves the run to Recovery (docs/design.md §5).
             why = "returned" if exc is None else f"raised {type(exc).__name__}"
             decision = protocol.interrupt(
                 conv, run.submission_id, f"attempt {run.attempt} {why} with calls in doubt: {sorted(sub.open_calls)}"
@@ -659,7 +659,7 @@ class Conductor:
             decision = protocol.terminalize(conv, run.submission_id, SettlementOutcome.ABORTED, now)
         else:
             error_type, reason = self._last_error[run.submission_id]
-            # Attempts a graceful revoke ended are no death and not charged (DESIGN.md §5).
+            # Attempts a graceful revoke ended are no death and not charged (docs/design.md §5).
             final = (isinstance(exc, RunFailedError) and exc.non_retryable) or sub.charged_attempts >= self.max_attempts
             if final:
                 decision = protocol.terminalize(
@@ -670,7 +670,7 @@ class Conductor:
         failpoint("conductor.before_settle")  # a finished run's settlement (or interruption) is about to be staged
         self.owner.stage(to_loop_decision(run.conversation_id, decision))
 
-    # -- recovery (spec §14; DUR-013) -------------------------------------------------------------------------
+    # -- recovery (docs/semantics.md §14; DUR-013) ---------------------------------------------------------------------
 
     def _live_run(self, submission_id: str) -> bool:
         return any(r.run.submission_id == submission_id for r in self._running.values())
@@ -804,7 +804,7 @@ class Conductor:
             if isinstance(nxt, SettleAborted):
                 d = protocol.terminalize(conv, nxt.submission_id, SettlementOutcome.ABORTED, now)
                 self.owner.stage(to_loop_decision(conversation_id, d))
-                continue  # an aborted queued submission never blocks the rest (spec §13)
+                continue  # an aborted queued submission never blocks the rest (docs/semantics.md §13)
             if isinstance(nxt, StartAttempt) and nxt.submission_id not in self._staged:
                 if only is not _ANY and nxt.submission_id != only:
                     return  # resuming interrupted attempts one at a time: this one waits
@@ -829,7 +829,7 @@ class Conductor:
             if replaced and f"{conversation_id}:{last_seq - len(effect.events) + 1}" in replaced:
                 # Too large to append: a typed failure (e.g. the call's error result_too_large) committed in its
                 # place. The run saw what it handed over, not what the log holds: it ends, and the next attempt
-                # replays the log (DESIGN.md §5).
+                # replays the log (docs/design.md §5).
                 self._refuse(effect, AttemptSupersededError("its record was replaced by a typed failure (too large)"))
             elif committed.conversation(conversation_id).last_event_seq >= last_seq:
                 _resolve(effect.future)
@@ -875,7 +875,7 @@ class Conductor:
             if stale or (sub is not None and sub.abort_requested):
                 running.run.cancelled.set()
 
-    # -- graceful revoke (DESIGN.md §3, §5) -----------------------------------------------------------------------
+    # -- graceful revoke (docs/design.md §3, §5) -----------------------------------------------------------------------
 
     def begin_drain(self) -> None:
         """A graceful revoke is pending: start no new attempt, run or tool call; let running runs finish.
@@ -897,7 +897,7 @@ class Conductor:
         """Stage ``AttemptInterrupted("graceful_revoke")`` for every attempt still running; cancel their runs.
 
         Folded, each goes Running → Ready (or → Recovery when a call is in doubt), so the successor sees an
-        ownership change the log explains, no death, and charges no attempt for it (DESIGN.md §5). The worker
+        ownership change the log explains, no death, and charges no attempt for it (docs/design.md §5). The worker
         checkpoints after this call, then closes the conductor.
 
         Returns:

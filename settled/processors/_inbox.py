@@ -1,4 +1,4 @@
-"""Reading one inbox record into an `InboxInput`: decoded, or why not (DESIGN.md §4; issue 25 item 7).
+"""Reading one inbox record into an `InboxInput`: decoded, or why not (docs/design.md §4; issue 25 item 7).
 
 Pure apart from the codec (no consumer): the worker calls `decode_input` for every record it polls, and the property
 tests (tests/unit/test_admission_properties.py) feed it random and mutated bytes.

@@ -1,4 +1,4 @@
-"""The ledger decider: the protocol core's decisions behind the worker loop (issue 5; DESIGN.md §3, §4).
+"""The ledger decider: the protocol core's decisions behind the worker loop (issue 5; docs/design.md §3, §4).
 
 `LedgerDecider` adapts `settled.protocol` (a fold over canonical batches and decisions that are functions of state
 and one input) to the loop's `Decider`: admission with its key index and the pending overlay, aborts, signed
@@ -76,8 +76,8 @@ class LedgerDecider:
 
     Attributes:
         partition: The owned partition.
-        partition_count: The topics' partition count (for the misroute check, DESIGN.md §2).
-        resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` commands, by key id (DESIGN.md §4).
+        partition_count: The topics' partition count (for the misroute check, docs/design.md §2).
+        resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` commands, by key id (docs/design.md §4).
     """
 
     partition: int
@@ -93,7 +93,7 @@ class LedgerDecider:
         return protocol.apply(state, batch)
 
     def decide(self, state: PartitionState, inp: InboxInput, now: datetime) -> Sequence[Decision]:
-        """Decide one inbox input (DESIGN.md §3: exactly one log record carrying its offset).
+        """Decide one inbox input (docs/design.md §3: exactly one log record carrying its offset).
 
         Args:
             state: Committed state plus the pending overlay.
@@ -168,7 +168,7 @@ class LedgerDecider:
     def poison(
         self, state: PartitionState, decisions: Sequence[Decision], reason: str, now: datetime
     ) -> Sequence[Decision]:
-        """Replace decisions that cannot be appended by typed failures deciding the same inputs (DESIGN.md §3).
+        """Replace decisions that cannot be appended by typed failures deciding the same inputs (docs/design.md §3).
 
         An admission becomes a rejection naming the reason; a duplicate answered from the pending overlay with an
         admission replaced here becomes a rejection too (the same payload, the same failure); a settlement becomes a
@@ -236,7 +236,7 @@ class LedgerDecider:
         if expected != inp.partition:
             return (
                 f"key {conversation_id!r} hashes (murmur2) to partition {expected}, but the record arrived on "
-                f"partition {inp.partition}: produce with the murmur2 partitioner (DESIGN.md §2)"
+                f"partition {inp.partition}: produce with the murmur2 partitioner (docs/design.md §2)"
             )
         return None
 

@@ -1,10 +1,10 @@
-"""A partition's owner: claim, restore, decide, append (DESIGN.md §3).
+"""A partition's owner: claim, restore, decide, append (docs/design.md §3).
 
 `PartitionOwner` is the consume → decide → append loop for one owned partition. The domain logic is a `Decider`
 (pure: a fold over canonical batches and decisions that are functions of state and one input); the owner wraps it
 with what every decider needs:
 
-* the **claim** in DESIGN.md §3's order — the caller pauses the input partition (step 1); `claim` fences previous
+* the **claim** in docs/design.md §3's order — the caller pauses the input partition (step 1); `claim` fences previous
   owners with ``init_transactions`` (2), waits until the log partition has no open transaction (3), restores from the
   log on an assign-only consumer (4) and appends ``OwnershipClaimed(epoch + 1)`` (5); the caller then resumes (6);
 * the **chain**: every batch is sealed on its conversation's head (event sequence, previous digest), with a
@@ -116,7 +116,7 @@ class Decision:
 
 
 class Decider(Protocol[S]):
-    """The pure domain logic of a partition (DESIGN.md §1b): a fold and decisions. No I/O, no clock."""
+    """The pure domain logic of a partition (docs/design.md §1b): a fold and decisions. No I/O, no clock."""
 
     def initial_state(self, partition: int) -> S:
         """Return the state of an empty partition."""
@@ -212,7 +212,7 @@ class PartitionOwner(Generic[S]):
         """The canonical log topic."""
         return self.settings.topic("log")
 
-    # -- claim (DESIGN.md §3 steps 2-5) -------------------------------------------------------------------------
+    # -- claim (docs/design.md §3 steps 2-5) -------------------------------------------------------------------------
 
     def claim(self, restore_timeout_s: float = 120.0) -> None:
         """Fence previous owners, restore from the log, and append ``OwnershipClaimed(epoch + 1)``.
@@ -243,7 +243,7 @@ class PartitionOwner(Generic[S]):
         return f"~partition/{self.partition}"
 
     def restore(self, timeout_s: float) -> None:
-        """Fold the whole log partition from offset 0 (until snapshots exist, DESIGN.md §11). Call it once, on claim.
+        """Fold the whole log partition from offset 0 (until snapshots exist, docs/design.md §11); once, on claim.
 
         Args:
             timeout_s: Bound on the read, in seconds.
@@ -309,7 +309,7 @@ class PartitionOwner(Generic[S]):
 
     @property
     def overlay(self) -> S:
-        """The committed state plus every pending decision: what decisions read (DESIGN.md §3)."""
+        """The committed state plus every pending decision: what decisions read (docs/design.md §3)."""
         return self._overlay
 
     def stage(self, decision: Decision) -> None:
@@ -445,7 +445,7 @@ class PartitionOwner(Generic[S]):
         return len(result.committed)
 
     def replace_poison(self, run: Sequence[AppendBatch], reason: str) -> tuple[AppendBatch, ...]:
-        """The appender's ``replace_poison``: re-decide a conversation's batches as typed failures (DESIGN.md §3).
+        """The appender's ``replace_poison``: re-decide a conversation's batches as typed failures (docs/design.md §3).
 
         Args:
             run: One conversation's batches that cannot be appended.

@@ -7,7 +7,7 @@ blocked C call cannot be interrupted from Python, so the worker loop marks what 
 stamp. When a phase runs past its bound the watchdog logs CRITICAL naming the phase, dumps every thread's stack to
 stderr and ends the process with `WATCHDOG_EXIT_CODE` through ``os._exit``, so a supervisor starts a fresh worker:
 its producers, with the same ``transactional.id``, fence the stuck one, and the claim's recovery takes it from there
-(nothing the stuck owner staged ever commits; DESIGN.md §3).
+(nothing the stuck owner staged ever commits; docs/design.md §3).
 
 Only time the process was running counts: `StallMeter` credits each check with the time since the previous one, at
 most `MAX_CREDIT_INTERVALS` check intervals, so a process that was stopped (SIGSTOP, a suspended VM) is not ended for

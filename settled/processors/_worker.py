@@ -6,7 +6,7 @@ every owner with pending work. A newly assigned partition is paused at once (cla
 starts nothing new, its running attempts get ``Settings.revoke_grace_s`` to finish and commit their settlements, the
 rest are recorded as ``AttemptInterrupted("graceful_revoke")``, it is checkpointed, then dropped; a lost one is
 dropped at once, appending nothing. An owner that gets fenced is dropped; one that hits another fatal
-producer error is dropped and claimed again from the log. DESIGN.md §3.
+producer error is dropped and claimed again from the log. docs/design.md §3.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class PartitionConductor(Protocol):
 
 @runtime_checkable
 class DrainingConductor(PartitionConductor, Protocol):
-    """A conductor that can release its partition gracefully (see `settled.processors.Conductor`; DESIGN.md §3)."""
+    """A conductor that can release its partition gracefully (see `settled.processors.Conductor`; docs/design.md §3)."""
 
     def begin_drain(self) -> None:
         """Start no new attempt or tool call; let running runs finish."""
@@ -297,7 +297,7 @@ class Worker(Generic[S]):
             while not self._stop.is_set() and not (until is not None and until()):
                 with self._phase("turn"):
                     self.turn()
-            self._release(sorted(self.owners))  # a graceful revoke of every partition (DESIGN.md §3)
+            self._release(sorted(self.owners))  # a graceful revoke of every partition (docs/design.md §3)
         except BaseException:
             # An unhandled error ends the loop: drop every partition, appending nothing, so the runs' waits on
             # their records end (a run waiting for a commit that never comes would keep the process from exiting).
@@ -438,7 +438,7 @@ class Worker(Generic[S]):
             found = "no genesis record" if genesis is None else f"a genesis of {genesis.partition_count} partitions"
             raise PartitionCountMismatchError(
                 f"{self.settings.topic('log')}[{p}] has {found}, but the topics have {self._partition_count} "
-                "partitions: halting (DESIGN.md §2: adding partitions would re-admit keys)"
+                "partitions: halting (docs/design.md §2: adding partitions would re-admit keys)"
             )
         self.owners[p] = owner
         if conductor is not None:
@@ -515,11 +515,11 @@ class Worker(Generic[S]):
         _log.info("assigned", extra={"partitions": [tp.partition for tp in partitions]})
 
     def _release(self, partitions: list[int]) -> None:
-        """Release owned partitions gracefully (DESIGN.md §3 "Once a revoke is pending, start no new tool").
+        """Release owned partitions gracefully (docs/design.md §3 "Once a revoke is pending, start no new tool").
 
         Their conductors start nothing new; running attempts get ``Settings.revoke_grace_s`` to finish, their
         settlements committed turn by turn; the attempts still running then are recorded as
-        ``AttemptInterrupted("graceful_revoke")`` (DESIGN.md §5: an ownership change the log explains, no death);
+        ``AttemptInterrupted("graceful_revoke")`` (docs/design.md §5: an ownership change the log explains, no death);
         a last checkpoint commits that, and the partitions are dropped.
 
         Args:

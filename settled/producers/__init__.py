@@ -1,4 +1,4 @@
-"""settled.producers: the exactly-once path to Kafka (DESIGN.md §3) and Kafka client configuration."""
+"""settled.producers: the exactly-once path to Kafka (docs/design.md §3) and Kafka client configuration."""
 
 from settled.producers._appender import (
     BATCH_ID_HEADER,

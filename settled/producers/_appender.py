@@ -1,4 +1,4 @@
-"""The transactional appender: settled's one exactly-once path to Kafka (DESIGN.md §3; DUR-006, DUR-007).
+"""The transactional appender: settled's one exactly-once path to Kafka (docs/design.md §3; DUR-006, DUR-007).
 
 Everything authoritative — ``settled.log``, ``settled.receipts``, ``settled.settlements``, ``settled.quarantine`` —
 is produced here, inside a Kafka transaction of the partition owner's producer, together with the inbox offsets the
@@ -120,7 +120,10 @@ class ProducerIdExpiredError(AppenderFatalError):
 
 
 class OpenTransactionError(SettledError):
-    """Another producer's transaction stays open on the log partition past the bound (claim step 3, DESIGN.md §3)."""
+    """Another producer's transaction stays open on the log partition past the bound.
+
+    Claim step 3 of docs/design.md §3.
+    """
 
     category = ErrorCategory.UNAVAILABLE
 
@@ -151,7 +154,7 @@ class AppendBatch:
         conversation_id: The conversation the batch belongs to.
         log_record: The encoded canonical batch envelope for ``settled.log``.
         side_records: Receipts, settlements and quarantine records produced in the same transaction.
-        inputs: Inbox offsets whose decision this batch carries (DESIGN.md §3: every consumed inbox record yields
+        inputs: Inbox offsets whose decision this batch carries (docs/design.md §3: every consumed inbox record yields
             exactly one log record carrying its offset).
     """
 
@@ -239,7 +242,7 @@ class _Group:
 
 @dataclass
 class TransactionalAppender:
-    """The partition owner's transactional producer and its checkpoint (DESIGN.md §3).
+    """The partition owner's transactional producer and its checkpoint (docs/design.md §3).
 
     Attributes:
         settings: Namespace, bootstrap servers, producer tuning and ``kafka_call_timeout_s``.
@@ -302,7 +305,7 @@ class TransactionalAppender:
         return producer
 
     def wait_no_open_transaction(self) -> None:
-        """Wait until the log partition's LSO equals its high watermark (claim step 3, DESIGN.md §3).
+        """Wait until the log partition's LSO equals its high watermark (claim step 3, docs/design.md §3).
 
         Raises:
             OpenTransactionError: It did not within ``open_transaction_wait_s``.

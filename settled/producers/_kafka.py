@@ -3,8 +3,8 @@
 Every Kafka client settled builds is configured by one of four builders here — `producer_config`, `consumer_config`
 (a group member), `reader_config` (an assign-only reader) and `admin_config` — and each starts from the settings'
 `settled._connection.KafkaConnection`, so the broker addresses and the SASL/TLS settings reach every client.
-Every settled producer uses the Java client's murmur2 partitioner (``murmur2_random`` in librdkafka, DESIGN.md §2);
-transactional producers get the low ``retry.backoff.ms`` and ``linger.ms`` that DESIGN.md §3 measured, and every
+Every settled producer uses the Java client's murmur2 partitioner (``murmur2_random`` in librdkafka, docs/design.md §2);
+transactional producers get the low ``retry.backoff.ms`` and ``linger.ms`` that docs/design.md §3 measured, and every
 consumer reads ``read_committed`` with auto commit off.
 """
 
@@ -34,7 +34,7 @@ __all__ = [
 
 
 def transactional_id(settings: Settings, partition: int) -> str:
-    """Return the stable, namespaced ``transactional.id`` of the owner of ``partition`` (DESIGN.md §3).
+    """Return the stable, namespaced ``transactional.id`` of the owner of ``partition`` (docs/design.md §3).
 
     ``<namespace>.<app id>.<log topic>.<partition>``: stable across restarts so that a new owner's
     ``init_transactions()`` fences the previous one; namespaced so that two deployments never fence each other.
@@ -84,7 +84,7 @@ def producer_config(settings: Settings, *, transactional_id: str | None = None, 
 
 
 def consumer_config(settings: Settings, group_id: str, **extra: Any) -> dict[str, Any]:
-    """Return a read_committed, manually committed consumer configuration (DESIGN.md §3, §6).
+    """Return a read_committed, manually committed consumer configuration (docs/design.md §3, §6).
 
     Args:
         settings: The Kafka connection and the group timeouts.
@@ -197,7 +197,7 @@ class EndOffsets:
 
 
 def end_offsets(settings: Settings, topic: str, partition: int, timeout_s: float) -> EndOffsets:
-    """Query a partition's LSO and high watermark (claim step 3, DESIGN.md §3).
+    """Query a partition's LSO and high watermark (claim step 3, docs/design.md §3).
 
     librdkafka's ``get_watermark_offsets`` answers with the LSO for a read_committed consumer and the high watermark
     for a read_uncommitted one (checked against the broker in tests).
@@ -227,9 +227,9 @@ def read_partition(
 ) -> Iterator[Message]:
     """Yield every committed record of a partition from ``start_offset`` up to its current LSO.
 
-    Reads on an assign-only read_committed consumer (never the group consumer, DESIGN.md §3 step 4) until its position
-    reaches the end offset captured at the start; the last offset is usually a transaction marker, so it never waits
-    for "end - 1".
+    Reads on an assign-only read_committed consumer (never the group consumer, docs/design.md §3 step 4) until its
+    position reaches the end offset captured at the start; the last offset is usually a transaction marker, so it never
+    waits for "end - 1".
 
     Args:
         settings: Bootstrap servers.

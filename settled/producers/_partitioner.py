@@ -1,4 +1,4 @@
-"""The Java client's murmur2 partitioner in Python (DESIGN.md §2, §10).
+"""The Java client's murmur2 partitioner in Python (docs/design.md §2, §10).
 
 settled's producers place records with librdkafka's ``murmur2_random`` partitioner, which hashes a non-null key like
 the Java client's default partitioner: ``toPositive(murmur2(key)) % partitions``. The client needs the same placement

@@ -1,4 +1,4 @@
-"""Topic provisioning: the co-partitioned topics of DESIGN.md §2 and the genesis record (issue 4 item 4).
+"""Topic provisioning: the co-partitioned topics of docs/design.md §2 and the genesis record (issue 4 item 4).
 
 ``settled.inbox``, ``settled.log``, ``settled.receipts``, ``settled.settlements`` and ``settled.quarantine`` (under the
 configured namespace) share one partition count. ``settled.log`` keeps everything (it is the source of truth) and is
@@ -40,7 +40,7 @@ _DESCRIBED = ("retention.ms", "message.timestamp.type", "max.message.bytes")
 
 
 class PartitionCountMismatchError(SettledError, RuntimeError):
-    """A topic's partition count differs from the genesis record's (DESIGN.md §2)."""
+    """A topic's partition count differs from the genesis record's (docs/design.md §2)."""
 
     category = ErrorCategory.REJECTED  # `settled topics create` refuses: exit 1
 

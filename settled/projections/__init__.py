@@ -1,4 +1,4 @@
-"""settled.projections: Postgres projections of ``settled.log``, exactly once, rebuilt from the log (DESIGN.md §6).
+"""settled.projections: Postgres projections of ``settled.log``, exactly once, rebuilt from the log (docs/design.md §6).
 
 * `Projector` / `ProjectorConfig` (`_projector`): a read_committed, assign-only consumer per log partition (one
   writer per partition through an advisory lock) that writes a chunk's rows and the partition's next offset in one

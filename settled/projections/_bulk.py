@@ -1,4 +1,4 @@
-"""A rebuild's replay: fold whole partitions in memory, write their final rows once with COPY (DESIGN.md §6).
+"""A rebuild's replay: fold whole partitions in memory, write their final rows once with COPY (docs/design.md §6).
 
 A rebuild writes into a fresh schema version nobody reads, so it needs none of the live projector's per-chunk
 upserts: `BulkReplay` reads its partitions from offset 0 up to target offsets (read_committed), decodes each record

@@ -1,4 +1,4 @@
-"""The projector: ``settled.log`` into Postgres, rows and offsets in one transaction (DESIGN.md §6; DUR-015).
+"""The projector: ``settled.log`` into Postgres, rows and offsets in one transaction (docs/design.md §6; DUR-015).
 
 A plain confluent-kafka consumer, ``read_committed``, no auto commit, no consumer group: the projector ``assign()``s
 each log partition it may write, one writer per (schema, topic, partition) guarded by a session advisory lock

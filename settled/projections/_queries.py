@@ -1,4 +1,4 @@
-"""Reading the projection, with read-your-writes (DESIGN.md §4, §6; issue 7 items 4-5).
+"""Reading the projection, with read-your-writes (docs/design.md §4, §6; issue 7 items 4-5).
 
 Every query takes ``after=<receipt>`` (a `settled.schemas.Receipt`, as ``Client.submit`` returns it) and first waits,
 up to ``timeout_s``, until the projection holds that receipt's request: the ``receipts`` row of its conversation and
@@ -224,7 +224,7 @@ class ProjectionReader:
         return {(str(r["conversation_id"]), str(r["request_id"])) for r in rows}
 
     def wait_for(self, receipt: Receipt, timeout_s: float = 10.0) -> None:
-        """Wait until the projection holds a receipt's request (read-your-writes, DESIGN.md §4).
+        """Wait until the projection holds a receipt's request (read-your-writes, docs/design.md §4).
 
         Args:
             receipt: The receipt (``request_id`` and ``conversation_id`` are used).

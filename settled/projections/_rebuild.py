@@ -1,4 +1,4 @@
-"""Rebuild a projection from offset 0 and switch atomically; check live = rebuild = reference fold (DESIGN.md §6).
+"""Rebuild a projection from offset 0 and switch atomically; check live = rebuild = reference fold (docs/design.md §6).
 
 `rebuild`: replay the whole log into a fresh schema version (``<base>__next``: its tables and its offset rows
 together) — a bulk replay that folds each partition in memory up to the log's end offsets and writes its final rows

@@ -1,4 +1,4 @@
-"""The ledger projection as a pure function of the log: fold a batch, emit the rows it changes (DESIGN.md §6).
+"""The ledger projection as a pure function of the log: fold a batch, emit the rows it changes (docs/design.md §6).
 
 `project_batch` folds one canonical batch with the protocol's own fold (`settled.protocol.apply_traced`) and emits,
 into a `RowSet`, the rows of every conversation, submission, attempt, tool call, settlement, receipt and transcript

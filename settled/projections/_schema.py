@@ -1,4 +1,4 @@
-"""Projection schemas: names, versioned SQL migrations, the layout check (DESIGN.md §6; issue 7 items 2-3).
+"""Projection schemas: names, versioned SQL migrations, the layout check (docs/design.md §6; issue 7 items 2-3).
 
 One Postgres schema holds one projection version: its tables, its views and its offset rows. Readers use the stable
 name (``<base>``, `ProjectionNames.live`); a rebuild fills ``<base>__next`` and then swaps the two in one

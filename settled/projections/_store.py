@@ -1,4 +1,4 @@
-"""Postgres side of the projection: rows and offsets in one transaction, reads for the check (DESIGN.md §6, DUR-015).
+"""Postgres side of the projection: rows and offsets in one transaction, reads for checks (docs/design.md §6, DUR-015).
 
 `ProjectionWriter` writes a chunk's `RowSet` with batched statements (``executemany`` in pipeline mode for the
 upserted tables, ``COPY`` for the append-only ones) and moves the partition's offset row, all inside the caller's

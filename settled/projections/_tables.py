@@ -1,4 +1,4 @@
-"""The ledger projection's tables as data: columns, keys and how a new row merges into a stored one (DESIGN.md §6).
+"""The ledger projection's tables as data: columns, keys and how a new row merges into a stored one (docs/design.md §6).
 
 One description serves three readers, so that they agree by construction:
 

@@ -1,11 +1,12 @@
-"""settled's pure protocol core: the submission state machine, the fold, the decisions (DESIGN.md §1b).
+"""settled's pure protocol core: the submission state machine, the fold, the decisions (docs/design.md §1b).
 
-* `EDGES` (`_states`): the submission state machine of spec §3 as one table of edges, plus the edges DESIGN.md §5
-  and spec §13 add; `IllegalTransitionError` for anything else.
+* `EDGES` (`_states`): the submission state machine of docs/semantics.md §3 as one table of edges, plus the edges
+  docs/design.md §5 and docs/semantics.md §13 add; `IllegalTransitionError` for anything else.
 * `apply` / `fold` (`_fold`): a partition's conversations as a fold of canonical batches (`PartitionState`,
   `ConversationState`), refusing a stale owner epoch (`StaleEpochError`), a broken chain, an illegal transition or an
   inconsistent log with typed errors.
-* `classify` (`_recovery`): the recovery classifier over a submission's persisted facts (DUR-013, spec §15).
+* `classify` (`_recovery`): the recovery classifier over a submission's persisted facts (DUR-013,
+  docs/semantics.md §15).
 * the input contract (`_contract`): what the inbox accepts (ids, tool names, sizes), checked by `check_input` at
   admission and by the client before sending; `bounded_id` / `bounded_text` / `filing_conversation` keep every
   record settled writes about an input bounded whatever the input held.

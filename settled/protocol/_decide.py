@@ -1,12 +1,12 @@
 """Decision functions: state + one input (+ time and ids) → the events to append and the side records to emit.
 
 Each function reads a `ConversationState` (the worker passes its *scratch* state: the committed state with the
-open transaction's pending batches folded in, DESIGN.md §3, so one key proposed twice inside one open transaction
+open transaction's pending batches folded in, docs/design.md §3, so one key proposed twice inside one open transaction
 is admitted once) and returns a `Decision`: the log events, in order, and the receipt, settlement record or
 quarantine record that must commit in the same Kafka transaction. Nothing here reads a clock, makes an id or does
-I/O: ``now`` and ids are arguments (DESIGN.md §1b).
+I/O: ``now`` and ids are arguments (docs/design.md §1b).
 
-Every inbox input yields exactly one log event carrying its ``input_ref`` (DESIGN.md §3): `SubmissionAdmitted`,
+Every inbox input yields exactly one log event carrying its ``input_ref`` (docs/design.md §3): `SubmissionAdmitted`,
 `SubmissionDuplicate`, `SubmissionRejected`, `InputQuarantined`, `AbortRecorded`, `CommandRejected` or
 `UnknownResolved`. A decision asked for an input that is already decided raises `InputAlreadyDecidedError`: the caller
 skips re-read inputs (`ConversationState.is_decided`, `PartitionState.is_decided`).
@@ -96,7 +96,7 @@ S = SubmissionState
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What one decision appends and emits, all in one Kafka transaction (DESIGN.md §3, §4).
+    """What one decision appends and emits, all in one Kafka transaction (docs/design.md §3, §4).
 
     Attributes:
         events: Log events for the conversation's next canonical batch, in order.
@@ -119,7 +119,7 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class StartAttempt:
-    """`schedule`'s answer: start the next attempt of this submission (spec §5).
+    """`schedule`'s answer: start the next attempt of this submission (docs/semantics.md §5).
 
     Attributes:
         submission_id: The submission.
@@ -132,7 +132,7 @@ class StartAttempt:
 
 @dataclass(frozen=True, slots=True)
 class SettleAborted:
-    """`schedule`'s answer: an inactive submission with a recorded abort settles aborted now (spec §13).
+    """`schedule`'s answer: an inactive submission with a recorded abort settles aborted now (docs/semantics.md §13).
 
     Call `terminalize` with `SettlementOutcome.ABORTED`.
 
@@ -193,7 +193,7 @@ def admit(
     *,
     check_contract: bool = True,
 ) -> Decision:
-    """Decide a `SubmissionProposed` (DUR-001, DESIGN.md §4, spec §4).
+    """Decide a `SubmissionProposed` (DUR-001, docs/design.md §4, docs/semantics.md §4).
 
     In order: a proposal that breaks the input contract (`settled.protocol.check_proposal`) is rejected naming the
     field, the rule and an excerpt of the value, filed under ``~quarantine/<p>`` when its conversation id is what
@@ -207,7 +207,7 @@ def admit(
     commit together: DUR-001).
 
     Args:
-        state: The conversation's scratch state (committed + pending; DESIGN.md §3).
+        state: The conversation's scratch state (committed + pending; docs/design.md §3).
         proposal: The decoded, upcast proposal.
         input_ref: Where it was read.
         now: The decision time (receipt ``decided_at``).
@@ -317,11 +317,11 @@ def reject_submission(
     detail: str,
     field: str | None = None,
 ) -> Decision:
-    """Reject a decodable proposal: `SubmissionRejected` + a rejected receipt (DESIGN.md §4).
+    """Reject a decodable proposal: `SubmissionRejected` + a rejected receipt (docs/design.md §4).
 
     `admit` uses it; the worker calls it directly for what only the shell can see (``misrouted``: the key hashes to
-    another partition, DESIGN.md §2). Whatever the proposal held, the rejection is bounded: ids that break the input
-    contract are replaced by their excerpt (`bounded_id`) and the detail is cut (`bounded_text`).
+    another partition, docs/design.md §2). Whatever the proposal held, the rejection is bounded: ids that break the
+    input contract are replaced by their excerpt (`bounded_id`) and the detail is cut (`bounded_text`).
 
     Args:
         state: The conversation's scratch state.
@@ -415,7 +415,7 @@ def quarantine(
     raw_limit_bytes: int,
     key: bytes | None = None,
 ) -> Decision:
-    """Set aside an inbox record that cannot be decoded or is over the hard size limit (DESIGN.md §4, issue 4).
+    """Set aside an inbox record that cannot be decoded or is over the hard size limit (docs/design.md §4, issue 4).
 
     A decodable but invalid submission is rejected instead (`admit`). The caller folds `InputQuarantined` into any
     conversation's batch (the record's key when it is one, else a partition-level id); `PartitionState.is_decided`
@@ -462,11 +462,11 @@ def quarantine(
 
 
 def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
-    """Return what the conversation does next (DUR-004, DUR-005, spec §5, §13).
+    """Return what the conversation does next (DUR-004, DUR-005, docs/semantics.md §5, §13).
 
     First, an inactive submission (admitted or ready) with a recorded abort settles aborted, lowest sequence
-    first, without waiting for its turn (spec §13). Else, when the lane is held (an active submission), its next
-    attempt starts only if it is back in Ready (interrupted, or an Unknown resolved); otherwise nothing starts
+    first, without waiting for its turn (docs/semantics.md §13). Else, when the lane is held (an active submission), its
+    next attempt starts only if it is back in Ready (interrupted, or an Unknown resolved); otherwise nothing starts
     (at most one active, DUR-005). Else the queue's head starts if it is Ready (FIFO by submission sequence,
     DUR-004); settled rows (aborted ones included) are not in the queue, and an admitted-but-not-ready head blocks.
 
@@ -490,10 +490,10 @@ def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
 
 
 def start_attempt(state: ConversationState, submission_id: str, attempt_id: str, owner_epoch: int) -> Decision:
-    """Start the next attempt: `AttemptStarted` (the attempt count, canonical before the attempt runs; DESIGN.md §5).
+    """Start the next attempt: `AttemptStarted` (the attempt count, canonical before it runs; docs/design.md §5).
 
     On the submission's first attempt `InputApplied` follows: its input enters the conversation's history before
-    the model can read it (spec §4).
+    the model can read it (docs/semantics.md §4).
 
     Args:
         state: The conversation's scratch state.
@@ -516,7 +516,8 @@ def start_attempt(state: ConversationState, submission_id: str, attempt_id: str,
             sub.state,
             S.RUNNING,
             "AttemptStarted",
-            f"the scheduler's next step is {nxt!r} (DUR-004 FIFO, DUR-005 one active, spec §13 aborts first)",
+            f"the scheduler's next step is {nxt!r}"
+            " (DUR-004 FIFO, DUR-005 one active, docs/semantics.md §13 aborts first)",
         )
     started = AttemptStarted(
         submission_id=submission_id, attempt=nxt.attempt, attempt_id=attempt_id, owner_epoch=owner_epoch
@@ -528,9 +529,9 @@ def start_attempt(state: ConversationState, submission_id: str, attempt_id: str,
 
 
 def interrupt(state: ConversationState, submission_id: str, reason: str) -> Decision:
-    """Record that a running attempt stops for an ownership change the log explains (graceful revoke; §5).
+    """Record that a running attempt stops for an ownership change the log explains (a graceful revoke).
 
-    Folded, it takes Running → Ready, or Running → Recovery when a call is in doubt.
+    Folded, it takes Running → Ready, or Running → Recovery when a call is in doubt (docs/design.md §5).
 
     Args:
         state: The conversation's scratch state.
@@ -551,7 +552,7 @@ def interrupt(state: ConversationState, submission_id: str, reason: str) -> Deci
 
 
 def claim(state: PartitionState, worker_id: str, now: datetime) -> OwnershipClaimed:
-    """Return the new owner's claim, claim step 5 (DESIGN.md §3): the latest claim's epoch + 1.
+    """Return the new owner's claim, claim step 5 (docs/design.md §3): the latest claim's epoch + 1.
 
     The batch carrying it must have that epoch as its owner epoch; folded, every running attempt of the partition
     goes to Recovery (its worker disappeared).
@@ -629,14 +630,16 @@ def terminalize(
     error_type: str | None = None,
     error_reason: str | None = None,
 ) -> Decision:
-    """Settle a submission: the canonical `Settlement` and its ``settled.settlements`` record (spec §12, DUR-011).
+    """Settle a submission: the canonical `Settlement` and its ``settled.settlements`` record (DUR-011).
+
+    See docs/semantics.md §12.
 
     The spec's reserve → canonical append → ledger finalize spans separate stores; here the `Settlement` and the
     settlements record commit in one Kafka transaction, which is the whole boundary (issue 5 item 5). The lane is
     released when the settlement is folded.
 
-    An abort recorded before the settlement wins (DUR-012, spec §13: the abort became canonical first and its
-    receipt said ``applied``): whatever ``outcome`` is asked, the settlement is ``aborted`` with the abort's reason
+    An abort recorded before the settlement wins (DUR-012, docs/semantics.md §13: the abort became canonical first and
+    its receipt said ``applied``): whatever ``outcome`` is asked, the settlement is ``aborted`` with the abort's reason
     and no reply; read the outcome from ``Decision.settlement``.
 
     Args:
@@ -655,7 +658,7 @@ def terminalize(
 
     Raises:
         UnknownSubmissionError: If the conversation holds no such submission.
-        TerminalOutcomeConflictError: If the submission is already settled, or another outcome is reserved (§12).
+        TerminalOutcomeConflictError: If the submission is already settled, or another outcome is reserved.
         IllegalTransitionError: If its state does not allow settling (e.g. queued without an abort, Unknown, Recovery).
     """
     sub = _get(state, submission_id)
@@ -674,7 +677,8 @@ def terminalize(
             sub.state,
             outcome_state(outcome),
             "Settlement",
-            "a submission settles when running, terminalizing or joined, or aborted while inactive (spec §3, §13)",
+            "a submission settles when running, terminalizing or joined, or aborted while inactive"
+            " (docs/semantics.md §3, §13)",
         )
     settlement, record = _settle(
         state,
@@ -703,7 +707,7 @@ def reject_command(
     detail: str,
     winning_outcome: SettlementOutcome | None = None,
 ) -> Decision:
-    """Reject a command: `CommandRejected` + a rejected receipt, nothing else (DESIGN.md §4; issue 5 items 6, 7).
+    """Reject a command: `CommandRejected` + a rejected receipt, nothing else (docs/design.md §4; issue 5 items 6, 7).
 
     `abort` and `resolve` use it; the worker calls it directly for a forged or unsigned resolution
     (``bad_signature``, ``unsigned``, ``unknown_key``) or a misrouted command. Bounded like `reject_submission`.
@@ -814,7 +818,7 @@ def abort(
     *,
     check_contract: bool = True,
 ) -> Decision:
-    """Decide an `AbortRequested` (DUR-012, spec §13).
+    """Decide an `AbortRequested` (DUR-012, docs/semantics.md §13).
 
     * unknown target → `CommandRejected` ``unknown_target`` and nothing else;
     * the same command again (its id already applied) → a duplicate receipt; the log gets the same `AbortRecorded`
@@ -884,14 +888,14 @@ def resolve(
     *,
     check_contract: bool = True,
 ) -> Decision:
-    """Decide a `ResolveUnknown` whose signature the caller has verified (DESIGN.md §4, §5; DUR-009).
+    """Decide a `ResolveUnknown` whose signature the caller has verified (docs/design.md §4, §5; DUR-009).
 
     The worker verifies the Ed25519 signature first and answers a forged or unsigned command with
     `reject_command`. Then: unknown target → ``unknown_target``; settled target → ``already_terminal`` naming the
     winner; the same command again → duplicate receipt (the same `UnknownResolved` again with the new
     ``input_ref``); a call that is not Unknown → ``not_unknown``. Otherwise `UnknownResolved` + applied receipt;
     ``outcome_for_submission`` also settles the submission in the same batch (Unknown → Terminalizing → outcome;
-    aborted when an abort was recorded, DESIGN.md §5), ``call_outcome`` / ``safe_to_retry`` make it Ready once its
+    aborted when an abort was recorded, docs/design.md §5), ``call_outcome`` / ``safe_to_retry`` make it Ready once its
     last Unknown call is resolved.
 
     Args:

@@ -1,7 +1,7 @@
-"""Typed errors of the pure core (DESIGN.md §1b, §3).
+"""Typed errors of the pure core (docs/design.md §1b, §3).
 
 Every error names what it is about (submission, conversation, states, event, epochs) so that a fencing or
-ordering bug shows up as a precise error, never as silent corruption (DESIGN.md §3).
+ordering bug shows up as a precise error, never as silent corruption (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ProtocolError(SettledError):
 
 
 class IllegalTransitionError(ProtocolError):
-    """An event would move a submission along a path that is not an edge of the state table (spec §3).
+    """An event would move a submission along a path that is not an edge of the state table (docs/semantics.md §3).
 
     Raised by the fold for a canonical event the table does not allow, and by a decision asked to do something the
     submission's state does not allow.
@@ -67,7 +67,7 @@ class IllegalTransitionError(ProtocolError):
 
 
 class StaleEpochError(ProtocolError):
-    """A batch's owner epoch is below the latest preceding `OwnershipClaimed` of its partition (DESIGN.md §3).
+    """A batch's owner epoch is below the latest preceding `OwnershipClaimed` of its partition (docs/design.md §3).
 
     Raised by the fold (`settled.protocol.apply`) and by the partition owner replaying its log
     (`settled.processors.PartitionOwner`): a fencing bug, surfaced.
@@ -93,7 +93,7 @@ class StaleEpochError(ProtocolError):
 
 
 class LogInconsistencyError(ProtocolError):
-    """A canonical event contradicts the folded state without being a state transition (DESIGN.md §3, §4).
+    """A canonical event contradicts the folded state without being a state transition (docs/design.md §3, §4).
 
     Examples: an inbox input decided twice, an idempotency key admitted twice, a gap in the submission sequence,
     an attempt number that does not follow the attempt count.
@@ -116,7 +116,7 @@ class LogInconsistencyError(ProtocolError):
 
 
 class TerminalOutcomeConflictError(ProtocolError):
-    """A second terminal outcome for a submission that already has (or has reserved) one (spec §12, DUR-002/012).
+    """A second terminal outcome for a submission that has (or has reserved) one (docs/semantics.md §12, DUR-002/012).
 
     Attributes:
         submission_id: The submission.
@@ -138,7 +138,7 @@ class TerminalOutcomeConflictError(ProtocolError):
         how = "settled" if settled else "reserved"
         super().__init__(
             f"submission {submission_id!r} already {how} {winning_outcome.value}; "
-            f"{attempted_outcome.value} is rejected (spec §12: conflicting terminal outcomes are rejected)"
+            f"{attempted_outcome.value} is rejected (docs/semantics.md §12: conflicting terminal outcomes are rejected)"
         )
         self.submission_id = submission_id
         self.winning_outcome = winning_outcome
@@ -147,7 +147,7 @@ class TerminalOutcomeConflictError(ProtocolError):
 
 
 class InputAlreadyDecidedError(ProtocolError):
-    """A decision was asked for an inbox input whose decision is already canonical (DESIGN.md §3).
+    """A decision was asked for an inbox input whose decision is already canonical (docs/design.md §3).
 
     The caller must skip inputs for which `ConversationState.is_decided` is true.
 
@@ -160,7 +160,7 @@ class InputAlreadyDecidedError(ProtocolError):
     def __init__(self, input_ref: InputRef) -> None:
         super().__init__(
             f"inbox input {input_ref.topic}[{input_ref.partition}]@{input_ref.offset} is already decided; "
-            "a re-read input must be skipped (DESIGN.md §3)"
+            "a re-read input must be skipped (docs/design.md §3)"
         )
         self.input_ref = input_ref
 

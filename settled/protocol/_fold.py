@@ -1,11 +1,11 @@
-"""Conversation state as a fold of canonical events (DESIGN.md §1b, §3, §4; spec §3, §5, §12, §13).
+"""Conversation state as a fold of canonical events (docs/design.md §1b, §3, §4; docs/semantics.md §3, §5, §12, §13).
 
 One fold serves the worker's restore, its pending overlay, the recovery classifier (DUR-013) and a reference
 projection for tests: `apply` folds one canonical batch (a `settled.schemas.LogBatch` or anything shaped like it)
 into a `PartitionState` and returns a new state; the old one is unchanged. It is deterministic and total over the
 log event types: every event type has a rule, and every state change is an edge of `settled.protocol.EDGES`.
 
-The fold refuses, with a typed error, what a correct owner never writes (DESIGN.md §3: "a fencing bug shows up as
+The fold refuses, with a typed error, what a correct owner never writes (docs/design.md §3: "a fencing bug shows up as
 an error, not as silent corruption"):
 
 * a batch whose owner epoch is below the latest preceding `OwnershipClaimed` (`StaleEpochError`), a claim that does
@@ -19,7 +19,7 @@ an error, not as silent corruption"):
 * an inbox input decided twice, an idempotency key admitted twice, a gap in the submission sequence, an attempt
   number that skips (`LogInconsistencyError`).
 
-Pending overlay (DESIGN.md §3): the worker keeps the committed state and a scratch state, ``apply(committed, b)``
+Pending overlay (docs/design.md §3): the worker keeps the committed state and a scratch state, ``apply(committed, b)``
 for every batch of the open transaction; decisions read the scratch, so a key proposed twice inside one open
 transaction is admitted once. On commit the scratch becomes the committed state; on abort it is dropped.
 
@@ -100,8 +100,8 @@ __all__ = [
 S = SubmissionState
 
 GRACEFUL_REVOKE = "graceful_revoke"
-"""`AttemptInterrupted.reason` of an attempt its owner stopped on a graceful revoke (DESIGN.md §3, §5): no death, so
-the attempt is not charged to ``max_attempts``."""
+"""`AttemptInterrupted.reason` of an attempt its owner stopped on a graceful revoke: no death, so the attempt is not
+charged to ``max_attempts`` (docs/design.md §3, §5)."""
 
 InputKey = tuple[str, int, int]
 """An inbox input's (topic, partition, offset)."""
@@ -126,7 +126,7 @@ def input_key(ref: InputRef) -> InputKey:
 
 
 def scope_digest(principal: str, conversation_id: str, idempotency_key: str) -> str:
-    """Return the key-index entry of an idempotency key: its scope is principal + conversation (DESIGN.md §4).
+    """Return the key-index entry of an idempotency key: its scope is principal + conversation (docs/design.md §4).
 
     The index lives in memory only (the fold rebuilds it from the log), so this encoding may change freely; it
     must only be injective: each part is UTF-8 encoded and prefixed with its byte length.
@@ -152,7 +152,7 @@ def scope_digest(principal: str, conversation_id: str, idempotency_key: str) -> 
 
 @dataclass(frozen=True, slots=True)
 class KeyEntry:
-    """What admission keeps per idempotency key for the life of the log (DESIGN.md §3 "Memory", §4).
+    """What admission keeps per idempotency key for the life of the log (docs/design.md §3 "Memory", §4).
 
     Attributes:
         submission_id: The admitted submission.
@@ -175,16 +175,16 @@ class Submission:
         principal: Who submitted.
         idempotency_key: The client key.
         payload_digest: Digest of the canonical payload (recomputed at admission).
-        state: Its state (spec §3).
+        state: Its state (docs/semantics.md §3).
         input_json: The turn's input; dropped once settled.
         tools_offered: Tool names offered for the turn; dropped once settled.
         admitted_input_ref: The inbox record it was admitted from.
-        attempt_count: Attempts started (`AttemptStarted`; DESIGN.md §5).
+        attempt_count: Attempts started (`AttemptStarted`; docs/design.md §5).
         revoked_count: Attempts ended by a graceful revoke (`AttemptInterrupted` with reason
             `GRACEFUL_REVOKE`): an ownership change the log explains, no death, so not charged to ``max_attempts``
-            (DESIGN.md §5; see `charged_attempts`).
+            (docs/design.md §5; see `charged_attempts`).
         attempt_id: The current (or last) attempt's id.
-        input_applied: True once `InputApplied` is canonical (spec §4).
+        input_applied: True once `InputApplied` is canonical (docs/semantics.md §4).
         abort_command_ids: Ids of the aborts recorded for it (DUR-012).
         abort_reason: The first recorded abort's reason.
         reserved_outcome: The outcome fixed before the settlement (a resolution's decision, or aborted).
@@ -215,7 +215,7 @@ class Submission:
 
     @property
     def abort_requested(self) -> bool:
-        """True once an abort is recorded for it (its intent authorizes only an aborted settlement; §13)."""
+        """True once an abort is recorded for it (its intent authorizes only an aborted settlement)."""
         return bool(self.abort_command_ids)
 
     @property
@@ -225,13 +225,13 @@ class Submission:
 
     @property
     def charged_attempts(self) -> int:
-        """Attempts charged to ``max_attempts``: those started, less those a graceful revoke ended (DESIGN.md §5)."""
+        """Attempts charged to ``max_attempts``: those started, less those a revoke ended (docs/design.md §5)."""
         return self.attempt_count - self.revoked_count
 
 
 @dataclass(frozen=True, slots=True)
 class ConversationState:
-    """A conversation's folded state (DESIGN.md §1b, §3, §4).
+    """A conversation's folded state (docs/design.md §1b, §3, §4).
 
     Attributes:
         conversation_id: The conversation.
@@ -242,8 +242,9 @@ class ConversationState:
         last_event_seq: Event sequence of the conversation's last canonical event.
         last_batch_digest: Digest of its last batch (the next batch's ``prev_batch_digest``).
         owner_epoch: Epoch of the partition's latest `OwnershipClaimed`.
-        key_index: `scope_digest` of (principal, conversation, key) → `KeyEntry`, for the life of the log (§4).
-        decided_inputs: Inbox inputs whose decision is canonical; re-read ones are skipped (DESIGN.md §3).
+        key_index: `scope_digest` of (principal, conversation, key) → `KeyEntry`, kept for the life of the log
+            (docs/design.md §4).
+        decided_inputs: Inbox inputs whose decision is canonical; re-read ones are skipped (docs/design.md §3).
         applied_commands: Command id → target submission id of every applied command (abort, resolution).
     """
 
@@ -283,7 +284,7 @@ class ConversationState:
         return S.PROPOSED if found is None else found.state
 
     def lookup_key(self, principal: str, idempotency_key: str) -> KeyEntry | None:
-        """Resolve an idempotency key in this conversation (DESIGN.md §4).
+        """Resolve an idempotency key in this conversation (docs/design.md §4).
 
         Args:
             principal: Who submits.
@@ -295,7 +296,7 @@ class ConversationState:
         return self.key_index.get(scope_digest(principal, self.conversation_id, idempotency_key))
 
     def is_decided(self, ref: InputRef) -> bool:
-        """Tell whether an inbox input's decision is already canonical (DESIGN.md §3).
+        """Tell whether an inbox input's decision is already canonical (docs/design.md §3).
 
         Args:
             ref: The input.
@@ -316,7 +317,7 @@ class ConversationState:
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """The folded state of one log partition: its conversations and its ownership (DESIGN.md §3).
+    """The folded state of one log partition: its conversations and its ownership (docs/design.md §3).
 
     Attributes:
         partition: The partition number.
@@ -325,7 +326,7 @@ class PartitionState:
         claimed_by: Worker id of that claim.
         partition_count: Partition count fixed by the `Genesis` record, once folded.
         quarantined_inputs: Inbox inputs decided by `InputQuarantined`, whatever conversation's batch held them (an
-            undecodable record has no trustworthy conversation; DESIGN.md §3).
+            undecodable record has no trustworthy conversation; docs/design.md §3).
     """
 
     partition: int
@@ -350,7 +351,7 @@ class PartitionState:
         return ConversationState(conversation_id=conversation_id, owner_epoch=self.claim_epoch)
 
     def is_decided(self, ref: InputRef, conversation_id: str | None = None) -> bool:
-        """Tell whether an inbox input's decision is canonical (DESIGN.md §3).
+        """Tell whether an inbox input's decision is canonical (docs/design.md §3).
 
         Args:
             ref: The input.
@@ -577,7 +578,7 @@ class _ConvBuilder:
         self._commands[command_id] = submission_id
 
     def decide(self, event: AvroRecord, ref: InputRef | None) -> None:
-        """Record an inbox input as decided; each input is decided exactly once (DESIGN.md §3)."""
+        """Record an inbox input as decided; each input is decided exactly once (docs/design.md §3)."""
         if ref is None:
             return
         key = input_key(ref)
@@ -586,7 +587,7 @@ class _ConvBuilder:
         )
         if key in current:
             raise LogInconsistencyError(
-                self.cid, _name(event), "input_ref", key, "this inbox input is already decided (DESIGN.md §3)"
+                self.cid, _name(event), "input_ref", key, "this inbox input is already decided (docs/design.md §3)"
             )
         if self._inputs is None:
             self._inputs = set(self.base.decided_inputs)
@@ -623,7 +624,11 @@ class _ConvBuilder:
         edge = _edge(sub.state, target, event)
         if edge is None:
             raise IllegalTransitionError(
-                sub.submission_id, sub.state, target, _name(event), "not an edge of the state table (spec §3)"
+                sub.submission_id,
+                sub.state,
+                target,
+                _name(event),
+                "not an edge of the state table (docs/semantics.md §3)",
             )
         self.trace.append(_new_transition(self.cid, sub.submission_id, edge, event))
         moved = _replace(sub, state=target, **changes)
@@ -646,7 +651,7 @@ class _ConvBuilder:
                 "attempt_id",
                 attempt_id,
                 f"submission {sub.submission_id!r} runs attempt {sub.attempt_id!r}; a stale attempt cannot append "
-                "(spec §6)",
+                "(docs/semantics.md §6)",
             )
 
     def fail(self, event: AvroRecord, field_name: str, value: object, reason: str) -> LogInconsistencyError:
@@ -655,7 +660,10 @@ class _ConvBuilder:
     # -- the rules, one per event type -------------------------------------------------------------------------
 
     def on_claim(self, event: OwnershipClaimed) -> None:
-        """The new owner's claim: an attempt still running in the log lost its worker (spec §3 Running → Recovery)."""
+        """The new owner's claim: an attempt still running in the log lost its worker (Running → Recovery).
+
+        See docs/semantics.md §3.
+        """
         self.owner_epoch = event.owner_epoch
         if self.active is None:
             return
@@ -752,7 +760,7 @@ class _ConvBuilder:
                 sub.state,
                 None,
                 _name(event),
-                f"outcome {sub.reserved_outcome.value} is already reserved (spec §12)",
+                f"outcome {sub.reserved_outcome.value} is already reserved (docs/semantics.md §12)",
             )
         changes: dict[str, Any] = {"abort_command_ids": (*sub.abort_command_ids, event.command_id)}
         if not sub.abort_requested:
@@ -767,7 +775,11 @@ class _ConvBuilder:
         if sub.state is S.READY:
             if sub.abort_requested:
                 raise IllegalTransitionError(
-                    sub.submission_id, sub.state, S.RUNNING, _name(event), "an abort is recorded (spec §13)"
+                    sub.submission_id,
+                    sub.state,
+                    S.RUNNING,
+                    _name(event),
+                    "an abort is recorded (docs/semantics.md §13)",
                 )
             if self.active is not None and self.active != sub.submission_id:
                 raise IllegalTransitionError(
@@ -806,7 +818,7 @@ class _ConvBuilder:
 
     def on_input_applied(self, event: InputApplied, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
-        self.require(sub, _RUNNING, event, "input is applied by a running attempt (spec §4)")
+        self.require(sub, _RUNNING, event, "input is applied by a running attempt (docs/semantics.md §4)")
         self.require_attempt(sub, event.attempt_id, event)
         if sub.input_json is not None and event.input_digest != json_digest(sub.input_json):
             raise self.fail(event, "input_digest", event.input_digest, "not the digest of the admitted input")
@@ -869,7 +881,8 @@ class _ConvBuilder:
                     sub.state,
                     S.READY,
                     _name(event),
-                    f"calls {sorted(sub.unknown_calls)} are Unknown: they block continuation until resolved (§3)",
+                    f"calls {sorted(sub.unknown_calls)} are Unknown:"
+                    " they block continuation until resolved (docs/semantics.md §3)",
                 )
             self.move(sub, S.READY, event, open_calls=frozenset())
 
@@ -923,7 +936,8 @@ class _ConvBuilder:
                 sub.state,
                 target,
                 _name(event),
-                f"outcome {sub.reserved_outcome.value} is reserved (spec §12: conflicting outcomes are rejected)",
+                f"outcome {sub.reserved_outcome.value} is reserved"
+                " (docs/semantics.md §12: conflicting outcomes are rejected)",
             )
         if event.attempt_count != sub.attempt_count:
             raise self.fail(event, "attempt_count", event.attempt_count, f"the submission made {sub.attempt_count}")
@@ -943,7 +957,7 @@ class _ConvBuilder:
         )
         self.queue = tuple(sid for sid in self.queue if sid != sub.submission_id)
         if self.active == sub.submission_id:
-            self.active = None  # the lane is released with the canonical settlement (spec §12 steps 3-4)
+            self.active = None  # the lane is released with the canonical settlement (docs/semantics.md §12 steps 3-4)
 
 
 _Rule = Callable[[_ConvBuilder, Any, int], None]
@@ -1051,7 +1065,7 @@ class _PartitionBuilder:
                 raise LogInconsistencyError(cid, _name(event), "type", _name(event), "not a settled log event")
         if epoch != self.claim_epoch:
             raise StaleEpochError(
-                cid, epoch, self.claim_epoch, "the batch's epoch was never claimed (DESIGN.md §3 claim order)"
+                cid, epoch, self.claim_epoch, "the batch's epoch was never claimed (docs/design.md §3 claim order)"
             )
         conv.last_event_seq = batch.first_event_seq + len(events) - 1
         conv.last_batch_digest = batch.batch_digest
@@ -1079,7 +1093,7 @@ class _PartitionBuilder:
                 _name(event),
                 "partition_count",
                 event.partition_count,
-                f"genesis already fixed {self.partition_count} partitions (DESIGN.md §2)",
+                f"genesis already fixed {self.partition_count} partitions (docs/design.md §2)",
             )
         self.partition_count = event.partition_count
 
@@ -1130,12 +1144,12 @@ def apply_traced(state: PartitionState, batch: BatchLike) -> tuple[PartitionStat
 
     Raises:
         StaleEpochError: If the batch's owner epoch is below the latest preceding claim, a claim does not raise the
-            epoch, or the batch's epoch was never claimed (DESIGN.md §3).
+            epoch, or the batch's epoch was never claimed (docs/design.md §3).
         ChainBreakError: If the batch does not continue its conversation's event sequence and digest chain.
         IllegalTransitionError: If an event's transition is not an edge of the table, or the event is not permitted in
-            its submission's state (spec §3).
+            its submission's state (docs/semantics.md §3).
         LogInconsistencyError: If an event contradicts the state otherwise (an input decided twice, a key admitted
-            twice, a sequence gap; DESIGN.md §3, §4).
+            twice, a sequence gap; docs/design.md §3, §4).
     """
     builder = _PartitionBuilder(state)
     builder.batch(batch)
@@ -1205,7 +1219,7 @@ def apply(state: PartitionState, batch: BatchLike) -> PartitionState:
 
 
 def fold(state: PartitionState, batches: Iterable[BatchLike]) -> PartitionState:
-    """Fold a run of batches in log order, copying each map once (the worker's restore; DESIGN.md §3 step 4).
+    """Fold a run of batches in log order, copying each map once (the worker's restore; docs/design.md §3 step 4).
 
     The result equals applying the batches one by one with `apply`.
 

@@ -1,21 +1,25 @@
-"""The recovery classifier: a submission's persisted facts → what recovery does (DUR-009, DUR-013; spec §8, §14, §15).
+"""The recovery classifier: a submission's persisted facts → what recovery does (DUR-009, DUR-013).
+
+See docs/semantics.md §8, §14, §15.
 
 `classify` is pure: it reads a `RecoverySnapshot` — the submission's folded state, the calls that were prepared and
 never settled (each with its tool's declared safety and, once asked, its reconciler's answer), the Unknown calls,
 the abort intent and the attempt budget — and returns a `Recovery`: which action recovery takes and, for a
 submission in Recovery, the events to append (facts first, the `RecoveryDecision` last). The owner appends them
-before acting on the decision (spec §14 step 7, DUR-013). Nothing here runs a reconciler: when a reconcilable call
-has no answer yet, the answer is `RecoveryAction.RECONCILE_FIRST` naming the calls to ask; the caller asks (I/O)
-and classifies again with the answers in the snapshot.
+before acting on the decision (docs/semantics.md §14 step 7, DUR-013). Nothing here runs a reconciler: when a
+reconcilable call has no answer yet, the answer is `RecoveryAction.RECONCILE_FIRST` naming the calls to ask; the caller
+asks (I/O) and classifies again with the answers in the snapshot.
 
-The rules for a submission in Recovery, in order (DESIGN.md §5; spec §10, §13, §16):
+The rules for a submission in Recovery, in order (docs/design.md §5; docs/semantics.md §10, §13, §16):
 
 1. A reconcilable open call whose reconciler was not asked yet → ask it first (`RECONCILE_FIRST`).
 2. A call in doubt → **Unknown**. An open call is in doubt unless its reconciler proved "never started" or recovered
    its result, or its tool is idempotent (safe to repeat under its stable key). A call already marked Unknown stays
    Unknown until a signed resolution. The calls in doubt get a `ToolCallUnknown` each, then `RecoveryDecision`
-   ``unknown``. Never a manufactured error result (spec §10), whatever the abort intent or the attempt budget.
-3. An abort is recorded → ``terminalize`` (the submission settles ``aborted``; no rollback is claimed, spec §13).
+   ``unknown``. Never a manufactured error result (docs/semantics.md §10), whatever the abort intent or the attempt
+   budget.
+3. An abort is recorded → ``terminalize`` (the submission settles ``aborted``; no rollback is claimed,
+   docs/semantics.md §13).
 4. The attempt budget is spent (``attempt_count >= max_attempts``) → ``terminalize`` (settles ``failed``, §16).
 5. Open calls, all safe → ``reconcile`` when a reconciler recovered a result (its `ToolCallSettled` is appended
    first, so the next attempt replays it), else ``safe_retry`` (the next attempt prepares the calls again under
@@ -26,7 +30,7 @@ The rules for a submission in Recovery, in order (DESIGN.md §5; spec §10, §13
 
 Other states answer without a decision: nothing was accepted, or the submission is settled (`NOTHING`); admitted
 but not ready (`MATERIALIZE`); ready (`SCHEDULE`); running here or Unknown (`WAIT`); terminalizing with its
-obligation fixed (`SETTLE_RESERVED`). Each row of the spec's §15 crash-point matrix is one of these cases
+obligation fixed (`SETTLE_RESERVED`). Each row of docs/semantics.md §15 crash-point matrix is one of these cases
 (``tests/unit/protocol/test_recovery.py`` has one case per row).
 """
 
@@ -64,13 +68,13 @@ S = SubmissionState
 
 
 class RecoveryAction(enum.StrEnum):
-    """What recovery does with a submission (spec §14 step 6)."""
+    """What recovery does with a submission (docs/semantics.md §14 step 6)."""
 
     NOTHING = "nothing"
     """Nothing was accepted (the client retries with its key), or the submission is settled (its recorded
     settlement is the answer)."""
     MATERIALIZE = "materialize"
-    """Admitted but not ready: append `SubmissionReady` (spec §4)."""
+    """Admitted but not ready: append `SubmissionReady` (docs/semantics.md §4)."""
     SCHEDULE = "schedule"
     """Ready: the scheduler starts its next attempt; the first one applies the input idempotently."""
     WAIT = "wait"
@@ -80,12 +84,12 @@ class RecoveryAction(enum.StrEnum):
     DECIDE = "decide"
     """Append `Recovery.events` (facts, then the `RecoveryDecision`) before acting on the decision (DUR-013)."""
     SETTLE_RESERVED = "settle_reserved"
-    """Terminalizing with its obligation fixed: append the settlement (`Recovery.settle`; spec §12)."""
+    """Terminalizing with its obligation fixed: append the settlement (`Recovery.settle`; docs/semantics.md §12)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ToolSafety:
-    """What a tool declares about repeating it (DESIGN.md §5).
+    """What a tool declares about repeating it (docs/design.md §5).
 
     Attributes:
         idempotent: Safe to run again under the same idempotency key (the outside world dedupes by it).
@@ -97,7 +101,7 @@ class ToolSafety:
 
 
 class ReconcileAnswer(enum.StrEnum):
-    """A reconciler's answer about one prepared call (spec §10)."""
+    """A reconciler's answer about one prepared call (docs/semantics.md §10)."""
 
     NEVER_STARTED = "never_started"
     """Execution provably never started: safe to run it."""
@@ -154,16 +158,16 @@ class OpenCall:
 
 @dataclass(frozen=True, slots=True)
 class RecoverySnapshot:
-    """A submission's persisted facts, as recovery reads them (spec §14 step 3).
+    """A submission's persisted facts, as recovery reads them (docs/semantics.md §14 step 3).
 
     Attributes:
         submission_id: The submission.
         state: Its folded state; None when the log holds no admission for it.
         attempt_id: The interrupted (current) attempt's id.
         attempt_count: Attempts charged so far (`Submission.charged_attempts`: started, less graceful revokes).
-        max_attempts: The submission's attempt budget (DESIGN.md §5).
+        max_attempts: The submission's attempt budget (docs/design.md §5).
         abort_requested: True when an abort is recorded (DUR-012).
-        input_applied: True when its input is canonical history (spec §4).
+        input_applied: True when its input is canonical history (docs/semantics.md §4).
         open_calls: Calls prepared and not settled or marked Unknown.
         unknown_calls: Calls marked Unknown and not resolved.
         reserved_outcome: The outcome fixed before the settlement, when one is.
@@ -304,7 +308,8 @@ def _classify_recovery(snap: RecoverySnapshot) -> Recovery:
     if ask:
         return Recovery(
             RecoveryAction.RECONCILE_FIRST,
-            f"calls {list(ask)} were prepared without a settlement; their reconcilers answer first (spec §10)",
+            f"calls {list(ask)} were prepared without a settlement;"
+            " their reconcilers answer first (docs/semantics.md §10)",
             reconcile=ask,
         )
     recovered = [
@@ -336,12 +341,12 @@ def _classify_recovery(snap: RecoverySnapshot) -> Recovery:
         return _decide(snap, RecoveryDecisionKind.UNKNOWN, "; ".join(reasons), unknown, facts)
     open_ids = [c.call_id for c in opened]
     if snap.abort_requested:
-        reason = "an abort is recorded: the submission settles aborted (no rollback is claimed, spec §13)"
+        reason = "an abort is recorded: the submission settles aborted (no rollback is claimed, docs/semantics.md §13)"
         return _decide(snap, RecoveryDecisionKind.TERMINALIZE, reason, open_ids, facts, SettlementOutcome.ABORTED)
     if snap.attempt_count >= snap.max_attempts:
         reason = (
             f"{snap.attempt_count} attempts ended without a settlement (max_attempts {snap.max_attempts}; "
-            "DESIGN.md §5, spec §16)"
+            "docs/design.md §5, docs/semantics.md §16)"
         )
         return _decide(snap, RecoveryDecisionKind.TERMINALIZE, reason, open_ids, facts, SettlementOutcome.FAILED)
     if recovered:
@@ -358,16 +363,21 @@ def _classify_recovery(snap: RecoverySnapshot) -> Recovery:
         ]
         return _decide(snap, RecoveryDecisionKind.SAFE_RETRY, "; ".join(parts), open_ids)
     if not snap.input_applied:
-        reason = "no effect is in doubt; the input is not applied yet: the next attempt applies it (spec §15)"
+        reason = (
+            "no effect is in doubt; the input is not applied yet: the next attempt applies it (docs/semantics.md §15)"
+        )
     elif snap.partial_response:
-        reason = "a response stream was cut mid-way: its deltas stay as audit; it is retried as a new response (§9)"
+        reason = (
+            "a response stream was cut mid-way: its deltas stay as audit;"
+            " it is retried as a new response (docs/semantics.md §9)"
+        )
     else:
         reason = "no effect is in doubt: the next attempt replays the record and continues from its last boundary"
     return _decide(snap, RecoveryDecisionKind.RESUME, reason, ())
 
 
 def classify(snap: RecoverySnapshot) -> Recovery:
-    """Classify a submission's last durable boundary (spec §14 step 5, §15; DUR-013).
+    """Classify a submission's last durable boundary (docs/semantics.md §14 step 5, §15; DUR-013).
 
     See the module docstring for the rules.
 
@@ -379,12 +389,18 @@ def classify(snap: RecoverySnapshot) -> Recovery:
     """
     state = snap.state
     if state is None or state is S.PROPOSED:
-        return Recovery(RecoveryAction.NOTHING, "nothing was accepted: the client retries with the same key (§15)")
+        return Recovery(
+            RecoveryAction.NOTHING, "nothing was accepted: the client retries with the same key (docs/semantics.md §15)"
+        )
     if state in TERMINAL_STATES:
         outcome = snap.outcome.value if snap.outcome is not None else state.value
-        return Recovery(RecoveryAction.NOTHING, f"settled {outcome}: the recorded settlement is the answer (§12)")
+        return Recovery(
+            RecoveryAction.NOTHING, f"settled {outcome}: the recorded settlement is the answer (docs/semantics.md §12)"
+        )
     if state is S.ADMITTED:
-        return Recovery(RecoveryAction.MATERIALIZE, "admitted, not ready: recovery materializes it (spec §4, §15)")
+        return Recovery(
+            RecoveryAction.MATERIALIZE, "admitted, not ready: recovery materializes it (docs/semantics.md §4, §15)"
+        )
     if state in (S.READY, S.JOINING):
         if snap.attempt_count == 0:
             reason = "ready, never started: a retry with the same key returns the same receipt; the scheduler starts it"
@@ -403,6 +419,8 @@ def classify(snap: RecoverySnapshot) -> Recovery:
         if snap.abort_requested:
             settle = SettlementOutcome.ABORTED
         return Recovery(
-            RecoveryAction.SETTLE_RESERVED, "the settlement obligation is fixed: append it (§12)", settle=settle
+            RecoveryAction.SETTLE_RESERVED,
+            "the settlement obligation is fixed: append it (docs/semantics.md §12)",
+            settle=settle,
         )
     return _classify_recovery(snap)

@@ -1,4 +1,4 @@
-"""The submission state machine as one table of edges (spec §3, §12, §13; DESIGN.md §5).
+"""The submission state machine as one table of edges (docs/semantics.md §3, §12, §13; docs/design.md §5).
 
 `EDGES` is the whole machine. Every state change the fold (`settled.protocol.apply`) makes is one of these edges,
 looked up with `find_edge`; anything else raises `IllegalTransitionError`. Each edge names the canonical event type(s)
@@ -7,11 +7,11 @@ that cause it and, where one event type causes several edges, the value of the e
 
 What the table adds to the spec's diagram, and why:
 
-* **Unknown → Ready, twice** (DESIGN.md §5): resolved with the call's outcome (the next attempt continues with
+* **Unknown → Ready, twice** (docs/design.md §5): resolved with the call's outcome (the next attempt continues with
   it) and resolved as safe to retry (the call is prepared again); each after the resolution is recorded.
-* **Ready → Terminalizing and Admitted → Terminalizing on an aborted settlement** (spec §13): "If the submission
-  is accepted but inactive, it may settle as aborted without an execution attempt. An aborted, never-claimed queued
-  submission settles immediately — without waiting to head its lane". The diagram draws no edge for it; these two
+* **Ready → Terminalizing and Admitted → Terminalizing on an aborted settlement** (docs/semantics.md §13): "If the
+  submission is accepted but inactive, it may settle as aborted without an execution attempt. An aborted, never-claimed
+  queued submission settles immediately — without waiting to head its lane". The diagram draws no edge for it; these two
   carry it, and only for outcome ``aborted`` with an abort intent recorded.
 * **Terminalizing is entered and left by one `Settlement`** when the run decides its own outcome (issue 5 item 5):
   the spec's reserve → canonical append → ledger finalize sequence spans separate stores; here the canonical
@@ -21,10 +21,11 @@ What the table adds to the spec's diagram, and why:
   (`RecoveryDecision` ``terminalize``, `UnknownResolved` ``outcome_for_submission``).
 * **Running → Recovery** is caused by the new owner's `OwnershipClaimed` (the worker disappeared: its attempt is
   still running in the log), by `AttemptInterrupted` while a call is in doubt, and by `ToolCallUnknown` (a call in
-  flight timed out; DESIGN.md §5: "A tool timeout or an abort while a call is in flight goes Running → Recovery,
+  flight timed out; docs/design.md §5: "A tool timeout or an abort while a call is in flight goes Running → Recovery,
   and the classifier decides").
-* The join edges (Ready → Joining → Joined → outcome, spec §5) are in the table but no schema v1 event causes
-  Ready → Joining: joining "comes after the base FIFO durable runtime" (spec §5). `Edge.reserved` marks them.
+* The join edges (Ready → Joining → Joined → outcome, docs/semantics.md §5) are in the table but no schema v1 event
+  causes Ready → Joining: joining "comes after the base FIFO durable runtime" (docs/semantics.md §5). `Edge.reserved`
+  marks them.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ __all__ = [
 
 
 class SubmissionState(enum.StrEnum):
-    """A submission's state (spec §3)."""
+    """A submission's state (docs/semantics.md §3)."""
 
     PROPOSED = "proposed"
     """Published to the inbox, not admitted. A submission the fold does not hold is in this state."""
@@ -72,11 +73,11 @@ class SubmissionState(enum.StrEnum):
     RUNNING = "running"
     """An attempt is running (`AttemptStarted`)."""
     JOINING = "joining"
-    """Claimed by the active run of its conversation (spec §5; not produced by schema v1)."""
+    """Claimed by the active run of its conversation (docs/semantics.md §5; not produced by schema v1)."""
     JOINED = "joined"
-    """Its canonical input is applied to the host run (spec §5; not produced by schema v1)."""
+    """Its canonical input is applied to the host run (docs/semantics.md §5; not produced by schema v1)."""
     TERMINALIZING = "terminalizing"
-    """The settlement obligation is fixed; the canonical settlement is next (spec §12)."""
+    """The settlement obligation is fixed; the canonical settlement is next (docs/semantics.md §12)."""
     RECOVERY = "recovery"
     """The attempt stopped without an explanation that allows continuing; the classifier decides (DUR-013)."""
     UNKNOWN = "unknown"
@@ -123,8 +124,9 @@ class Edge:
         causes: The canonical event types that take this edge (empty only for a reserved edge).
         qualifiers: When not empty, the edge is taken only when `cause_qualifier` of the event is one of these.
         label: The spec's label of the edge (or the added edge's name).
-        origin: Where the edge comes from: ``"spec §3"``, ``"spec §13"``, ``"DESIGN.md §5"``.
-        reserved: True when no schema v1 event takes the edge yet (joining, spec §5).
+        origin: Where the edge comes from: ``"docs/semantics.md §3"``, ``"docs/semantics.md §13"``,
+        ``"docs/design.md §5"``.
+        reserved: True when no schema v1 event takes the edge yet (joining, docs/semantics.md §5).
     """
 
     source: SubmissionState
@@ -178,7 +180,7 @@ def _e(
     target: SubmissionState,
     causes: tuple[type[AvroRecord], ...],
     label: str,
-    origin: str = "spec §3",
+    origin: str = "docs/semantics.md §3",
     qualifiers: tuple[str, ...] = (),
     *,
     reserved: bool = False,
@@ -189,51 +191,88 @@ def _e(
 _C, _F, _A = SettlementOutcome.COMPLETED.value, SettlementOutcome.FAILED.value, SettlementOutcome.ABORTED.value
 
 EDGES: tuple[Edge, ...] = (
-    # -- spec §3 -----------------------------------------------------------------------------------------------
+    # -- docs/semantics.md §3 ------------------------------------------------------------------------------------------
     _e(S.PROPOSED, S.ADMITTED, (SubmissionAdmitted,), "ledger commit"),
     _e(S.ADMITTED, S.READY, (SubmissionReady,), "conversation materialized"),
     _e(S.READY, S.RUNNING, (AttemptStarted,), "head claimed"),
-    _e(S.READY, S.JOINING, (), "active run claims queued input", "spec §3, §5", reserved=True),
-    _e(S.JOINING, S.JOINED, (InputApplied,), "canonical input applied", "spec §3, §5", reserved=True),
-    _e(S.JOINED, S.COMPLETED, (Settlement,), "settles with host", "spec §3, §5", (_C,), reserved=True),
-    _e(S.JOINED, S.FAILED, (Settlement,), "settles with host", "spec §3, §5", (_F,), reserved=True),
-    _e(S.JOINED, S.ABORTED, (Settlement,), "settles with host", "spec §3, §5", (_A,), reserved=True),
-    _e(S.RUNNING, S.TERMINALIZING, (Settlement,), "settlement obligation acquired", "spec §3, §12"),
-    _e(S.TERMINALIZING, S.COMPLETED, (Settlement,), "canonical settlement appended", "spec §3, §12", (_C,)),
-    _e(S.TERMINALIZING, S.FAILED, (Settlement,), "canonical settlement appended", "spec §3, §12", (_F,)),
-    _e(S.TERMINALIZING, S.ABORTED, (Settlement,), "canonical settlement appended", "spec §3, §12", (_A,)),
+    _e(S.READY, S.JOINING, (), "active run claims queued input", "docs/semantics.md §3, §5", reserved=True),
+    _e(S.JOINING, S.JOINED, (InputApplied,), "canonical input applied", "docs/semantics.md §3, §5", reserved=True),
+    _e(S.JOINED, S.COMPLETED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_C,), reserved=True),
+    _e(S.JOINED, S.FAILED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_F,), reserved=True),
+    _e(S.JOINED, S.ABORTED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_A,), reserved=True),
+    _e(S.RUNNING, S.TERMINALIZING, (Settlement,), "settlement obligation acquired", "docs/semantics.md §3, §12"),
+    _e(
+        S.TERMINALIZING, S.COMPLETED, (Settlement,), "canonical settlement appended", "docs/semantics.md §3, §12", (_C,)
+    ),
+    _e(S.TERMINALIZING, S.FAILED, (Settlement,), "canonical settlement appended", "docs/semantics.md §3, §12", (_F,)),
+    _e(S.TERMINALIZING, S.ABORTED, (Settlement,), "canonical settlement appended", "docs/semantics.md §3, §12", (_A,)),
     _e(S.RUNNING, S.READY, (AttemptInterrupted,), "ownership lost before unsafe effect"),
     _e(
         S.RUNNING,
         S.RECOVERY,
         (OwnershipClaimed, AttemptInterrupted, ToolCallUnknown),
         "worker disappears (or a call is in doubt)",
-        "spec §3; DESIGN.md §5",
+        "docs/semantics.md §3; docs/design.md §5",
     ),
     _e(
         S.RECOVERY,
         S.READY,
         (RecoveryDecision,),
         "provably safe retry",
-        "spec §3, §14",
+        "docs/semantics.md §3, §14",
         ("resume", "safe_retry", "reconcile"),
     ),
-    _e(S.RECOVERY, S.TERMINALIZING, (RecoveryDecision,), "deterministic failure/abort", "spec §3", ("terminalize",)),
-    _e(S.RECOVERY, S.UNKNOWN, (RecoveryDecision,), "unresolved ordinary side effect", "spec §3", ("unknown",)),
+    _e(
+        S.RECOVERY,
+        S.TERMINALIZING,
+        (RecoveryDecision,),
+        "deterministic failure/abort",
+        "docs/semantics.md §3",
+        ("terminalize",),
+    ),
+    _e(
+        S.RECOVERY,
+        S.UNKNOWN,
+        (RecoveryDecision,),
+        "unresolved ordinary side effect",
+        "docs/semantics.md §3",
+        ("unknown",),
+    ),
     _e(
         S.UNKNOWN,
         S.TERMINALIZING,
         (UnknownResolved,),
         "operator or reconciler decides",
-        "spec §3",
+        "docs/semantics.md §3",
         ("outcome_for_submission",),
     ),
-    # -- DESIGN.md §5: the two resolutions that let the run continue --------------------------------------------
-    _e(S.UNKNOWN, S.READY, (UnknownResolved,), "resolved with the call's outcome", "DESIGN.md §5", ("call_outcome",)),
-    _e(S.UNKNOWN, S.READY, (UnknownResolved,), "resolved as safe to retry", "DESIGN.md §5", ("safe_to_retry",)),
-    # -- spec §13: an accepted but inactive submission settles aborted without an attempt ------------------------
-    _e(S.READY, S.TERMINALIZING, (Settlement,), "abort of an accepted, inactive submission", "spec §13", (_A,)),
-    _e(S.ADMITTED, S.TERMINALIZING, (Settlement,), "abort of an accepted, inactive submission", "spec §13", (_A,)),
+    # -- docs/design.md §5: the two resolutions that let the run continue --------------------------------------------
+    _e(
+        S.UNKNOWN,
+        S.READY,
+        (UnknownResolved,),
+        "resolved with the call's outcome",
+        "docs/design.md §5",
+        ("call_outcome",),
+    ),
+    _e(S.UNKNOWN, S.READY, (UnknownResolved,), "resolved as safe to retry", "docs/design.md §5", ("safe_to_retry",)),
+    # -- docs/semantics.md §13: an accepted but inactive submission settles aborted without an attempt -----------------
+    _e(
+        S.READY,
+        S.TERMINALIZING,
+        (Settlement,),
+        "abort of an accepted, inactive submission",
+        "docs/semantics.md §13",
+        (_A,),
+    ),
+    _e(
+        S.ADMITTED,
+        S.TERMINALIZING,
+        (Settlement,),
+        "abort of an accepted, inactive submission",
+        "docs/semantics.md §13",
+        (_A,),
+    ),
 )
 """Every edge of the submission state machine."""
 

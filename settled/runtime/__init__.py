@@ -3,7 +3,7 @@
 * `App` (``settled worker --app package.module:app``): the agent (``async def agent(ctx) -> reply``), its tools
   (``@app.tool(idempotent=..., reconcile=..., timeout_s=..., parallel_safe=...)``), limits and resolver keys.
 * `RunContext`: ``await ctx.tool(name, args)``, ``ctx.now()``, ``ctx.uuid()``, ``await ctx.step(name, fn, ...)``,
-  ``await ctx.model(provider, messages)`` — recorded in ``settled.log`` and replayed on re-entry (DESIGN.md §3, §5;
+  ``await ctx.model(provider, messages)`` — recorded in ``settled.log`` and replayed on re-entry (docs/design.md §3, §5;
   DUR-003, 008-010).
 * `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
 * Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefusedError`,

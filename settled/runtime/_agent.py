@@ -1,4 +1,4 @@
-"""The default, model-driven agent (issue 6 item 2; spec §9, §10; DUR-008).
+"""The default, model-driven agent (issue 6 item 2; docs/semantics.md §9, §10; DUR-008).
 
 Each run: the prompt is the conversation's history (earlier settled submissions, see `history_messages`) plus the
 submission's input as a user message; the model is called (`RunContext.model`: its completed response is canonical
@@ -67,20 +67,21 @@ def _turn_messages(run_id: str, events: Sequence[LogEvent]) -> list[Message]:
     out: list[Message] = []
     for e in events:
         if not isinstance(e, ModelResponseCompleted):
-            continue  # deltas of a cut stream never form an assistant turn (spec §9)
+            continue  # deltas of a cut stream never form an assistant turn (docs/semantics.md §9)
         ids = [f"{run_id}#{e.response_ordinal + 1 + i}" for i in range(len(e.tool_calls))]
         if not all(i in outcomes for i in ids):
-            break  # an incomplete batch: its declaration and partial results are never shown again (spec §10)
+            # an incomplete batch: its declaration and partial results are never shown again (docs/semantics.md §10)
+            break
         out.append(Message("assistant", e.text, e.tool_calls))
         out.extend(_tool_message(call, outcomes[i]) for call, i in zip(e.tool_calls, ids, strict=True))
     return out
 
 
 def history_messages(history: Iterable[HistoryTurn]) -> list[Message]:
-    """The prompt's history: each earlier submission's input and its complete turns (spec §10).
+    """The prompt's history: each earlier submission's input and its complete turns (docs/semantics.md §10).
 
     Every run shows its input and its complete turns, in order, up to its first incomplete tool batch (a failed or
-    aborted run's last one): never that batch's orphan declaration or partial results (spec §10).
+    aborted run's last one): never that batch's orphan declaration or partial results (docs/semantics.md §10).
 
     Args:
         history: The conversation's settled submissions, oldest first.

@@ -1,4 +1,4 @@
-"""The app object agent authors hand to ``settled worker --app package.module:app`` (DESIGN.md §11; issue 6).
+"""The app object agent authors hand to ``settled worker --app package.module:app`` (docs/design.md §11; issue 6).
 
 ::
 
@@ -45,7 +45,7 @@ class App:
     Attributes:
         agent: ``async def agent(ctx: RunContext) -> reply``: the reply is any JSON value; an uncaught error ends
             the attempt (``max_attempts`` bounds the retries).
-        max_attempts: Attempts per submission before it settles failed (DESIGN.md §5).
+        max_attempts: Attempts per submission before it settles failed (docs/design.md §5).
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
         concurrency: Runs at once in one worker process (its concurrency permits).
         tools: The registered tools (`tool` adds to it).

@@ -9,19 +9,19 @@ a recorded ordinal raises `ReplayDivergenceError` naming the ordinal, the expect
 scoped to one run (one submission), so two submissions calling the same tool with the same arguments never replay
 each other.
 
-* ``await ctx.tool(name, args)`` (DESIGN.md §5, spec §10): ``ToolCallPrepared`` committed → the tool runs with its
-  idempotency key and the owner epoch → ``ToolCallSettled`` (result or typed application error) handed over. A call
-  in doubt (transport error, timeout) is retried under the same key when the tool is idempotent or reconcilable;
-  otherwise it is marked ``ToolCallUnknown`` and the run stops (DUR-009): recovery records the Unknown decision and
-  the run holds no pool slot until a signed resolution.
+* ``await ctx.tool(name, args)`` (docs/design.md §5, docs/semantics.md §10): ``ToolCallPrepared`` committed → the tool
+  runs with its idempotency key and the owner epoch → ``ToolCallSettled`` (result or typed application error) handed
+  over. A call in doubt (transport error, timeout) is retried under the same key when the tool is idempotent or
+  reconcilable; otherwise it is marked ``ToolCallUnknown`` and the run stops (DUR-009): recovery records the Unknown
+  decision and the run holds no pool slot until a signed resolution.
 * ``ctx.now()`` / ``ctx.uuid()``: recorded (``EffectRecorded``) and committed with the next effect at the latest
-  (or before the reply); identical on replay (DESIGN.md §3).
+  (or before the reply); identical on replay (docs/design.md §3).
 * ``await ctx.step(name, fn, *args, version=...)``: an at-least-once body under a stable step id; exactly one
   recorded success (``StepRecorded``); a failure is not recorded and re-executes on the next attempt (DUR-010).
 * ``await ctx.model(provider, messages)``: the completed response is committed before anything acts on it (DUR-008).
 
 Each record reaches the log through the conductor (`settled.processors.AgentRun.record`), in one of three ways
-(DESIGN.md §3; docs/architecture.md "Commits per tool call"): *awaited* (prepared, refused, Unknown, step, deltas:
+(docs/design.md §3; docs/architecture.md "Commits per tool call"): *awaited* (prepared, refused, Unknown, step, deltas:
 the run goes on once the checkpoint holding it commits, so a tool never runs before its prepared record commits);
 *riding along* (``now``/``uuid`` values and a completed model response, committed with the next awaited record: a
 response and the first call it declares — a parallel-safe group's calls — share one commit); *posted* (a tool's
@@ -30,9 +30,9 @@ run's next record; an error recording it surfaces at the next awaited record or 
 it is recorded). A superseded attempt's late work fails with `AttemptSupersededError` and appends nothing. Runs
 execute on one event loop per worker process (`_RunLoop`); agent code must not block it.
 
-Failpoints at the crash-matrix boundaries (spec §15): ``engine.after_prepared_commit`` (prepared, not invoked),
-``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit`` (hit in the conductor's
-thread right after the transaction holding the settlement commits), ``engine.step_returned``,
+Failpoints at the crash-matrix boundaries (docs/semantics.md §15): ``engine.after_prepared_commit`` (prepared, not
+invoked), ``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit`` (hit in the
+conductor's thread right after the transaction holding the settlement commits), ``engine.step_returned``,
 ``engine.after_step_commit``, ``engine.after_delta_commit`` (mid-provider stream), ``engine.after_response_commit``
 (the model item committed — with the prepared record of the first call it declares, which is the merged boundary
 "after model item commit" / "after tool prepared, before invocation") and ``engine.run_returned`` (the reply is
@@ -111,7 +111,7 @@ __all__ = ["AgentFunction", "RunContext", "RunOptions", "execute"]
 
 _log = logging.getLogger(__name__)
 
-#: Errors that mean "no answer": the call's outcome is in doubt (DESIGN.md §5).
+#: Errors that mean "no answer": the call's outcome is in doubt (docs/design.md §5).
 IN_DOUBT_ERRORS: tuple[type[BaseException], ...] = (ToolTransportError, ConnectionError, TimeoutError)
 
 
@@ -126,17 +126,18 @@ class RunOptions:
     Attributes:
         clock: The clock ``ctx.now()`` reads (aware UTC); tests may offset it.
         abort_grace_s: After an abort (or any cancellation), how long a call in flight may still return and
-            settle before the run stops with it in doubt (DESIGN.md §5).
+            settle before the run stops with it in doubt (docs/design.md §5).
         max_result_bytes: Largest canonical tool or step result recorded inline; a larger tool result is recorded
             as the error ``result_too_large`` with its digest (a larger step result fails the step, larger tool
             arguments fail the call before anything is recorded).
         retry_backoff_s: First delay between retries of an in-doubt idempotent call (doubling, at most 2 s).
         delta_flush_every: A model response's text and reasoning deltas are recorded (canonical audit content)
-            every this many deltas, and the rest with the completed response; 0 records no deltas (spec §9).
+            every this many deltas, and the rest with the completed response; 0 records no deltas
+            (docs/semantics.md §9).
         model_retries: Retries of one model call after a retryable provider error (the per-operation budget).
         model_backoff_s: First delay between model retries when the provider gave none (doubling).
         settle_linger_s: How long a tool's settlement, which the run does not wait for, may wait for the run's
-            next record to share its transaction (DESIGN.md §3: "records produced within a few milliseconds'
+            next record to share its transaction (docs/design.md §3: "records produced within a few milliseconds'
             linger"); with an instant model that makes one commit a call. 0 hands it over at once.
     """
 
@@ -275,15 +276,15 @@ def _doorbell(loop: asyncio.AbstractEventLoop) -> _Doorbell:
 
 
 class _Launch:
-    """A sync tool started from the conductor's thread as its prepared record commits (DESIGN.md §3).
+    """A sync tool started from the conductor's thread as its prepared record commits (docs/design.md §3).
 
     The run's loop would otherwise learn of the commit (one wake-up of the loop), then start the tool (one wake-up
     of a tool thread): the tool starts one thread hop earlier, and its result still reaches the run through the
     loop. `fire` runs right after the commit and before the run's loop is woken, so the crash-matrix failpoints
     between the commit and the tool (``engine.after_response_commit`` when the response rode along, then
-    ``engine.after_prepared_commit``) are hit here, in the same order and before the tool starts (spec §15). An error
-    (a ``raise`` failpoint, a thread that could not start) is kept and raised on the run's loop where the failpoint
-    would have been hit; the tool is then not started.
+    ``engine.after_prepared_commit``) are hit here, in the same order and before the tool starts
+    (docs/semantics.md §15). An error (a ``raise`` failpoint, a thread that could not start) is kept and raised on the
+    run's loop where the failpoint would have been hit; the tool is then not started.
     """
 
     def __init__(self, spec: ToolSpec, args: dict[str, Any], call: ToolCall) -> None:
@@ -388,7 +389,7 @@ class RunContext:
         """Append ``events`` after whatever rides with them, and wait until they are committed.
 
         What rides along, in this order: posted records still lingering (a settlement), the buffered
-        ``now``/``uuid`` values and a completed model response not yet committed (DESIGN.md §3: one commit before
+        ``now``/``uuid`` values and a completed model response not yet committed (docs/design.md §3: one commit before
         a tool runs holds the response and the calls it declares). The records of one loop tick go to the
         conductor as one batch (a parallel-safe group's prepared calls commit together). A posted record that
         failed to commit surfaces here, before anything more is recorded.
@@ -428,7 +429,7 @@ class RunContext:
         return launch is not None
 
     def _post(self, events: Sequence[LogEvent], on_commit: Callable[[], None] | None = None) -> None:
-        """Hand ``events`` to the conductor without waiting for their commit (a tool's settlement, DESIGN.md §3).
+        """Hand ``events`` to the conductor without waiting for their commit (a tool's settlement, docs/design.md §3).
 
         They linger up to `RunOptions.settle_linger_s` for a record of this run to share their transaction (with
         an instant model, the next response and its first prepared call), then go on their own; they never wait
@@ -574,7 +575,7 @@ class RunContext:
         self._posted.clear()
 
     async def _flush_response(self) -> None:
-        """Commit a buffered model response before anything but a tool acts on it (spec §9; DUR-008)."""
+        """Commit a buffered model response before anything but a tool acts on it (docs/semantics.md §9; DUR-008)."""
         if any(isinstance(e, ModelResponseCompleted) for e in self._buffer):
             await self._record(())
 
@@ -599,7 +600,7 @@ class RunContext:
         return value
 
     def now(self) -> datetime:
-        """Return the current time (aware UTC), recorded: a replay returns the recorded value (DESIGN.md §3).
+        """Return the current time (aware UTC), recorded: a replay returns the recorded value (docs/design.md §3).
 
         Returns:
             The time.
@@ -630,7 +631,7 @@ class RunContext:
     # -- durable steps (DUR-010) ---------------------------------------------------------------------------------
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, version: int = 1) -> Coroutine[Any, Any, Any]:
-        """Run a durable step: at-least-once body, exactly one recorded success (DUR-010, spec §11).
+        """Run a durable step: at-least-once body, exactly one recorded success (DUR-010, docs/semantics.md §11).
 
         The ordinal is taken when this is called. A recorded success is returned without running ``fn``; a
         failure is not recorded (the exception propagates, and the next attempt runs the body again).
@@ -656,7 +657,7 @@ class RunContext:
             if not (isinstance(rec, StepRecorded) and rec.name == name and rec.version == version):
                 raise ReplayDivergenceError(ordinal, _describe(rec), actual)
             return json.loads(rec.result_json)
-        await self._flush_response()  # a step body acts on committed responses only (spec §9)
+        await self._flush_response()  # a step body acts on committed responses only (docs/semantics.md §9)
         value = await invoke(fn, *args)
         result_json = canonical_json(value)
         size = len(result_json.encode())
@@ -683,7 +684,7 @@ class RunContext:
         failpoint("engine.after_step_commit")
         return json.loads(result_json)
 
-    # -- tools (DESIGN.md §5, spec §10) --------------------------------------------------------------------------
+    # -- tools (docs/design.md §5, docs/semantics.md §10) --------------------------------------------------------------
 
     @property
     def tools(self) -> ToolRegistry:
@@ -778,7 +779,7 @@ class RunContext:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             if not work.done():
-                # Abort or revoke while the call is in flight: a bounded grace to return and settle (DESIGN.md §5).
+                # Abort or revoke while the call is in flight: a bounded grace to return and settle (docs/design.md §5).
                 await asyncio.wait({work}, timeout=self._options.abort_grace_s)
                 if not work.done():
                     work.cancel()  # still in flight: the call stays prepared; recovery classifies it
@@ -791,7 +792,7 @@ class RunContext:
                     )
             raise
 
-    # -- model calls (spec §9; DUR-008) -------------------------------------------------------------------------
+    # -- model calls (docs/semantics.md §9; DUR-008) -------------------------------------------------------------------
 
     def model(
         self,
@@ -801,10 +802,12 @@ class RunContext:
         tools: Sequence[ToolDeclaration] = (),
         model: str = "default",
     ) -> Coroutine[Any, Any, ModelResponse]:
-        """Call a model durably: the completed response is committed before anything acts on it (DUR-008, spec §9).
+        """Call a model durably: the completed response is committed before anything acts on it (DUR-008).
+
+        See docs/semantics.md §9.
 
         The response is returned at once and committed with the run's next awaited record: the prepared record of
-        the first call it declares (one commit before that tool runs, DESIGN.md §3), else before the next prompt, a
+        the first call it declares (one commit before that tool runs, docs/design.md §3), else before the next prompt, a
         step's body or the reply. The ordinal is taken when this is called. A committed response at this ordinal is
         returned without calling the provider (a response whose tool batch has no prepared records resumes from its
         declaration). A stream
@@ -841,7 +844,7 @@ class RunContext:
                 raise ReplayDivergenceError(ordinal, _describe(rec), f"a model response ({provider.name}/{model})")
             return ModelResponse.from_record(rec)
         self._raise_failed_posts()
-        await self._flush_response()  # an earlier response is canonical before the next prompt (spec §9)
+        await self._flush_response()  # an earlier response is canonical before the next prompt (docs/semantics.md §9)
         operation_id = json_digest(canonical_json([self.run_id, self.attempt_id, ordinal, "model"]))
         request = ModelRequest(operation_id=operation_id, model=model, messages=messages, tools=tools)
         delay_s = self._options.model_backoff_s
@@ -874,7 +877,7 @@ class RunContext:
             tool_calls=response.tool_calls,
         )
         # Committed with the next awaited record: the prepared calls it declares (one commit before the first tool
-        # runs, DESIGN.md §3), a refusal, a step, the next prompt or the reply — never after a tool runs (DUR-008).
+        # runs, docs/design.md §3), a refusal, a step, the next prompt or the reply — never after a tool runs (DUR-008).
         self._buffer.extend([*deltas, completed])
         return ModelResponse.from_record(completed)
 
@@ -968,7 +971,7 @@ class RunContext:
                 result_digest=answer.result_digest,
                 error=answer.error,
             )
-            # Not awaited (DESIGN.md §3): the run goes on (the next model call) while it commits; whatever the run
+            # Not awaited (docs/design.md §3): the run goes on (the next model call) while it commits; whatever the run
             # records next is ordered after it in the conversation's chain.
             self._post([settled], on_commit=_after_settled_commit)
         return self._replay(spec.name, settled)
@@ -1061,7 +1064,10 @@ class RunContext:
 
 
 def _after_settled_commit() -> None:
-    """Runs in the conductor's thread right after a settlement commits (spec §15 "after tool result commit")."""
+    """Runs in the conductor's thread right after a settlement commits (crash point "after tool result commit").
+
+    See docs/semantics.md §15.
+    """
     failpoint("engine.after_settled_commit")
 
 

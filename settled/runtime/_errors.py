@@ -1,4 +1,4 @@
-"""Errors agent code and tools see (issue 6; DESIGN.md §5)."""
+"""Errors agent code and tools see (issue 6; docs/design.md §5)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ class ToolTransportError(SettledError):
     """Raised by a tool whose call got no answer (connection refused, reset, lost): the outcome is in doubt.
 
     The runtime also treats `ConnectionError` and `TimeoutError` as in doubt; wrap other clients' transport errors
-    (e.g. ``httpx.TransportError``) in this. Never recorded as a result (DESIGN.md §5).
+    (e.g. ``httpx.TransportError``) in this. Never recorded as a result (docs/design.md §5).
     """
 
     category = ErrorCategory.OUTCOME_UNKNOWN

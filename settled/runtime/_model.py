@@ -1,9 +1,9 @@
-"""Model providers: the interface, a scripted provider for tests, and how errors are classified (issue 6; spec §9).
+"""Model providers: the interface, a scripted provider for tests, how errors are classified (docs/semantics.md §9).
 
 A provider streams a response to a `ModelRequest`: text and reasoning deltas (which the runtime may record as
 canonical audit content), tool-argument deltas (provisional only: never recorded, DUR-008), then one
 `ModelResponse`. Every request carries a stable operation id derived from (run, attempt, model-call ordinal), for
-providers that dedupe (spec §9).
+providers that dedupe (docs/semantics.md §9).
 
 Errors are classified at the boundary: a `ProviderError` says whether retrying can help (and after how long);
 `ConnectionError` and `TimeoutError` are retryable; anything else is not. The runtime has one retry layer, with a

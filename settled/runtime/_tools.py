@@ -1,14 +1,14 @@
-"""Tools: declarations, the registry, and how a call reaches the tool (issue 6; DESIGN.md §5; spec §10).
+"""Tools: declarations, the registry, and how a call reaches the tool (docs/design.md §5; docs/semantics.md §10).
 
 A tool is a function ``fn(args, call)`` — sync or ``async`` — that gets the call's JSON arguments (a dict) and a
-`ToolCall` carrying its idempotency key and the owner epoch (a fencing token: DESIGN.md §3), and returns a JSON
+`ToolCall` carrying its idempotency key and the owner epoch (a fencing token: docs/design.md §3), and returns a JSON
 value. It declares what makes a call in doubt safe to settle (`ToolSpec`): ``idempotent`` (safe to repeat under the
 same key), a ``reconcile(key, args)`` that proves "never started", recovers the result, or answers unknown, a custom
 ``idempotency_key(args)``, ``timeout_s`` and ``parallel_safe``.
 
 Errors are classified at the boundary: a tool that *answers* with an error (raises anything else) records an
 application error that is replayed; `ToolTransportError`, `ConnectionError` and `TimeoutError` (and ``timeout_s``
-expiring) mean no answer: the call is in doubt (DESIGN.md §5).
+expiring) mean no answer: the call is in doubt (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class ToolCall:
         tool: The tool's name.
         call_id: The call's id (stable across attempts: ``<run id>#<ordinal>``).
         idempotency_key: Digest of (run id, ordinal, tool, canonical arguments) unless the tool overrides it; the
-            same for every execution of this call, so the outside world can dedupe (DESIGN.md §5).
+            same for every execution of this call, so the outside world can dedupe (docs/design.md §5).
         owner_epoch: The partition owner's epoch: an outside system may refuse a call below the highest it has seen
-            (a zombie worker's late call; DESIGN.md §3).
+            (a zombie worker's late call; docs/design.md §3).
         submission_id: The submission.
         attempt: The attempt number executing it.
     """
@@ -114,7 +114,7 @@ def still_unknown(reason: str) -> Reconciliation:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A registered tool and its declared safety (DESIGN.md §5).
+    """A registered tool and its declared safety (docs/design.md §5).
 
     Attributes:
         name: The name agent code and models call it by.

@@ -1,10 +1,10 @@
-"""settled's event contracts: Avro schemas, their pydantic mirrors, canonical JSON (DESIGN.md §7; issue 4).
+"""settled's event contracts: Avro schemas, their pydantic mirrors, canonical JSON (docs/design.md §7; issue 4).
 
 The ``.avsc`` files in ``settled/schemas/avsc/`` are the public contract (namespace ``dev.settled.v1``); the models
 here mirror them one to one.
 
 The Confluent Schema Registry adapter lives in `settled.schemas.registry` and is not imported here, so that importing
-``settled.schemas`` never reaches confluent-kafka (the pure core imports this package; DESIGN.md §1b).
+``settled.schemas`` never reaches confluent-kafka (the pure core imports this package; docs/design.md §1b).
 """
 
 from settled.schemas._canonical import (

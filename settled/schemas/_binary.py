@@ -1,4 +1,4 @@
-"""Avro binary bodies (no framing) through fastavro (DESIGN.md §7).
+"""Avro binary bodies (no framing) through fastavro (docs/design.md §7).
 
 Union branches that are records are written and read in fastavro's tuple notation ``(full name, dict)`` when the
 union has more than one record branch (the log-event union of `LogBatch`); a ``["null", Record]`` union reads as the

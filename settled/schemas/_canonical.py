@@ -1,4 +1,4 @@
-"""Canonical JSON (RFC 8785) and its SHA-256 digest (DESIGN.md §5).
+"""Canonical JSON (RFC 8785) and its SHA-256 digest (docs/design.md §5).
 
 Tool arguments and results, submission inputs, step results and replies travel inside settled's Avro records as
 RFC 8785 (JSON Canonicalization Scheme) text together with a digest of that text. The digest is the lowercase
@@ -92,7 +92,7 @@ def _parse_int(literal: str) -> int | float:
 
 
 def json_digest(text: str) -> str:
-    """Return the digest of canonical JSON text: lowercase hex SHA-256 of its UTF-8 bytes (DESIGN.md §5).
+    """Return the digest of canonical JSON text: lowercase hex SHA-256 of its UTF-8 bytes (docs/design.md §5).
 
     Args:
         text: Canonical JSON text (from `canonical_json`); the digest is taken over the text as given.

@@ -1,4 +1,4 @@
-"""The codec: settled records to and from Kafka record values (issue 4 item 3; DESIGN.md §7).
+"""The codec: settled records to and from Kafka record values (issue 4 item 3; docs/design.md §7).
 
 Two wire formats, both decodable by any Avro library from the shipped ``.avsc`` files:
 
@@ -10,7 +10,7 @@ Two wire formats, both decodable by any Avro library from the shipped ``.avsc`` 
   ``record_subject_name_strategy``: the inbox carries three record types).
 
 A decoder reads both formats whatever it encodes with (the first byte tells them apart), so a submission retried in
-the other format is the same submission (DESIGN.md §4). What cannot be decoded raises `DecodeError` naming topic,
+the other format is the same submission (docs/design.md §4). What cannot be decoded raises `DecodeError` naming topic,
 partition, offset and a `DecodeFailure` reason; a registry that does not answer raises
 `SchemaRegistryUnavailableError` instead (not the record's fault: never quarantine on it).
 
@@ -127,7 +127,7 @@ class DecodeFailure(enum.StrEnum):
     """The body is not valid for its schema, or bytes trail it."""
     INVALID_FIELD = "invalid_field"
     """Valid Avro, but a field breaks a model rule (`DecodeError.field` names it, `DecodeError.datum` holds the
-    decoded dict): for an inbox record, the admission answers with a rejection, not quarantine (DESIGN.md §4)."""
+    decoded dict): for an inbox record, the admission answers with a rejection, not quarantine (docs/design.md §4)."""
     UNEXPECTED_TYPE = "unexpected_type"
     """A valid record of a type the caller does not accept here (e.g. a receipt on the inbox)."""
     UPCAST_FAILED = "upcast_failed"

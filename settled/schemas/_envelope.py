@@ -1,4 +1,4 @@
-"""The canonical batch envelope of ``settled.log`` and its hash chain (issue 4 item 2; DESIGN.md §3).
+"""The canonical batch envelope of ``settled.log`` and its hash chain (issue 4 item 2; docs/design.md §3).
 
 One Kafka record on ``settled.log`` is one `LogBatch`: a run of one conversation's events with their event
 sequence numbers, the appender's logical owner epoch, and a digest chained to the conversation's previous batch.
@@ -92,7 +92,7 @@ class LogBatch(AvroRecord):
         batch_id: Unique id of the batch.
         first_event_seq: Event sequence of the first event (a conversation's first event is 1).
         last_event_seq: Event sequence of the last event.
-        owner_epoch: Logical owner epoch of the appender (DESIGN.md §3).
+        owner_epoch: Logical owner epoch of the appender (docs/design.md §3).
         prev_batch_digest: ``batch_digest`` of the conversation's previous batch; None for its first.
         recorded_at: When the owner decided the batch.
         events: The events, in event-sequence order (at least one).
@@ -214,7 +214,7 @@ class LogBatch(AvroRecord):
 
 
 class ChainBreakError(SettledError):
-    """A conversation's chain of batches is broken (issue 4 item 2; DESIGN.md §3).
+    """A conversation's chain of batches is broken (issue 4 item 2; docs/design.md §3).
 
     Raised by `verify_chain` and the readers' `RepeatedBatchGuard` (with the offset), and by the fold
     (`settled.protocol.apply`) for a batch that does not continue its conversation's chain (without one).
@@ -252,7 +252,7 @@ class ChainBreakError(SettledError):
 
 
 class RepeatedBatchError(ChainBreakError):
-    """A reader met a batch id it had already read; the appender guarantees none (DESIGN.md §3).
+    """A reader met a batch id it had already read; the appender guarantees none (docs/design.md §3).
 
     Attributes:
         batch_id: The repeated id.
@@ -266,7 +266,7 @@ class RepeatedBatchError(ChainBreakError):
 
 
 class RepeatedBatchGuard:
-    """Remembers the batch ids a reader has seen and raises on a repeat (DESIGN.md §3).
+    """Remembers the batch ids a reader has seen and raises on a repeat (docs/design.md §3).
 
     One guard per reader of a log partition (batch ids are unique across the log).
     """
@@ -331,7 +331,7 @@ def verify_chain(batches: Iterable[ChainEntry | tuple[int, LogBatch]], *, after:
     Checks, per batch: its id is new (else `RepeatedBatchError`); it belongs to the conversation; its digest
     matches its content; its ``prev_batch_digest`` is the previous batch's digest (None for the first); its
     ``first_event_seq`` follows the previous ``last_event_seq`` (1 for the first); its owner epoch does not go
-    back (DESIGN.md §3).
+    back (docs/design.md §3).
 
     Args:
         batches: ``(offset, batch)`` pairs or `ChainEntry` items of one conversation, in offset order.

@@ -1,4 +1,4 @@
-"""Pydantic mirrors of settled's Avro records (DESIGN.md §2, §3, §4, §5, §7; issue 4 item 1).
+"""Pydantic mirrors of settled's Avro records (docs/design.md §2, §3, §4, §5, §7; issue 4 item 1).
 
 Every model here corresponds one to one with a named Avro type in ``settled/schemas/avsc/`` (namespace
 ``dev.settled.v1``): same field names in the same order, ``T | None = None`` for an Avro ``["null", T]`` union with
@@ -10,7 +10,7 @@ Conventions:
     * JSON values are RFC 8785 canonical JSON text in fields named ``*_json`` (checked canonical on construction),
       each with a ``*_digest`` (`settled.schemas.json_digest`) where the record carries one.
     * A decision record that answers an inbox record carries ``input_ref`` = the inbox record's topic, partition and
-      offset (DESIGN.md §3: every consumed inbox record yields exactly one log record carrying its offset).
+      offset (docs/design.md §3: every consumed inbox record yields exactly one log record carrying its offset).
     * Times are converted to UTC and truncated to whole milliseconds on construction, which is what the wire holds.
 
 Models are frozen and reject unknown fields. The codec (`settled.schemas`'s ``encode``/``decode``) converts them to
@@ -137,7 +137,7 @@ def _check_digest(json_text: str | None, digest: str | None, json_field: str, di
 
 
 class ResolutionKind(enum.StrEnum):
-    """How an authorized `ResolveUnknown` settles an Unknown tool call (DESIGN.md §5, spec §3)."""
+    """How an authorized `ResolveUnknown` settles an Unknown tool call (docs/design.md §5, docs/semantics.md §3)."""
 
     OUTCOME_FOR_SUBMISSION = "outcome_for_submission"
     """The resolver decides the submission's outcome: Unknown → Terminalizing."""
@@ -173,7 +173,7 @@ class RequestKind(enum.StrEnum):
 
 
 class ReceiptOutcome(enum.StrEnum):
-    """A receipt's outcome (DESIGN.md §2, §4)."""
+    """A receipt's outcome (docs/design.md §2, §4)."""
 
     ADMITTED = "admitted"
     DUPLICATE = "duplicate"
@@ -182,7 +182,7 @@ class ReceiptOutcome(enum.StrEnum):
 
 
 class SubmissionRejectReason(enum.StrEnum):
-    """Why a decodable submission was rejected (DESIGN.md §4). Readers map unknown future symbols to ``other``."""
+    """Why a decodable submission was rejected (docs/design.md §4). Readers map unknown future symbols to ``other``."""
 
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     """Same (principal, conversation, key) admitted earlier with another payload digest."""
@@ -191,7 +191,7 @@ class SubmissionRejectReason(enum.StrEnum):
     DIGEST_MISMATCH = "digest_mismatch"
     """``payload_digest`` is not the digest of the canonical payload."""
     MISROUTED = "misrouted"
-    """The record's key does not hash to the partition it arrived on (DESIGN.md §2)."""
+    """The record's key does not hash to the partition it arrived on (docs/design.md §2)."""
     UNAUTHORIZED = "unauthorized"
     OTHER = "other"
 
@@ -241,7 +241,7 @@ class DeltaKind(enum.StrEnum):
 
 
 class EffectKind(enum.StrEnum):
-    """A recorded nondeterministic effect (DESIGN.md §3: ``ctx.now()`` / ``ctx.uuid()``)."""
+    """A recorded nondeterministic effect (docs/design.md §3: ``ctx.now()`` / ``ctx.uuid()``)."""
 
     NOW = "now"
     UUID = "uuid"
@@ -301,7 +301,7 @@ def _to_avro_value(value: Any) -> Any:
 
 
 class InputRef(AvroRecord):
-    """Where a decision's inbox record was read (DESIGN.md §3).
+    """Where a decision's inbox record was read (docs/design.md §3).
 
     Attributes:
         topic: The inbox topic name (namespaced).
@@ -315,14 +315,14 @@ class InputRef(AvroRecord):
 
 
 class SubmissionPayload(AvroRecord):
-    """The digested part of a submission (DESIGN.md §4).
+    """The digested part of a submission (docs/design.md §4).
 
     The digest (`payload_digest`) is taken over the canonical JSON object
     ``{"input": <input value>, "tools_offered": [<names>]}``.
 
     Attributes:
         input_json: The turn's input, canonical JSON.
-        tools_offered: Names of the tools offered for this turn; a call to another tool is refused (DESIGN.md §5).
+        tools_offered: Names of the tools offered for this turn; a call to another tool is refused (docs/design.md §5).
     """
 
     input_json: CanonicalJson
@@ -330,7 +330,7 @@ class SubmissionPayload(AvroRecord):
 
 
 def payload_digest(payload: SubmissionPayload) -> str:
-    """Return the digest of a submission payload (DESIGN.md §4).
+    """Return the digest of a submission payload (docs/design.md §4).
 
     Args:
         payload: The payload.
@@ -343,7 +343,7 @@ def payload_digest(payload: SubmissionPayload) -> str:
 
 
 class ToolError(AvroRecord):
-    """A tool's typed error, recorded and replayed (DESIGN.md §5).
+    """A tool's typed error, recorded and replayed (docs/design.md §5).
 
     Attributes:
         type: Error type, e.g. the exception class or ``"result_too_large"``.
@@ -393,7 +393,7 @@ class DeclaredToolCall(AvroRecord):
 
 
 class SubmissionProposed(AvroRecord):
-    """A client's proposal of one turn (topic ``settled.inbox``; DESIGN.md §4).
+    """A client's proposal of one turn (topic ``settled.inbox``; docs/design.md §4).
 
     Attributes:
         schema_version: Schema version the writer used.
@@ -439,7 +439,7 @@ class AbortRequested(AvroRecord):
 
 
 class ResolveUnknown(AvroRecord):
-    """An authorized, Ed25519-signed resolution of an Unknown tool call (topic ``settled.inbox``; DESIGN.md §4, §5).
+    """An authorized, Ed25519-signed resolution of an Unknown tool call (on ``settled.inbox``; docs/design.md §4, §5).
 
     Attributes:
         schema_version: Schema version the writer used.
@@ -559,7 +559,7 @@ def _epoch_ms(value: datetime) -> int:
 
 
 class Genesis(AvroRecord):
-    """The record that fixes the partition count (DESIGN.md §2).
+    """The record that fixes the partition count (docs/design.md §2).
 
     Attributes:
         namespace: The deployment namespace.
@@ -573,7 +573,7 @@ class Genesis(AvroRecord):
 
 
 class OwnershipClaimed(AvroRecord):
-    """A partition owner's claim, claim step 5 (DESIGN.md §3).
+    """A partition owner's claim, claim step 5 (docs/design.md §3).
 
     Attributes:
         partition: The claimed partition.
@@ -589,7 +589,7 @@ class OwnershipClaimed(AvroRecord):
 
 
 class SubmissionAdmitted(AvroRecord):
-    """A submission admitted to the conversation's queue (DUR-001, DESIGN.md §4).
+    """A submission admitted to the conversation's queue (DUR-001, docs/design.md §4).
 
     Attributes:
         submission_id: The proposal's id.
@@ -627,7 +627,7 @@ class SubmissionReady(AvroRecord):
 
 
 class SubmissionRejected(AvroRecord):
-    """A decodable submission rejected with a reason (DESIGN.md §4).
+    """A decodable submission rejected with a reason (docs/design.md §4).
 
     Attributes:
         submission_id: The proposal's id.
@@ -647,7 +647,7 @@ class SubmissionRejected(AvroRecord):
 
 
 class SubmissionDuplicate(AvroRecord):
-    """A proposal whose key and digest match an admitted submission (DESIGN.md §4).
+    """A proposal whose key and digest match an admitted submission (docs/design.md §4).
 
     Attributes:
         submission_id: The duplicate proposal's id.
@@ -697,7 +697,7 @@ class AbortRecorded(AvroRecord):
 
 
 class CommandRejected(AvroRecord):
-    """A command rejected with a reason (DESIGN.md §2, §4).
+    """A command rejected with a reason (docs/design.md §2, §4).
 
     Attributes:
         command_id: The command's id.
@@ -719,7 +719,7 @@ class CommandRejected(AvroRecord):
 
 
 class AttemptStarted(AvroRecord):
-    """An attempt of a submission starts (DESIGN.md §5).
+    """An attempt of a submission starts (docs/design.md §5).
 
     Attributes:
         submission_id: The submission.
@@ -735,7 +735,7 @@ class AttemptStarted(AvroRecord):
 
 
 class AttemptInterrupted(AvroRecord):
-    """An attempt stopped by an ownership change the log explains, e.g. a graceful revoke (DESIGN.md §5).
+    """An attempt stopped by an ownership change the log explains, e.g. a graceful revoke (docs/design.md §5).
 
     Attributes:
         submission_id: The submission.
@@ -783,7 +783,7 @@ class ModelResponseDelta(AvroRecord):
 
 
 class ModelResponseCompleted(AvroRecord):
-    """A complete model response, canonical before any tool it declares is prepared (DESIGN.md §5).
+    """A complete model response, canonical before any tool it declares is prepared (docs/design.md §5).
 
     Attributes:
         submission_id: The submission.
@@ -809,7 +809,7 @@ class ModelResponseCompleted(AvroRecord):
 
 
 class ToolCallPrepared(AvroRecord):
-    """A tool call committed before it runs (DESIGN.md §5).
+    """A tool call committed before it runs (docs/design.md §5).
 
     Attributes:
         submission_id: The submission.
@@ -821,7 +821,7 @@ class ToolCallPrepared(AvroRecord):
         args_json: Arguments, canonical JSON.
         args_digest: `json_digest` of ``args_json``.
         idempotency_key: Passed to the tool so the outside world can dedupe.
-        owner_epoch: Fencing token passed to the tool (DESIGN.md §3).
+        owner_epoch: Fencing token passed to the tool (docs/design.md §3).
     """
 
     submission_id: str
@@ -842,7 +842,7 @@ class ToolCallPrepared(AvroRecord):
 
 
 class ToolCallSettled(AvroRecord):
-    """A tool call's recorded result or typed error (DESIGN.md §5).
+    """A tool call's recorded result or typed error (docs/design.md §5).
 
     Exactly one of ``result_json`` and ``error`` is present. With a result, ``result_digest`` is its digest. An
     oversized result is recorded as ``error.type == "result_too_large"`` with ``result_digest`` set and no
@@ -876,7 +876,7 @@ class ToolCallSettled(AvroRecord):
 
 
 class ToolCallRefused(AvroRecord):
-    """A model call to a tool not offered for the turn; nothing ran (DESIGN.md §5).
+    """A model call to a tool not offered for the turn; nothing ran (docs/design.md §5).
 
     Attributes:
         submission_id: The submission.
@@ -910,7 +910,7 @@ class ToolCallUnknown(AvroRecord):
 
 
 class UnknownResolved(AvroRecord):
-    """A verified `ResolveUnknown` applied (DESIGN.md §5).
+    """A verified `ResolveUnknown` applied (docs/design.md §5).
 
     Attributes:
         command_id: The command's id.
@@ -972,7 +972,7 @@ class StepRecorded(AvroRecord):
 
 
 class EffectRecorded(AvroRecord):
-    """A recorded ``ctx.now()`` or ``ctx.uuid()`` value (DESIGN.md §3).
+    """A recorded ``ctx.now()`` or ``ctx.uuid()`` value (docs/design.md §3).
 
     Attributes:
         submission_id: The submission.
@@ -991,7 +991,7 @@ class EffectRecorded(AvroRecord):
 
 
 class Settlement(AvroRecord):
-    """A submission's canonical terminal outcome (DUR-012, DESIGN.md §4).
+    """A submission's canonical terminal outcome (DUR-012, docs/design.md §4).
 
     The reply is inline (``reply_json`` + ``reply_digest``) up to the inline limit, else only ``reply_digest`` and
     ``reply_ref`` (resolved by the services).
@@ -1048,7 +1048,7 @@ class RecoveryDecision(AvroRecord):
 
 
 class Receipt(AvroRecord):
-    """A payload-free reply on ``settled.receipts`` (DESIGN.md §2, §4).
+    """A payload-free reply on ``settled.receipts`` (docs/design.md §2, §4).
 
     Attributes:
         schema_version: Schema version the writer used.
@@ -1074,7 +1074,7 @@ class Receipt(AvroRecord):
 
 
 class SettlementRecord(AvroRecord):
-    """One terminal outcome per accepted submission on ``settled.settlements`` (DESIGN.md §2, §4).
+    """One terminal outcome per accepted submission on ``settled.settlements`` (docs/design.md §2, §4).
 
     Attributes:
         schema_version: Schema version the writer used.

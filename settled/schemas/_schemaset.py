@@ -1,4 +1,4 @@
-"""Loading the shipped ``.avsc`` files (DESIGN.md §7).
+"""Loading the shipped ``.avsc`` files (docs/design.md §7).
 
 Each named Avro type (record or enum) lives in its own file ``settled/schemas/avsc/<Name>.avsc`` and refers to the
 others by name. `SchemaSet` parses a folder of such files, and for every named type builds its *standalone* schema:

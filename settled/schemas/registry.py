@@ -1,9 +1,9 @@
-"""confluent-kafka's Schema Registry client behind settled's `SchemaRegistry` protocol (DESIGN.md §7, §10).
+"""confluent-kafka's Schema Registry client behind settled's `SchemaRegistry` protocol (docs/design.md §7, §10).
 
 A public module that ``settled.schemas`` does not import: the pure core imports ``settled.schemas`` and must never
-reach confluent-kafka (DESIGN.md §1b, the import-linter contract). Import it where a registry is configured:
+reach confluent-kafka (docs/design.md §1b, the import-linter contract). Import it where a registry is configured:
 ``from settled.schemas.registry import ConfluentSchemaRegistry``. ``mock://`` URLs give confluent-kafka's in-memory
-``MockSchemaRegistryClient`` (no registry server can run here; research/kafka-eos-python.md §1.7).
+``MockSchemaRegistryClient`` (no registry server can run here; docs/design.md §7).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``settled submit|abort``, ``settled settlements tail``, ``settled unknown resolve|keygen``: the client as commands.
 
-Issue 5 item 8; ``unknown resolve`` sends a signed ``ResolveUnknown`` (DUR-009, DESIGN.md §5).
+Issue 5 item 8; ``unknown resolve`` sends a signed ``ResolveUnknown`` (DUR-009, docs/design.md §5).
 
 Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
 come), and its errors on stderr with the exit code of their category (`settled.EXIT_CODES`): 1 rejected (the rejection

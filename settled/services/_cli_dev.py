@@ -1,4 +1,4 @@
-"""``settled dev up|down|status``: the local Kafka + PostgreSQL stack (DESIGN.md §8)."""
+"""``settled dev up|down|status``: the local Kafka + PostgreSQL stack (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``settled projections run|rebuild|check``: the Postgres projections of the log (issue 7; DESIGN.md §6).
+"""``settled projections run|rebuild|check``: the Postgres projections of the log (issue 7; docs/design.md §6).
 
 * ``run`` projects ``<namespace>.log`` into the live schema until SIGTERM/SIGINT; JSON-lines logs on stderr.
 * ``rebuild`` replays the log from offset 0 into a new schema version with a progress bar (events/s, ETA), catches up

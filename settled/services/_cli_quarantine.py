@@ -1,4 +1,4 @@
-"""``settled quarantine list``: what was set aside on ``settled.quarantine`` and why (DESIGN.md §11; issue 4 item 6).
+"""``settled quarantine list``: what was set aside on ``settled.quarantine`` and why (docs/design.md §11).
 
 Reads the quarantine topic ``read_committed`` (a quarantine record is visible only once the transaction that moved
 the inbox offset past its input committed) and prints, per record: source topic, partition, offset, reason,

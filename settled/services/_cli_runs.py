@@ -1,4 +1,4 @@
-"""``settled runs|unknown|submissions|conversations``: read the Postgres projection (issue 7 item 5; DESIGN.md §6).
+"""``settled runs|unknown|submissions|conversations``: read the Postgres projection (issue 7 item 5; docs/design.md §6).
 
 * ``settled runs list [--incomplete] [--conversation C]`` and ``settled runs show SUBMISSION_ID [--conversation C]``
   (attempts, calls);
@@ -10,8 +10,8 @@
 * ``settled conversations show CONVERSATION_ID``: run state and the transcript in event order.
 
 Every command takes ``--after RECEIPT_JSON`` (the receipt line ``settled submit`` prints) and waits, up to
-``--after-timeout-s``, until the projection holds that receipt's request: read-your-writes (DESIGN.md §4). Output is
-a table, or JSON lines with ``--json``. Exit codes: 1 not found, 2 bad input (an id that breaks settled's input
+``--after-timeout-s``, until the projection holds that receipt's request: read-your-writes (docs/design.md §4). Output
+is a table, or JSON lines with ``--json``. Exit codes: 1 not found, 2 bad input (an id that breaks settled's input
 contract, e.g. one that is not valid UTF-8; named on stderr) or no PostgreSQL (unreachable within
 `CONNECT_TIMEOUT_S`), 3 the receipt was not projected in time. None of them prints a traceback.
 """

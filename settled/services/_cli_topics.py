@@ -1,4 +1,4 @@
-"""``settled topics create|describe``: settled's co-partitioned topics and their genesis (DESIGN.md §2; issue 4 item 4).
+"""``settled topics create|describe``: settled's co-partitioned topics and their genesis (docs/design.md §2).
 
 Both read the settings from the environment (``SETTLED_NAMESPACE``, ``SETTLED_KAFKA_BOOTSTRAP``,
 ``SETTLED_PARTITIONS``, ...) through `settled.services._cli_root.resolve_settings`. Without ``SETTLED_KAFKA_BOOTSTRAP``
@@ -69,7 +69,7 @@ def create(timeout_s: float = _TIMEOUT_OPTION) -> None:
     """Create the missing topics and write the genesis record to every empty log partition (idempotent).
 
     Refuses, exit code 1, when an existing topic's partition count differs from SETTLED_PARTITIONS or from the
-    genesis record (adding partitions would move conversations away from their history, DESIGN.md §2).
+    genesis record (adding partitions would move conversations away from their history, docs/design.md §2).
     """
     settings = resolve_settings()
     infos = provision_topics(settings, Codec(), datetime.now(UTC), timeout_s)  # a mismatch is refused: exit 1

@@ -1,4 +1,4 @@
-"""Real Kafka and PostgreSQL without Docker (DESIGN.md §8).
+"""Real Kafka and PostgreSQL without Docker (docs/design.md §8).
 
 ``KafkaBroker`` runs a single-node Apache Kafka 4.x broker in KRaft mode from jars that Maven resolves from Maven
 Central into a cache folder reused across runs. ``PostgresServer`` runs the machine's PostgreSQL server binaries
@@ -210,7 +210,7 @@ class KafkaBroker:
         return self.home / "kafka.pid"
 
     def properties(self) -> dict[str, str]:
-        """Return the broker configuration: single-node overrides and the short test timeouts (DESIGN.md §3).
+        """Return the broker configuration: single-node overrides and the short test timeouts (docs/design.md §3).
 
         Returns:
             ``server.properties`` entries, ``overrides`` applied last.

@@ -1,4 +1,4 @@
-"""``settled worker --app package.module:app``: the conversation worker process (issue 5; DESIGN.md §11)."""
+"""``settled worker --app package.module:app``: the conversation worker process (issue 5; docs/design.md §11)."""
 
 from __future__ import annotations
 

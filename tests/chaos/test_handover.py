@@ -1,4 +1,4 @@
-"""SIGTERM during load: a graceful handover loses and duplicates nothing (issue 5 acceptance; DESIGN.md §3).
+"""SIGTERM during load: a graceful handover loses and duplicates nothing (issue 5 acceptance; docs/design.md §3).
 
 Two real ``settled worker`` processes share a 3-partition namespace while the test sends a steady stream of
 submissions (echo runs with small seeded delays) over conversations spread across every partition. One worker gets
@@ -247,10 +247,10 @@ class RevokeNotExplained(AssertionError):
 
 
 def test_sigterm_explains_the_running_attempt_in_the_log(topics: Settings, tmp_path: Path) -> None:
-    """A SIGTERM is an ownership change the log explains, not a death (DESIGN.md §5).
+    """A SIGTERM is an ownership change the log explains, not a death (docs/design.md §5).
 
     The attempt running when the worker gets SIGTERM either finishes within the revoke bound and settles before the
-    worker leaves (DESIGN.md §3: running work finishes and commits), or the departing owner records
+    worker leaves (docs/design.md §3: running work finishes and commits), or the departing owner records
     ``AttemptInterrupted`` for it. Either way its successor records no recovery decision for it.
     """
     logged, record = _sigterm_handover(topics, tmp_path, 1.0)
@@ -267,7 +267,7 @@ def test_sigterm_past_the_grace_records_attempt_interrupted(
     """An attempt still running when the revoke bound runs out is recorded ``AttemptInterrupted("graceful_revoke")``.
 
     The successor sees the attempt in Ready, not Recovery: it records no recovery decision, runs attempt 2, and the
-    revoked attempt is not charged to ``max_attempts`` (DESIGN.md §3, §5).
+    revoked attempt is not charged to ``max_attempts`` (docs/design.md §3, §5).
     """
     monkeypatch.setenv("SETTLED_REVOKE_GRACE_S", "0.3")  # the children inherit it
     events, record = _sigterm_handover(topics, tmp_path, 3.0)

@@ -1,4 +1,4 @@
-"""Scenario 17 (STEP; issue 6, /work/shared/scenarios.md): a parallel batch, 20 repetitions, kills at seeded failpoints.
+"""Scenario 17 (STEP; issue 6, docs/semantics.md): a parallel batch, 20 repetitions, kills at seeded failpoints.
 
 Each repetition is one submission on a conversation of its own, run by the model-driven engine app: the scripted
 model declares three parallel-safe ``sleep_par`` calls (50, 100 and 150 ms; idempotent, one effect per key, every
@@ -45,7 +45,7 @@ REPETITIONS = 20
 BOUNDARIES = ("engine.after_prepared_commit", "engine.tool_returned", "engine.after_settled_commit")
 NO_KILL = ""
 #: A killed worker's group membership lapses after the session timeout: the bulk of a kill repetition's time. The
-#: workers here use 2 s instead of 3 s (the transaction timeout stays below it, DESIGN.md §3).
+#: workers here use 2 s instead of 3 s (the transaction timeout stays below it, docs/design.md §3).
 FAST_TAKEOVER = {"SETTLED_SESSION_TIMEOUT_MS": "2000", "SETTLED_TRANSACTION_TIMEOUT_MS": "1500"}
 
 

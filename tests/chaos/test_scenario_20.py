@@ -3,7 +3,7 @@
 One process — one `settled.client.Client`, so one shared idempotent inbox producer and one shared receipts reader —
 makes 1,000 ``submit()`` calls from 20 threads over 50 conversations while the test stops the (private) broker and
 starts it again. A real ``settled worker`` child process (the ledger decider and the echo agent) runs against that
-broker throughout. The scenario's expectations (issue 5; ``/work/shared/scenarios.md`` scenario 20; DESIGN.md §4):
+broker throughout. The scenario's expectations (issue 5; ``docs/semantics.md`` scenario 20; docs/design.md §4):
 
 * every call ends — within its deadline, none hangs — with a receipt or a `SubmissionOutcomeUnknownError` naming its
   idempotency key;
@@ -281,9 +281,10 @@ class _ProducerStats:
 class _Supervisor:
     """Keeps one ``settled worker`` child running, as a process supervisor would, and records every intervention.
 
-    The worker must survive a broker restart (scenario 4, DESIGN.md §3), and this test is about the client, so a worker
-    that exits is started again at once, and one that is alive but owes decisions (inbox records past the workers'
-    committed offset) and has committed none for ``WEDGED_S`` while the broker is up is killed and started again.
+    The worker must survive a broker restart (scenario 4, docs/design.md §3), and this test is about the client, so a
+    worker that exits is started again at once, and one that is alive but owes decisions (inbox records past the
+    workers' committed offset) and has committed none for ``WEDGED_S`` while the broker is up is killed and started
+    again.
 
     Progress is the worker's own: its committed offsets moving, or nothing owed. A claim is not progress (a worker that
     loses the group and claims again and again without committing is stuck too), and neither is the client's silence

@@ -4,7 +4,7 @@
 duplicates (the same key and payload under a new submission id, as another producer retrying would send), exact
 re-sends (the very same proposal again, as a client retrying after a lost answer would) and conflicts (the same key,
 another payload). Duplicates and conflicts follow their original in the conversation's order; some follow it
-immediately, so the two land in one poll batch and the second is answered from the pending overlay (DESIGN.md §3).
+immediately, so the two land in one poll batch and the second is answered from the pending overlay (docs/design.md §3).
 Conversations are interleaved at random, each keeping its own order.
 
 `check_load` reads ``settled.log``, ``settled.receipts`` and ``settled.settlements`` read_committed and asserts the
@@ -149,7 +149,7 @@ def make_load(
         else:
             p = make_proposal(conv, orig.idempotency_key, {"other": i})
         stream.insert(rng.randint(at + 1, len(stream)), Item(p, kind, original=orig))
-    # Last, so that nothing comes between: duplicates right after their original (one poll batch, DESIGN.md §3).
+    # Last, so that nothing comes between: duplicates right after their original (one poll batch, docs/design.md §3).
     for conv, p in next_to:
         stream = streams[conv]
         at = next(

@@ -1,7 +1,7 @@
 """A submitter that knows nothing of settled: confluent-kafka, fastavro and the shipped ``.avsc`` files (issue 5).
 
 Run as a script (``python tests/integration/plain_avro_producer.py ...``), never imported by settled code: it proves
-that any Avro producer can submit from the contract alone (DESIGN.md §2, §7). It reads every ``.avsc`` of
+that any Avro producer can submit from the contract alone (docs/design.md §2, §7). It reads every ``.avsc`` of
 ``settled/schemas/avsc/`` as plain JSON, encodes a ``SubmissionProposed`` with Avro's single-object encoding
 (``C3 01``, the 8-byte little-endian CRC-64-AVRO fingerprint of the schema's Parsing Canonical Form, then the
 binary body), computes ``payload_digest`` as documented in the schema (SHA-256 of the canonical payload: see

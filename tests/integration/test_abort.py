@@ -1,4 +1,4 @@
-"""Abort (spec §13, DUR-012; issue 5 item 6) against a real worker: queued, active, repeated, too late, unknown.
+"""Abort (docs/semantics.md §13, DUR-012) against a real worker: queued, active, repeated, too late, unknown.
 
 The race of an abort with the final append (scenario 6) is `test_abort_raced_against_the_final_append`; a live
 projector follows it, and the projection must match the log afterwards (scenario 6's projection part, issue 7).

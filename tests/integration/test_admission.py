@@ -245,7 +245,7 @@ def admissions_of(s: Settings, conversation: str) -> list[SubmissionAdmitted]:
 
 
 def test_one_key_twice_in_one_open_transaction_is_admitted_once(one: Settings) -> None:
-    """Both proposals in one poll batch: the second is answered from the pending overlay (DESIGN.md §3)."""
+    """Both proposals in one poll batch: the second is answered from the pending overlay (docs/design.md §3)."""
     s = one
     a = make_proposal("conv-twice", "k", {"turn": 1})
     again = a.model_copy(update={"submission_id": str(uuid.uuid4())})
@@ -292,7 +292,8 @@ def test_scenario_18_retries_conflicts_and_key_scope(
 ) -> None:
     """Retries at once, concurrently, after a full restart and after a projection rebuild get identical receipts;
     A' is a conflict naming k; A with k on another conversation, or from another principal, is admitted separately
-    (scope principal + conversation, DESIGN.md §4). The receipts read through the projection say the same (issue 7)."""
+    (scope principal + conversation, docs/design.md §4). The receipts read through the projection say the same (issue
+    7)."""
     s = one
     log = tmp_path / "worker.log"
     a = make_proposal("conv-18", "k-18", {"q": "A"})

@@ -1,4 +1,4 @@
-"""A claim fenced by another producer of its ``transactional.id`` is claimed again, not abandoned (DESIGN.md §3).
+"""A claim fenced by another producer of its ``transactional.id`` is claimed again, not abandoned (docs/design.md §3).
 
 Between the claim's fence (appender ``open``, claim steps 2-3) and its first checkpoint (step 5), another producer
 with the partition's ``transactional.id`` runs ``init_transactions`` — a zombie of an earlier owner, or a newer owner.

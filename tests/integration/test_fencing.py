@@ -1,4 +1,4 @@
-"""Fencing with an offset-free write (scenario 8; DUR-006, DESIGN.md §3; issue 5 acceptance).
+"""Fencing with an offset-free write (scenario 8; DUR-006, docs/design.md §3; issue 5 acceptance).
 
 Worker A admits a submission and runs its echo; a failpoint barrier holds A where the finished run's settlement is
 about to be staged, and the test SIGSTOPs it there. Worker B joins, is given the partition once A's session times

@@ -1,4 +1,4 @@
-"""Rebuilds and checks of one projection run one at a time (settled.projections._rebuild module doc; DESIGN.md §6).
+"""Rebuilds and checks of one projection run one at a time (settled.projections._rebuild module doc; docs/design.md §6).
 
 Real Kafka, real Postgres, a real worker (the echo app) and a live projector thread. A first rebuild (A) is held at
 ``rebuild.before_switch`` while the live projector moves ahead, then released into its switch with slow catch-up

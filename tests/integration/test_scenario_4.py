@@ -1,4 +1,4 @@
-"""Scenario 4 (REC/TERM; issues 6 and 7, /work/shared/scenarios.md) in full, on a private broker and PostgreSQL.
+"""Scenario 4 (REC/TERM; issues 6 and 7, docs/semantics.md) in full, on a private broker and PostgreSQL.
 
 50 runs are active on a worker (each: an idempotent ``charge_idem`` call, 0.25 s of agent work, a second call;
 the tool double counts every invocation and effect in the world database). The worker SIGKILLs itself once 50 calls
@@ -74,7 +74,7 @@ LATE_RUNS = 6
 SETTLE_TIMEOUT_S = 150.0
 BROKER_RESTART_AFTER_S = 0.2
 #: The agent's work between its two calls. After an unexplained death the new owner resumes the interrupted runs one
-#: at a time (DESIGN.md §5), each redoing this work: it sets the recovery's length.
+#: at a time (docs/design.md §5), each redoing this work: it sets the recovery's length.
 AGENT_WORK_S = 0.25
 
 

@@ -1,4 +1,4 @@
-"""``settled topics create|describe`` against the real broker (issue 4 item 4; DESIGN.md §2)."""
+"""``settled topics create|describe`` against the real broker (issue 4 item 4; docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`LedgerDecider.poison`: typed failures for a conversation's run that cannot be appended (DESIGN.md §3).
+"""`LedgerDecider.poison`: typed failures for a conversation's run that cannot be appended (docs/design.md §3).
 
 The conductor stages an attempt start in the same turn as the admission (or the settlement) before it, so a run
 that is too large for the log holds that start too; before the fix the worker died on it with "no typed failure

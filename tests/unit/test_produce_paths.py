@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "settled"
 ALLOWED = {
     "producers/_appender.py": "the transactional appender: log, receipts, settlements, quarantine",
     "services/_cli_demo.py": "the demo's own non-authoritative topic (still transactional)",
-    "client/_inbox.py": "the client's idempotent inbox producer (proposals, commands): not authoritative, DESIGN.md §2",
+    "client/_inbox.py": "the client's idempotent inbox producer (proposals, commands): not authoritative",
 }
 
 

@@ -1,4 +1,4 @@
-"""`ResumeGate`: after a death the resumed attempts start one at a time in the whole worker process (DESIGN.md §5).
+"""`ResumeGate`: after a death the resumed attempts start one at a time in the whole worker process (docs/design.md §5).
 
 The gate is shared by the conductors of one process; each reports its suspects (Ready submissions whose attempt
 recovery resumed after a death) when it schedules. Nothing new starts anywhere while a suspect waits; a suspect

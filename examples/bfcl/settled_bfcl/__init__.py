@@ -1,4 +1,4 @@
-"""The BFCL multi-turn workload (issue 8; DESIGN.md §9; research: shared/research/bfcl-workload.md).
+"""The BFCL multi-turn workload (issue 8; docs/design.md §9; examples/bfcl/README.md).
 
 * Corpus: :func:`load_corpus` reads ``BFCL_v4_multi_turn_{base,miss_func,...}`` from the pinned ``bfcl-eval`` wheel
   into typed :class:`Entry` / :class:`Turn` / :class:`GroundTruthCall` values (calls parsed with ``ast``, never

@@ -1,6 +1,6 @@
 """The BFCL app: BFCL's backend methods as settled tools behind the tool server, the replay model as the provider.
 
-Issue 8, Build item 4; DESIGN.md §9. Workers load it with ``settled worker --app settled_bfcl._app:app``.
+Issue 8, Build item 4; docs/design.md §9. Workers load it with ``settled worker --app settled_bfcl._app:app``.
 
 * **Submissions.** Each user turn is one submission whose input is ``{"entry_id", "turn", "text"}`` (see
   `turn_input`) and whose ``tools_offered`` are the turn's tools (a miss_func turn lacks its held-out function).
@@ -9,7 +9,7 @@ Issue 8, Build item 4; DESIGN.md §9. Workers load it with ``settled worker --ap
   answers with its next calls (call ids ``<entry>/t<k>/c<j>``) or the final text. The model is stateless, so a
   re-asked model after a crash or a takeover gives the same answer.
 * **Tools.** Every one of BFCL's 128 backend methods is a registered tool. A call goes to the tool server with the
-  runtime's idempotency key and the owner epoch (DESIGN.md §3, §5) and the *model's* call id, which the tool server
+  runtime's idempotency key and the owner epoch (docs/design.md §3, §5) and the *model's* call id, which the tool server
   records in its ledger. The agent hands each tool ``{"conversation_id", "entry_id", "call_id", "arguments"}``
   (`BfclAgent`): the tool function itself only gets its arguments and a `ToolCall`, not the model's call id.
 * **Number types.** settled stores arguments as RFC 8785 canonical JSON, which writes ``15.0`` as ``15``; BFCL's
@@ -18,7 +18,7 @@ Issue 8, Build item 4; DESIGN.md §9. Workers load it with ``settled worker --ap
 * **Idempotency.** A method is declared ``idempotent`` unless its class is named in the ``no_idempotency`` setting
   (the tool server's ``--no-idempotency``): then a call interrupted in doubt is Unknown (DUR-009) and waits for a
   signed ``ResolveUnknown`` (the demo's operator step). A transport error (no answer) is raised as
-  `ToolTransportError`, never recorded as a result (DESIGN.md §5).
+  `ToolTransportError`, never recorded as a result (docs/design.md §5).
 
 Configuration comes from the environment, read when the app is first built (never at import): see `BfclAppConfig`.
 """
@@ -97,7 +97,7 @@ ENV_SEED = "SETTLED_BFCL_SEED"
 ENV_ADVERSARIAL = "SETTLED_BFCL_ADVERSARIAL"
 #: Comma-separated backend classes whose methods are not idempotent (the tool server's ``--no-idempotency``).
 ENV_NO_IDEMPOTENCY = "SETTLED_BFCL_NO_IDEMPOTENCY"
-#: Base64 of the operator's raw 32-byte Ed25519 public key, allowed to sign ``ResolveUnknown`` (DESIGN.md §4).
+#: Base64 of the operator's raw 32-byte Ed25519 public key, allowed to sign ``ResolveUnknown`` (docs/design.md §4).
 ENV_RESOLVER_KEY = "SETTLED_BFCL_RESOLVER_KEY"
 #: The key id the operator signs with.
 RESOLVER_KEY_ID = "bfcl-operator"
@@ -204,7 +204,7 @@ class BfclAppConfig:
         retry_budget_s: How long an in-doubt idempotent call is retried within one attempt (a tool-server restart
             must fit in it).
         http_timeout_s: Timeout of one HTTP request to the tool server.
-        max_attempts: Attempts per submission (DESIGN.md §5).
+        max_attempts: Attempts per submission (docs/design.md §5).
         concurrency: Runs at once per worker process.
     """
 
@@ -402,7 +402,7 @@ class BfclAgent(ModelAgent):
             }
             try:
                 result = await ctx.tool(call.tool, args, offered=offered)
-            except ToolCallError as exc:  # an application error or a refusal: the model sees it (DESIGN.md §5)
+            except ToolCallError as exc:  # an application error or a refusal: the model sees it (docs/design.md §5)
                 out.append(
                     Message("tool", f"error: {exc.error_type}: {exc.message}", call_id=call.call_id, is_error=True)
                 )
@@ -460,7 +460,7 @@ class _Tools:
                 owner_epoch=call.owner_epoch,
                 call_id=args["call_id"],
             )
-        except httpx.TransportError as exc:  # no answer: in doubt, never a result (DESIGN.md §5)
+        except httpx.TransportError as exc:  # no answer: in doubt, never a result (docs/design.md §5)
             raise ToolTransportError(f"tool server {self._config.toolserver_url}: {type(exc).__name__}: {exc}") from exc
         return response.output
 

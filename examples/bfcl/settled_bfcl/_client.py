@@ -2,7 +2,7 @@
 
 :class:`ToolServerClient` turns the server's error answers into typed exceptions. A transport failure (connection
 refused or reset, timeout) is raised as ``httpx.TransportError``, untouched: the caller cannot know whether the call
-ran, so it is *in doubt* (DESIGN.md §5), never a tool result.
+ran, so it is *in doubt* (docs/design.md §5), never a tool result.
 
 :class:`ToolServerProcess` starts ``python -m settled_bfcl.toolserver`` on a private port, waits until it
 answers, and stops it gracefully (SIGTERM) or kills it (SIGKILL, the crash that the store must survive).

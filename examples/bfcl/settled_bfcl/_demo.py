@@ -1,9 +1,9 @@
 """``settled demo bfcl``: BFCL multi-turn conversations run durably under crashes, judged in a fresh process.
 
-Issue 8, Build item 4; DESIGN.md §9. `run_demo` does the whole job:
+Issue 8, Build item 4; docs/design.md §9. `run_demo` does the whole job:
 
 1. Kafka and PostgreSQL: the configured ones (``SETTLED_KAFKA_BOOTSTRAP`` / ``SETTLED_POSTGRES_DSN``), else the local
-   dev stack, started if needed (DESIGN.md §8). Topics are created in a fresh namespace.
+   dev stack, started if needed (docs/design.md §8). Topics are created in a fresh namespace.
 2. The tool server (a separate process, its worlds and ledger in SQLite), one world per conversation; a projector
    (``settled projections run``); ``--workers`` worker processes running the BFCL app
    (``settled_bfcl._app``: the replay model as provider, BFCL's backends as tools).
@@ -17,7 +17,7 @@ Issue 8, Build item 4; DESIGN.md §9. `run_demo` does the whole job:
    (SIGKILL, then start on the same file).
 5. The operator step: every Unknown call (``ToolCallUnknown`` in the log) is looked up in the tool server's ledger
    under its idempotency key; executed → a signed ``ResolveUnknown`` carrying the recorded output
-   (``call_outcome``), never executed → ``safe_to_retry`` (DESIGN.md §4, §5).
+   (``call_outcome``), never executed → ``safe_to_retry`` (docs/design.md §4, §5).
 6. The canonical log is read into `ConversationLog` values, judged in a fresh process against an independent oracle
    run (`judge_in_fresh_process`), and the projection's view of each conversation is compared with the log.
 
@@ -873,7 +873,7 @@ class _Driver:
                     timeout_s=min(30.0, max(self._left_s(), 1.0)),
                 )
             except (SubmissionOutcomeUnknownError, BrokerUnavailableError):
-                time.sleep(0.5)  # the same key and payload find the original receipt (DESIGN.md §4)
+                time.sleep(0.5)  # the same key and payload find the original receipt (docs/design.md §4)
             except ClientError as exc:
                 with self._lock:
                     self.errors.append(f"{entry.id} turn {turn_index}: submit: {exc}")

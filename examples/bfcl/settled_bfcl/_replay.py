@@ -19,7 +19,7 @@ Arguments reach the caller as the corpus's JSON values (an int stays an int and 
 Adversarial mode (``adversarial=True``, combinable with any chunking mode): in the turn right before a miss_func
 holdout turn (the turn whose ground truth is empty because a function is missing), the model first calls the
 missing function, which that turn does not offer, with call id ``<entry>/t<k>/x0`` and the arguments the holdout
-turn later uses. The runtime must refuse it as a tool error the model sees and execute nothing (DESIGN.md §5:
+turn later uses. The runtime must refuse it as a tool error the model sees and execute nothing (docs/design.md §5:
 ``ToolCallRefused``); the model then gives its final text.
 
 One shipped entry cannot be replayed: ``multi_turn_miss_func_49/t1/c1`` calls ``tail`` two turns before it is

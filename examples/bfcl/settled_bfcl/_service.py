@@ -5,7 +5,7 @@ A call is decided in this order, under one lock, so concurrent requests are seri
 1. the conversation must exist (``unknown_conversation``) and the method must belong to one of its classes
    (``unknown_method``; nothing runs and nothing is recorded);
 2. an owner epoch lower than the highest one already seen for the conversation is refused (``stale_epoch``,
-   DESIGN.md §3: a fenced former owner must not change the world);
+   docs/design.md §3: a fenced former owner must not change the world);
 3. when the method is deduplicated (dedup on and its class not named in ``--no-idempotency``) and the key is in the
    ledger: the same method and arguments get the stored result without running (a replay); anything else is
    refused (``idempotency_key_conflict``);
@@ -77,7 +77,7 @@ class ToolServerConfig:
     Attributes:
         dedup: False for the negative control: every call runs, a repeated key included.
         non_idempotent_classes: Backend classes whose calls are never deduplicated and are reported as not
-            idempotent, so settled makes their interrupted calls Unknown (DESIGN.md §5).
+            idempotent, so settled makes their interrupted calls Unknown (docs/design.md §5).
     """
 
     dedup: bool = True

@@ -94,8 +94,8 @@ class CallRequest(_Body):
     Attributes:
         method: The bare backend method name, e.g. ``"mkdir"``.
         arguments: Named JSON arguments.
-        idempotency_key: The runtime's idempotency key for the call (DESIGN.md §5).
-        owner_epoch: The epoch of the partition owner making the call (DESIGN.md §3); a call with an epoch lower
+        idempotency_key: The runtime's idempotency key for the call (docs/design.md §5).
+        owner_epoch: The epoch of the partition owner making the call (docs/design.md §3); a call with an epoch lower
             than one already seen for the conversation is refused.
         call_id: The runtime's call id (recorded in the ledger), e.g. ``multi_turn_base_0/t1/c0``.
     """

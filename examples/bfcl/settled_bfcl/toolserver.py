@@ -3,7 +3,7 @@
 Switches:
     ``--no-dedup``: the negative control; a repeated idempotency key executes again.
     ``--no-idempotency TradingBot,TravelAPI``: those classes are not deduplicated and are reported as not
-    idempotent, so settled makes their interrupted calls Unknown (DESIGN.md §5).
+    idempotent, so settled makes their interrupted calls Unknown (docs/design.md §5).
 
 The server listens on 127.0.0.1 by default and keeps everything in the SQLite file named by ``--db``; restarting it
 on the same file resumes every world and the ledger.

@@ -1,4 +1,4 @@
--- The ledger projection of settled.log, layout 1 (DESIGN.md §6; issue 7 item 2).
+-- The ledger projection of settled.log, layout 1 (docs/design.md §6; issue 7 item 2).
 --
 -- Applied by settled.projections.migrate() into one schema per projection version, with search_path set to that
 -- schema: names here are unqualified. Column lists and merge rules mirror settled/projections/_tables.py; the
@@ -22,7 +22,7 @@ CREATE TABLE offsets (
     PRIMARY KEY (projection, topic, partition)
 );
 
--- One row per log partition: its genesis partition count and its latest ownership claim (DESIGN.md §3).
+-- One row per log partition: its genesis partition count and its latest ownership claim (docs/design.md §3).
 CREATE TABLE partitions (
     partition       integer PRIMARY KEY,
     partition_count integer,
@@ -49,7 +49,7 @@ CREATE TABLE conversations (
     last_offset          bigint      NOT NULL
 );
 
--- The ledger: every admitted submission and its spec §3 state (recovery and unknown included).
+-- The ledger: every admitted submission and its docs/semantics.md §3 state (recovery and unknown included).
 CREATE TABLE submissions (
     submission_id      text PRIMARY KEY,
     conversation_id    text        NOT NULL,
@@ -82,7 +82,7 @@ CREATE INDEX submissions_open ON submissions (conversation_id, submission_seq)
     WHERE state NOT IN ('completed', 'failed', 'aborted');
 CREATE UNIQUE INDEX submissions_key ON submissions (conversation_id, principal, idempotency_key);
 
--- One row per attempt (DESIGN.md §5): running, waiting (for an Unknown's resolution), recovery, terminalizing,
+-- One row per attempt (docs/design.md §5): running, waiting (for an Unknown's resolution), recovery, terminalizing,
 -- interrupted (ended without a settlement; a later attempt continues), completed, failed, aborted.
 CREATE TABLE attempts (
     attempt_id       text PRIMARY KEY,
@@ -150,7 +150,7 @@ CREATE TABLE settlements (
     log_offset      bigint      NOT NULL
 );
 
--- The decision of every request as its receipt reports it (DESIGN.md §4): the first decision of a request id.
+-- The decision of every request as its receipt reports it (docs/design.md §4): the first decision of a request id.
 CREATE TABLE receipts (
     request_id      text PRIMARY KEY,
     request_kind    text        NOT NULL,   -- submission | command

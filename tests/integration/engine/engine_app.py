@@ -5,7 +5,7 @@ The tool doubles are "the outside world": every invocation and every effect is a
 separately. ``charge_idem`` dedupes its effect by the idempotency key (an outside system honouring keys);
 ``charge_once`` applies its effect on every invocation (an ordinary, non-idempotent API). Both hit the failpoint
 ``testtool.mid_invocation`` after counting the invocation and before applying the effect ("during invocation",
-spec §15).
+docs/semantics.md §15).
 
 The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to the reply and also written to the
 ``observations`` table with the attempt number, so a test compares what each attempt saw:
@@ -109,7 +109,7 @@ def _charge(tool: str, args: dict[str, Any], call: ToolCall, *, dedupe: bool) ->
     return {"charged": int(args["amount"]), "tool": tool}
 
 
-#: The plan agent's settlements are handed over at once (no linger, DESIGN.md §3): its kill tests count the crash
+#: The plan agent's settlements are handed over at once (no linger, docs/design.md §3): its kill tests count the crash
 #: boundaries of back-to-back calls as separate commits ("after tool result commit" before the next call is
 #: prepared). The model app (`model_app`) keeps the default linger, where a settlement may share the next commit.
 OPTIONS = RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=0)

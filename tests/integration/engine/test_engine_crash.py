@@ -1,4 +1,4 @@
-"""The execution engine under SIGKILL at the crash-matrix boundaries of a tool call (issue 6; spec §10, §15).
+"""The execution engine under SIGKILL at the crash-matrix boundaries of a tool call (docs/semantics.md §10, §15).
 
 Real broker, real ``settled worker`` child processes. Worker A is killed at a named failpoint; worker B takes the
 partition over, restores the log, classifies the interrupted run (DUR-013) and continues. The tool doubles count

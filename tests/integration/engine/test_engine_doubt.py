@@ -1,4 +1,4 @@
-"""Calls in doubt in a live worker: aborts while a tool runs, a stopped tool server, hung tools (issue 6; §5).
+"""Calls in doubt in a live worker: aborts while a tool runs, a stopped tool server, hung tools (docs/design.md §5).
 
 One real ``settled worker`` child per test; the tool doubles count invocations, returns and effects in the world
 database (see ``engine_app``). The app gives a call in flight an abort grace of 1 s.
@@ -81,7 +81,7 @@ def test_abort_while_a_non_idempotent_call_is_in_flight_is_unknown_then_aborted_
     assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.UNKNOWN]
     wait_for(lambda: returns(world_db, "slow_long") == 1, TIMEOUT_S, "the tool's late return")
     time.sleep(2.0)
-    assert settled(s, sub.submission_id) is None, "an abort does not settle a call in doubt (DESIGN.md §5)"
+    assert settled(s, sub.submission_id) is None, "an abort does not settle a call in doubt (docs/design.md §5)"
     assert not [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]
     (unknown,) = [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallUnknown)]
     send(s, sign_resolution("conv-b", sub.submission_id, unknown.call_id, {"slept": 8}))

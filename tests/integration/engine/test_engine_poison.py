@@ -1,4 +1,4 @@
-"""A submission that kills its worker: attempts resume one at a time after a death (issue 6; DESIGN.md §5, §16).
+"""A submission that kills its worker: attempts resume one at a time after a death (issue 6; docs/design.md §5, §16).
 
 Real workers are restarted by the test after every death, like a supervisor would. The poison submission's agent
 calls ``os._exit(1)`` outside any tool call; healthy submissions of other conversations run beside it on the same

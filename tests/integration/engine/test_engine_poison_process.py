@@ -1,4 +1,4 @@
-"""A poison submission on one partition, healthy ones on another, one worker process (issue 6; DESIGN.md §5).
+"""A poison submission on one partition, healthy ones on another, one worker process (issue 6; docs/design.md §5).
 
 "A death is charged only to an attempt that ran alone: after an unexplained death the new owner resumes the
 interrupted attempts one at a time" — in the whole worker process, not per partition (`ResumeGate`): a worker owning
@@ -50,7 +50,7 @@ def test_a_poison_submission_resumes_alone_in_the_process_and_its_neighbours_on_
     )
     for p in healthy:
         r = settled(s, p.submission_id)
-        # Charged once: for the first death, which interrupted every attempt then running (DESIGN.md §5).
+        # Charged once: for the first death, which interrupted every attempt then running (docs/design.md §5).
         promise(
             "DUR-014.neighbours-complete",
             r is not None and r.outcome is SettlementOutcome.COMPLETED and r.attempt_count == 2,

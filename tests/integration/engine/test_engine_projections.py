@@ -1,4 +1,4 @@
-"""Scenario 13 (PROJ/TOOL; issue 7, /work/shared/scenarios.md): rebuild every projection under live tool traffic.
+"""Scenario 13 (PROJ/TOOL; issue 7, docs/semantics.md): rebuild every projection under live tool traffic.
 
 A real ``settled worker`` child (the model-driven app: scripted model responses declaring two ``charge_idem`` calls,
 whose tool double counts every invocation and effect in the world database) serves a steady stream of submissions

@@ -1,4 +1,6 @@
-"""The operator's way out of an Unknown: ``Client.resolve_unknown`` and ``settled unknown resolve`` (DUR-009; §5).
+"""The operator's way out of an Unknown: ``Client.resolve_unknown`` and ``settled unknown resolve`` (DUR-009).
+
+docs/design.md §5.
 
 A real ``settled worker`` child runs the engine test app (resolver key ``RESOLVER_PRIVATE_KEY`` under
 ``RESOLVER_KEY_ID``). A non-idempotent tool whose server refuses connections leaves its call Unknown; the run stops

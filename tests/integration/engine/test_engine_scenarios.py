@@ -1,4 +1,4 @@
-"""Execution-engine scenarios in real workers (issue 6; /work/shared/scenarios.md 7, 10, 17, 21).
+"""Execution-engine scenarios in real workers (issue 6; docs/semantics.md, scenarios 7, 10, 17, 21).
 
 * 10 (TOOL, revoke variant): a graceful stop while a non-idempotent call that applied its effect is in flight:
   the next owner marks it Unknown, nothing re-runs, nothing settles until a signed resolution.

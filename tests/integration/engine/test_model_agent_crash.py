@@ -1,5 +1,5 @@
 """The model-driven agent in real workers: a stream cut by a kill, a committed response resumed from its
-declaration, and what later prompts show of an aborted run (issue 6 item 2; spec §9, §10; DUR-008).
+declaration, and what later prompts show of an aborted run (issue 6 item 2; docs/semantics.md §9, §10; DUR-008).
 
 The scripted provider writes every prompt to the world database, so the tests read exactly what the model saw.
 """

@@ -1,4 +1,4 @@
-"""``Client.resolve_unknown``'s argument checks and the resolver key files (DUR-009; DESIGN.md §4, §5).
+"""``Client.resolve_unknown``'s argument checks and the resolver key files (DUR-009; docs/design.md §4, §5).
 
 Every check here fails before anything is produced: the client is built on an unreachable bootstrap address (the
 producer and the receipts reader are created only by the first request), so a check that let a bad command through

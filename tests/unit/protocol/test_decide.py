@@ -1,4 +1,7 @@
-"""Case tests of the decision functions (DESIGN.md §3, §4, §5; spec §4, §5, §12, §13; DUR-001/004/005/011/012)."""
+"""Case tests of the decision functions (DUR-001/004/005/011/012).
+
+docs/design.md §3, §4, §5; docs/semantics.md §4, §5, §12, §13.
+"""
 
 from __future__ import annotations
 
@@ -177,7 +180,7 @@ def test_a_submission_id_reused_under_another_key_is_rejected(log: Log) -> None:
 
 
 def test_one_key_proposed_twice_inside_one_open_transaction_is_admitted_once(log: Log) -> None:
-    """DESIGN.md §3 pending overlay: the scratch state (committed + pending batches) answers admission."""
+    """docs/design.md §3 pending overlay: the scratch state (committed + pending batches) answers admission."""
     committed = log.state
     first = admit(committed.conversation("c1"), proposal("s1", "k1"), log.ref(), T0)
     log.commit("c1", first)  # folded into the scratch state only
@@ -519,8 +522,8 @@ def test_an_admitted_but_not_ready_submission_aborts_without_an_attempt(log: Log
     aborted = abort(conv(log), abort_cmd("x1", "s1"), log.ref(), T0)
     trace = log.commit("c1", aborted)
     assert [(t.edge.source, t.edge.target, t.edge.origin) for t in trace] == [
-        (S.ADMITTED, S.TERMINALIZING, "spec §13"),
-        (S.TERMINALIZING, S.ABORTED, "spec §3, §12"),
+        (S.ADMITTED, S.TERMINALIZING, "docs/semantics.md §13"),
+        (S.TERMINALIZING, S.ABORTED, "docs/semantics.md §3, §12"),
     ]
 
 

@@ -1,4 +1,4 @@
-"""The fold (DESIGN.md §1b, §3): totality, epochs, the chain, illegal transitions, copy-on-write, restore."""
+"""The fold (docs/design.md §1b, §3): totality, epochs, the chain, illegal transitions, copy-on-write, restore."""
 
 from __future__ import annotations
 

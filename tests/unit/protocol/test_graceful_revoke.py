@@ -1,4 +1,4 @@
-"""A graceful revoke is an ownership change the log explains, not a death (DESIGN.md §3, §5; issue 6)."""
+"""A graceful revoke is an ownership change the log explains, not a death (docs/design.md §3, §5; issue 6)."""
 
 from __future__ import annotations
 

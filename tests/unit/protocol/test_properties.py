@@ -3,7 +3,7 @@
 A simulated owner of one partition consumes a random inbox (proposals with duplicate and conflicting keys, aborts,
 repeated aborts, aborts of nothing, resolutions) and takes random worker steps (schedule/start, tool calls, tool
 timeouts, finishes, graceful interrupts), group-committing several decisions per transaction through the pending
-overlay (DESIGN.md §3), with random transaction aborts and crashes (rewind the input, restore by fold, claim a new
+overlay (docs/design.md §3), with random transaction aborts and crashes (rewind the input, restore by fold, claim a new
 epoch, classify recovery). Checked on what commits:
 
 * every transition taken is an edge of `EDGES` whose cause is the event that took it, and each submission's
@@ -13,8 +13,8 @@ epoch, classify recovery). Checked on what commits:
 * every inbox input decided exactly once (one canonical event carrying its offset, one receipt), re-read inputs
   skipped; every key admitted once, duplicates answered with the original, conflicts rejected (DUR-001);
 * an abort's reply names the outcome that won (DUR-012); an abort of a queued submission settles it in the same
-  batch, without an attempt (spec §13);
-* a stale attempt appends nothing after a claim (spec §6);
+  batch, without an attempt (docs/semantics.md §13);
+* a stale attempt appends nothing after a claim (docs/semantics.md §6);
 * after a final drain (every input decided, runs finished, Unknowns resolved) every admitted submission has exactly
   one settlement (DUR-002, DUR-014);
 * restoring by `fold` from the committed batches equals the state built batch by batch.
@@ -565,7 +565,7 @@ def check_log(owner: Owner) -> None:
                 attempt = current_attempt[t.submission_id]
                 assert attempt_epoch[attempt] == batch.owner_epoch, f"{t.edge} by a stale attempt {attempt}"
 
-    # An abort of a queued submission settles it in the same batch, without an attempt (spec §13).
+    # An abort of a queued submission settles it in the same batch, without an attempt (docs/semantics.md §13).
     before_batch: dict[str, SubmissionState] = {}
     applied: set[str] = set()
     for batch, trace in zip(owner.batches, owner.traces, strict=True):

@@ -1,8 +1,8 @@
-"""The recovery classifier, case by case: one case per row of the spec's §15 crash-point matrix, then the rules.
+"""The recovery classifier, case by case: one case per row of docs/semantics.md §15 crash-point matrix, then the rules.
 
 Each case builds the persisted facts the crash leaves (real batches folded by the protocol's fold), classifies
 them, and — when the answer is a decision — appends its events to the same log, so the fold proves the decision
-is a legal edge and leads where recovery means to go (DUR-009, DUR-013; spec §14, §15).
+is a legal edge and leads where recovery means to go (DUR-009, DUR-013; docs/semantics.md §14, §15).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def died(log: Log) -> None:
     log.claim("w2")
 
 
-# ---------------------------------------------------------------------------------- spec §15, row by row
+# ---------------------------------------------------------------------------------- docs/semantics.md §15, row by row
 
 
 def test_row01_before_ledger_admission_nothing_is_accepted(log: Log) -> None:
@@ -153,7 +153,7 @@ def test_row04_after_claim_before_canonical_input_the_input_is_applied_idempoten
 
 
 def test_row05_after_canonical_input_before_marker_is_one_event_here(log: Log) -> None:
-    # InputApplied is both the canonical input and its applied marker (one event, DESIGN.md §3): the boundary
+    # InputApplied is both the canonical input and its applied marker (one event, docs/design.md §3): the boundary
     # between them does not exist, so recovery finds the input applied and does not apply it again.
     admitted(log)
     started(log)
@@ -372,7 +372,7 @@ def test_abort_with_a_call_in_doubt_is_unknown_not_aborted(log: Log) -> None:
     log.commit("c1", abort(log.state.conversation("c1"), abort_cmd("ab1", "s1"), log.ref(), T0))
     died(log)
     r = classify(snapshot(log, OpenCall("call1", "pay", UNSAFE)))
-    assert r.kind is K.UNKNOWN  # DESIGN.md §5: the abort settles the submission once the call is resolved
+    assert r.kind is K.UNKNOWN  # docs/design.md §5: the abort settles the submission once the call is resolved
     assert decide_and_apply(log, r) is S.UNKNOWN
 
 

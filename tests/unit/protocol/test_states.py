@@ -1,4 +1,4 @@
-"""The submission state table (spec §3, §13; DESIGN.md §5): the table itself, cited edge by edge."""
+"""The submission state table (docs/semantics.md §3, §13; docs/design.md §5): the table itself, cited edge by edge."""
 
 from __future__ import annotations
 
@@ -21,34 +21,34 @@ S = SubmissionState
 # (source, target, cause type names, qualifiers, origin): the table, written out. A change to the machine must
 # change this list: the tests below and the property test cite it.
 EXPECTED = {
-    (S.PROPOSED, S.ADMITTED, ("SubmissionAdmitted",), (), "spec §3"),
-    (S.ADMITTED, S.READY, ("SubmissionReady",), (), "spec §3"),
-    (S.READY, S.RUNNING, ("AttemptStarted",), (), "spec §3"),
-    (S.READY, S.JOINING, (), (), "spec §3, §5"),
-    (S.JOINING, S.JOINED, ("InputApplied",), (), "spec §3, §5"),
-    (S.JOINED, S.COMPLETED, ("Settlement",), ("completed",), "spec §3, §5"),
-    (S.JOINED, S.FAILED, ("Settlement",), ("failed",), "spec §3, §5"),
-    (S.JOINED, S.ABORTED, ("Settlement",), ("aborted",), "spec §3, §5"),
-    (S.RUNNING, S.TERMINALIZING, ("Settlement",), (), "spec §3, §12"),
-    (S.TERMINALIZING, S.COMPLETED, ("Settlement",), ("completed",), "spec §3, §12"),
-    (S.TERMINALIZING, S.FAILED, ("Settlement",), ("failed",), "spec §3, §12"),
-    (S.TERMINALIZING, S.ABORTED, ("Settlement",), ("aborted",), "spec §3, §12"),
-    (S.RUNNING, S.READY, ("AttemptInterrupted",), (), "spec §3"),
+    (S.PROPOSED, S.ADMITTED, ("SubmissionAdmitted",), (), "docs/semantics.md §3"),
+    (S.ADMITTED, S.READY, ("SubmissionReady",), (), "docs/semantics.md §3"),
+    (S.READY, S.RUNNING, ("AttemptStarted",), (), "docs/semantics.md §3"),
+    (S.READY, S.JOINING, (), (), "docs/semantics.md §3, §5"),
+    (S.JOINING, S.JOINED, ("InputApplied",), (), "docs/semantics.md §3, §5"),
+    (S.JOINED, S.COMPLETED, ("Settlement",), ("completed",), "docs/semantics.md §3, §5"),
+    (S.JOINED, S.FAILED, ("Settlement",), ("failed",), "docs/semantics.md §3, §5"),
+    (S.JOINED, S.ABORTED, ("Settlement",), ("aborted",), "docs/semantics.md §3, §5"),
+    (S.RUNNING, S.TERMINALIZING, ("Settlement",), (), "docs/semantics.md §3, §12"),
+    (S.TERMINALIZING, S.COMPLETED, ("Settlement",), ("completed",), "docs/semantics.md §3, §12"),
+    (S.TERMINALIZING, S.FAILED, ("Settlement",), ("failed",), "docs/semantics.md §3, §12"),
+    (S.TERMINALIZING, S.ABORTED, ("Settlement",), ("aborted",), "docs/semantics.md §3, §12"),
+    (S.RUNNING, S.READY, ("AttemptInterrupted",), (), "docs/semantics.md §3"),
     (
         S.RUNNING,
         S.RECOVERY,
         ("OwnershipClaimed", "AttemptInterrupted", "ToolCallUnknown"),
         (),
-        "spec §3; DESIGN.md §5",
+        "docs/semantics.md §3; docs/design.md §5",
     ),
-    (S.RECOVERY, S.READY, ("RecoveryDecision",), ("reconcile", "resume", "safe_retry"), "spec §3, §14"),
-    (S.RECOVERY, S.TERMINALIZING, ("RecoveryDecision",), ("terminalize",), "spec §3"),
-    (S.RECOVERY, S.UNKNOWN, ("RecoveryDecision",), ("unknown",), "spec §3"),
-    (S.UNKNOWN, S.TERMINALIZING, ("UnknownResolved",), ("outcome_for_submission",), "spec §3"),
-    (S.UNKNOWN, S.READY, ("UnknownResolved",), ("call_outcome",), "DESIGN.md §5"),
-    (S.UNKNOWN, S.READY, ("UnknownResolved",), ("safe_to_retry",), "DESIGN.md §5"),
-    (S.READY, S.TERMINALIZING, ("Settlement",), ("aborted",), "spec §13"),
-    (S.ADMITTED, S.TERMINALIZING, ("Settlement",), ("aborted",), "spec §13"),
+    (S.RECOVERY, S.READY, ("RecoveryDecision",), ("reconcile", "resume", "safe_retry"), "docs/semantics.md §3, §14"),
+    (S.RECOVERY, S.TERMINALIZING, ("RecoveryDecision",), ("terminalize",), "docs/semantics.md §3"),
+    (S.RECOVERY, S.UNKNOWN, ("RecoveryDecision",), ("unknown",), "docs/semantics.md §3"),
+    (S.UNKNOWN, S.TERMINALIZING, ("UnknownResolved",), ("outcome_for_submission",), "docs/semantics.md §3"),
+    (S.UNKNOWN, S.READY, ("UnknownResolved",), ("call_outcome",), "docs/design.md §5"),
+    (S.UNKNOWN, S.READY, ("UnknownResolved",), ("safe_to_retry",), "docs/design.md §5"),
+    (S.READY, S.TERMINALIZING, ("Settlement",), ("aborted",), "docs/semantics.md §13"),
+    (S.ADMITTED, S.TERMINALIZING, ("Settlement",), ("aborted",), "docs/semantics.md §13"),
 }
 
 

@@ -1,4 +1,4 @@
-"""How a run's records reach the log, without Kafka: what shares a commit, what is waited for (DESIGN.md §3).
+"""How a run's records reach the log, without Kafka: what shares a commit, what is waited for (docs/design.md §3).
 
 * A model response rides with the next awaited record: the prepared record of the first call it declares (all of
   a parallel-safe group), so one commit comes before the tool runs (DUR-008 needs only the response committed
@@ -283,7 +283,10 @@ def test_a_tool_never_runs_before_its_prepared_record_commits() -> None:
 def test_a_boundary_failpoint_between_the_commit_and_a_sync_tool_stops_the_run_before_the_tool_starts(
     point: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sync tool starts in the committing thread (`_Launch`); the boundary failpoints still come first (spec §15)."""
+    """A sync tool starts in the committing thread (`_Launch`); the boundary failpoints still come first.
+
+    See docs/semantics.md §15.
+    """
     with failpoints_armed(monkeypatch, f"{point}=1*raise"):
         rec = GatedRecorder(prepares)
         invoked: list[str] = []
@@ -297,7 +300,7 @@ def test_a_boundary_failpoint_between_the_commit_and_a_sync_tool_stops_the_run_b
 
 
 def test_a_sync_tool_starts_in_the_thread_that_commits_its_prepared_record() -> None:
-    """One thread hop less (DESIGN.md §3, docs/architecture.md): the tool is started by the committing thread."""
+    """One thread hop less (docs/design.md §3, docs/architecture.md): the tool is started by the committing thread."""
     rec = GatedRecorder(prepares)
     started_by: list[str] = []
     invoked: list[str] = []

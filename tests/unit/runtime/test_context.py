@@ -2,7 +2,7 @@
 
 The recorder stands where the conductor stands (`AgentRun.record`): it keeps the events in order and resolves
 each future when "committed". Replay is exercised by starting the next attempt with the recorded events as its
-journal, exactly what the conductor hands a new attempt (issue 6; DESIGN.md §3, §5; DUR-009, DUR-010).
+journal, exactly what the conductor hands a new attempt (issue 6; docs/design.md §3, §5; DUR-009, DUR-010).
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def test_a_sync_tool_runs_once_when_its_commit_lands_while_the_loop_is_handing_i
 def test_the_boundary_failpoints_of_a_mixed_parallel_group_are_hit_in_call_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An async call declared first, a sync one second: the 2nd hit of the boundary is the sync call's (spec §15).
+    """An async call first, a sync one second: the boundary's 2nd hit is the sync call's (docs/semantics.md §15).
 
     Before 96cd818 each call of the group hit ``engine.after_prepared_commit`` on the loop, in declaration order,
     after ``engine.after_response_commit``. Now the sync call's `_Launch.fire` hits it (and starts the tool) in the

@@ -1,4 +1,4 @@
-"""The model-driven agent and ``ctx.model`` without Kafka (issue 6 item 2; spec §9, §10; DUR-008).
+"""The model-driven agent and ``ctx.model`` without Kafka (issue 6 item 2; docs/semantics.md §9, §10; DUR-008).
 
 Effects go to the in-memory recorder of ``test_context``; a scripted provider answers deterministically from the
 request and keeps every prompt it was shown.
@@ -108,7 +108,7 @@ def test_the_loop_runs_declared_tools_in_order_and_ends_on_a_text_answer() -> No
         ("ModelResponseCompleted", 3),
     ]
     # Deltas are flushed every two; tool-argument deltas are never recorded (DUR-008). The completed response
-    # commits with the first call it declares (one commit before that tool runs, DESIGN.md §3); the second call is
+    # commits with the first call it declares (one commit before that tool runs, docs/design.md §3); the second call is
     # not prepared until it starts (the tools are not parallel-safe). A settlement is not waited for: it lingers
     # for the run's next record and shares its commit.
     shapes = [[type(e).__name__ for e in b] for b in rec.batches]

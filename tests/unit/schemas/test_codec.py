@@ -251,7 +251,7 @@ def test_history_is_kept_and_no_type_is_removed() -> None:
 @settings(deadline=None, max_examples=10)
 @given(data=st.data())
 def test_every_current_schema_reads_every_kept_version(version: int, record_type: type[AvroRecord], data: Any) -> None:
-    """Backward compatibility (DESIGN.md §7): data written with a kept version decodes under the current schema."""
+    """Backward compatibility (docs/design.md §7): data written with a kept version decodes under the current schema."""
     old = history_schemas(version).get(record_type.AVRO_NAME)
     new = current_schemas().get(record_type.AVRO_NAME)
     sample = data.draw(records(record_type))

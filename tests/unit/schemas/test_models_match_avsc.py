@@ -1,4 +1,4 @@
-"""The pydantic models mirror the shipped .avsc files one to one (issue 4 item 1, DESIGN.md §7)."""
+"""The pydantic models mirror the shipped .avsc files one to one (issue 4 item 1, docs/design.md §7)."""
 
 from __future__ import annotations
 
