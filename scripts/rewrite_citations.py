@@ -187,12 +187,37 @@ def _prefix(line: str) -> str:
     return match.group(1) if match else ""
 
 
-def _continuation_prefix(line: str) -> str:
-    """Return the indentation of a line that continues ``line``'s paragraph (a bullet's text hangs under it)."""
+_SECTION_RE = re.compile(r"(?:Args|Arguments|Attributes|Returns|Raises|Yields|Note|Example|Examples):")
+_FIELD_RE = re.compile(r"[A-Za-z_*][\w.*]*(?: \([^)]*\))?: ")
+
+
+def _in_field_section(lines: list[str], index: int) -> bool:
+    """Tell whether ``lines[index]`` is an entry of a Google-style section (``Args:``, ``Raises:``, ...)."""
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    for line in reversed(lines[:index]):
+        if not line.strip():
+            return False
+        line_indent = len(line) - len(line.lstrip())
+        if line_indent < indent:
+            return _SECTION_RE.fullmatch(line.strip()) is not None
+    return False
+
+
+def _continuation_prefix(lines: list[str], index: int) -> str:
+    """Return the indentation of a line that continues ``lines[index]``'s paragraph.
+
+    A bullet's text hangs under the bullet's text; an entry of a Google-style section (``name: text`` under
+    ``Args:``) hangs four spaces deeper than the entry.
+    """
+    line = lines[index]
     prefix = _prefix(line)
     body = line[len(prefix) :]
     bullet = re.match(r"[-*] |\d+\. ", body)
-    return prefix + " " * len(bullet.group(0)) if bullet else prefix
+    if bullet:
+        return prefix + " " * len(bullet.group(0))
+    if not prefix.strip() and _FIELD_RE.match(body) and _in_field_section(lines, index):
+        return prefix + "    "
+    return prefix
 
 
 def _continues(line: str, prefix: str) -> bool:
@@ -207,15 +232,25 @@ def _continues(line: str, prefix: str) -> bool:
 
 def _split(line: str) -> tuple[str, str] | None:
     """Split ``line`` at its last space that leaves at most `MAX_LINE_CHARS` characters; None if there is none."""
+    # keep a path and its section, and a word and the number after it ("issue 7"), on one line when possible
     protected = re.sub(r"(\.md) (§)", "\\1" + _NO_BREAK + "\\2", line)
+    joined = re.sub(r"(?<=\w) (?=[\d§])", _NO_BREAK, protected)
+    parts = _split_at_space(joined) or _split_at_space(protected)
+    if parts is None:
+        return None
+    head, tail = parts
+    return head.replace(_NO_BREAK, " "), tail.replace(_NO_BREAK, " ")
+
+
+def _split_at_space(protected: str) -> tuple[str, str] | None:
+    """Split at the last space that leaves at most `MAX_LINE_CHARS` characters; None if there is none."""
     start = len(_prefix(protected))
     cut = protected.rfind(" ", start + 1, MAX_LINE_CHARS + 1)
     while cut > start and protected[cut - 1] == " ":
         cut -= 1
     if cut <= start:
         return None
-    head, tail = protected[:cut].rstrip(), protected[cut:].strip()
-    return head.replace(_NO_BREAK, " "), tail.replace(_NO_BREAK, " ")
+    return protected[:cut].rstrip(), protected[cut:].strip()
 
 
 def rewrap(lines: list[str], index: int, prose: set[int]) -> bool:
@@ -240,7 +275,7 @@ def rewrap(lines: list[str], index: int, prose: set[int]) -> bool:
             return False
         head, tail = parts
         following = index + 1
-        prefix = _continuation_prefix(lines[index])
+        prefix = _continuation_prefix(lines, index)
         if following < len(lines) and (following + 1) in prose:
             hanging = _prefix(lines[following])
             if len(hanging) > len(prefix) and hanging.startswith(prefix) and _continues(lines[following], hanging):

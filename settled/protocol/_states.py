@@ -125,7 +125,7 @@ class Edge:
         qualifiers: When not empty, the edge is taken only when `cause_qualifier` of the event is one of these.
         label: The spec's label of the edge (or the added edge's name).
         origin: Where the edge comes from: ``"docs/semantics.md §3"``, ``"docs/semantics.md §13"``,
-        ``"docs/design.md §5"``.
+            ``"docs/design.md §5"``.
         reserved: True when no schema v1 event takes the edge yet (joining, docs/semantics.md §5).
     """
 

@@ -292,8 +292,8 @@ def test_scenario_18_retries_conflicts_and_key_scope(
 ) -> None:
     """Retries at once, concurrently, after a full restart and after a projection rebuild get identical receipts;
     A' is a conflict naming k; A with k on another conversation, or from another principal, is admitted separately
-    (scope principal + conversation, docs/design.md §4). The receipts read through the projection say the same (issue
-    7)."""
+    (scope principal + conversation, docs/design.md §4). The receipts read through the projection say the same
+    (issue 7)."""
     s = one
     log = tmp_path / "worker.log"
     a = make_proposal("conv-18", "k-18", {"q": "A"})

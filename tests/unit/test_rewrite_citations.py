@@ -114,3 +114,32 @@ def test_check_lists_what_cites_outside_and_a_code_line_left_too_long_fails_the_
         encoding="utf-8"
     ) == f'REASON = "{long_string} (docs/semantics.md §12)"\n'
     assert script.main(["--root", str(root), "--check"]) == 0
+
+
+_ORIGIN = "Where the edge comes from, one of a few citations that each grow longer"
+_RESERVED = "True when no event takes the edge yet: the joining edges, a long enough entry to wrap"
+_ARGS = (
+    "def f(origin: str, reserved: bool) -> None:\n"
+    '    """Summary line.\n'
+    "\n"
+    "    Args:\n"
+    f"        origin: {_ORIGIN}: ``{BRIEF} §3``, ``{BRIEF} §5``.\n"
+    f"        reserved: {_RESERVED} ({BRIEF} §5, issue 7).\n"
+    '    """\n'
+)
+
+
+def test_an_args_entry_wraps_under_a_hanging_indent_and_a_number_stays_with_its_word(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _repo(tmp_path, {"settled/mod.py": _ARGS})
+    script = _script()
+    assert script.main(["--root", str(root), "--no-ruff"]) == 0
+    lines = (root / "settled/mod.py").read_text(encoding="utf-8").split("\n")
+    assert all(len(line) <= script.MAX_LINE_CHARS for line in lines), lines
+    assert lines[4].startswith("        origin: "), lines
+    assert lines[5].startswith("            ``docs/design.md §"), lines  # four spaces deeper than the entry
+    assert lines[6].startswith("        reserved: "), lines
+    assert lines[7].startswith("            "), lines
+    assert "issue 7" in lines[7], lines  # not "issue" at a line's end and "7" on the next
+    capsys.readouterr()
