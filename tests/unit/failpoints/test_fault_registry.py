@@ -20,6 +20,7 @@ EXPECTED_SWITCHES = {
     "projection_offsets_separate_transaction",
     "id_contract_unchecked",
     "projection_data_error_retried",
+    "claim_without_rewind",
 }
 
 
