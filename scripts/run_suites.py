@@ -60,6 +60,11 @@ SUITES = [
         junit=True,
     ),
     Suite("bfcl", 240, (_pytest("examples/bfcl/tests/test_demo_slice.py"),), junit=True),
+    # The side-by-side benchmark (issue 23): its launcher guard and report checks, then the smoke run against the
+    # peers that .ci/run installs with bench/peers/install.sh (fails when a peer does not install or start, a row
+    # lacks a class or a baseline, or a ratio pairs classes without saying which side is weaker).
+    Suite("bench", 60, (_pytest("tests/bench"),), junit=True),
+    Suite("bench-smoke", 240, ((PY, "bench/side_by_side.py", "--smoke"),)),
     Suite("fault-switches", 180, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
