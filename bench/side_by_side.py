@@ -72,6 +72,10 @@ from settled._settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
+#: The detail line splitting settled's turn latency at the receipt.
+SPLITS = "settled p50 split, ms (submit until the receipt was read + then until the settlement was read)"
+#: The detail line splitting the CPU per turn by process name.
+CPU_SPLIT = "CPU per turn by process, ms"
 #: Set in the re-executed child: it already runs inside its own network namespace.
 NETNS_ENV = "SETTLED_BENCH_NETNS"
 PARTITIONS = 12
@@ -257,18 +261,18 @@ def _netns() -> str:
     return os.readlink("/proc/self/ns/net")
 
 
-def cpu_seconds(select: Callable[[int, str], bool]) -> float:
-    """Sum the CPU seconds (user + system) of this namespace's processes that ``select(pid, comm)`` accepts.
+def cpu_seconds(select: Callable[[int, str], bool]) -> dict[str, float]:
+    """Return the CPU seconds (user + system) so far of this namespace's processes that ``select(pid, comm)`` accepts.
 
     Args:
         select: Which processes count.
 
     Returns:
-        Their CPU seconds so far (a difference of two calls is the CPU used in between).
+        CPU seconds per process name (``comm``); the difference of two calls is the CPU used in between.
     """
     ticks = os.sysconf("SC_CLK_TCK")
     ns = _netns()
-    total = 0
+    total: Counter[str] = Counter()
     for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
             continue
@@ -281,8 +285,18 @@ def cpu_seconds(select: Callable[[int, str], bool]) -> float:
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         if select(int(pid_dir.name), comm):
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / ticks
+            total[comm] += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return {comm: n / ticks for comm, n in total.items()}
+
+
+def cpu_per_turn(
+    measured: Measured, system: str, before: dict[str, float], after: dict[str, float], turns: int
+) -> None:
+    """Record the CPU per turn over a window (all the system's processes) and its split per process name."""
+    used = {comm: after.get(comm, 0.0) - before.get(comm, 0.0) for comm in after}
+    measured.add("CPU per turn at 50 in flight (ms)", system, sum(used.values()) * 1000 / max(turns, 1))
+    split = {comm: round(sec * 1000 / max(turns, 1), 2) for comm, sec in sorted(used.items())}
+    measured.detail.setdefault(CPU_SPLIT, {}).setdefault(system, []).append(split)
 
 
 def _pids(*pids: int) -> Callable[[int, str], bool]:
@@ -572,6 +586,7 @@ class SettledCase:
         self.log_dir = log_dir
         self.label = label
         self.worker: subprocess.Popen[bytes] | None = None
+        self.splits: list[tuple[float, float]] = []
         self.start_worker()
         self.client = Client(self.settings, default_timeout_s=60)
         self.tracker = SettlementTracker(self.settings, self.codec)
@@ -590,11 +605,11 @@ class SettledCase:
         with (self.log_dir / f"worker-{self.label}.log").open("ab") as log:
             self.worker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    def submit(self, body: dict[str, Any]) -> str:
-        """Submit one turn under a fresh conversation; return its submission id once admitted."""
+    def submit(self, body: dict[str, Any], conversation_id: str | None = None) -> str:
+        """Submit one turn (under a fresh conversation unless one is given); return its id once admitted."""
         from settled.schemas import ReceiptOutcome
 
-        receipt = self.client.submit(f"c-{uuid.uuid4().hex}", body)
+        receipt = self.client.submit(conversation_id or f"c-{uuid.uuid4().hex}", body)
         if receipt.outcome is not ReceiptOutcome.ADMITTED:
             raise BenchmarkError(f"{self.label}: submission not admitted: {receipt}")
         return receipt.request_id
@@ -617,12 +632,30 @@ class SettledCase:
             }:
                 raise BenchmarkError(f"{self.label}: submission {sid} settled {record.outcome}: {record.reply_json}")
 
-    def turn(self, body: dict[str, Any]) -> float:
-        """Run one turn to its settlement; return its latency in milliseconds."""
+    def turn(self, body: dict[str, Any], conversation_id: str | None = None) -> float:
+        """Run one turn to its settlement; return its latency in milliseconds.
+
+        The split (submit until the receipt was read, then until the settlement was read) is kept in ``splits``.
+        """
         t0 = time.perf_counter()
-        sid = self.submit(body)
+        sid = self.submit(body, conversation_id)
+        t1 = time.perf_counter()
         self.settle([sid])
-        return (time.perf_counter() - t0) * 1000
+        t2 = time.perf_counter()
+        self.splits.append(((t1 - t0) * 1000, (t2 - t1) * 1000))
+        return (t2 - t0) * 1000
+
+    def warm_partitions(self) -> None:
+        """Run one turn on each partition (a conversation id hashing to it), so every partition owner is warm."""
+        from settled.producers import partition_for_key
+
+        for partition in range(PARTITIONS):
+            conversation = next(
+                c
+                for c in (f"warm-{uuid.uuid4().hex}" for _ in range(10_000))
+                if partition_for_key(c.encode(), PARTITIONS) == partition
+            )
+            self.turn({"k": 1}, conversation)
 
     def close(self) -> None:
         """Stop the reader, the client and the worker."""
@@ -637,17 +670,33 @@ class SettledCase:
 
 
 def settled_latency(
-    bootstrap: str, log_dir: Path, label: str, kinds: dict[str, Sequence[int]], warmup: int, turns: int
+    bootstrap: str,
+    log_dir: Path,
+    label: str,
+    kinds: dict[str, Sequence[int]],
+    warmup: int,
+    turns: int,
+    splits: dict[str, tuple[float, float]],
 ) -> dict[str, dict[int, list[float]]]:
-    """Sequential turns per kind (``step``/``tool``) and K on one fresh namespace; latencies in ms."""
+    """Sequential turns per kind (``step``/``tool``) and K on one fresh namespace; latencies in ms.
+
+    The split of each case's p50 (submit until the receipt was read; then until the settlement was read) goes to
+    ``splits``, keyed ``"<label> <kind> K=<k>"``.
+    """
     case = SettledCase(bootstrap, log_dir, label)
     try:
-        for _ in range(max(warmup, PARTITIONS)):  # every partition claimed and warm before measuring
-            case.turn({"k": 1, "kind": "step"})
+        case.warm_partitions()
         out: dict[str, dict[int, list[float]]] = {}
         for kind, ks in kinds.items():
             for k in ks:
+                for _ in range(warmup):
+                    case.turn({"k": k, "kind": kind})
+                case.splits.clear()
                 out.setdefault(kind, {})[k] = [case.turn({"k": k, "kind": kind}) for _ in range(turns)]
+                splits[f"{label} {kind} K={k}"] = (
+                    percentile([a for a, _ in case.splits], 50),
+                    percentile([b for _, b in case.splits], 50),
+                )
         return out
     finally:
         case.close()
@@ -657,8 +706,7 @@ def settled_wait_vs_reader(bootstrap: str, log_dir: Path, turns: int) -> tuple[l
     """Turns at K=1 read back by `Client.wait` per submission, then by the shared reader; latencies in ms."""
     case = SettledCase(bootstrap, log_dir, "wait")
     try:
-        for _ in range(PARTITIONS):
-            case.turn({"k": 1})
+        case.warm_partitions()
         waited = []
         for _ in range(turns):
             t0 = time.perf_counter()
@@ -702,8 +750,7 @@ def settled_throughput(
             errors.append(exc)
 
     try:
-        for _ in range(PARTITIONS):
-            case.turn({"k": 1})
+        case.warm_partitions()
         threads = [threading.Thread(target=loop, daemon=True) for _ in range(IN_FLIGHT)]
         for t in threads:
             t.start()
@@ -722,7 +769,7 @@ def settled_throughput(
         if errors:
             raise BenchmarkError(f"settled throughput: a load thread failed: {errors[0]!r}") from errors[0]
         measured.add("steps/s, 50 in flight, K=5", system, counted * THROUGHPUT_K / window_s)
-        measured.add("CPU per turn at 50 in flight (ms)", system, (cpu1 - cpu0) * 1000 / max(counted, 1))
+        cpu_per_turn(measured, system, cpu0, cpu1, counted)
         # No acknowledged turn lost: admitted while the window ran, the worker killed and restarted at once.
         _kill9(case.worker)
         case.start_worker()
@@ -740,8 +787,7 @@ def settled_crash(bootstrap: str, log_dir: Path, measured: Measured, system: str
     assert case.worker is not None
     counter = log_dir / f"settled-crash-{uuid.uuid4().hex[:6]}.txt"
     try:
-        for _ in range(PARTITIONS):
-            case.turn({"k": 1})
+        case.warm_partitions()
         body = {"k": CRASH_K, "counter": str(counter), "sleep_step": CRASH_STEP, "sleep_s": STEP_SLEEP_S}
         sid = case.submit(body)
         _wait_for_line(counter, f"step {CRASH_STEP}", 60)
@@ -839,7 +885,8 @@ def peer_throughput(
     proc = start(
         {"mode": "throughput", "k": THROUGHPUT_K, "inflight": IN_FLIGHT, "warmup_s": warmup_s, "window_s": window_s}
     )
-    cpu0 = cpu1 = 0.0
+    cpu0: dict[str, float] = {}
+    cpu1: dict[str, float] = {}
     counted = -1
     for event in _json_lines(proc):
         if event.get("event") == "window-start":
@@ -851,7 +898,7 @@ def peer_throughput(
     if counted < 0:
         raise BenchmarkError(f"{what} throughput: the driver reported no window")
     measured.add("steps/s, 50 in flight, K=5", system, counted * THROUGHPUT_K / window_s)
-    measured.add("CPU per turn at 50 in flight (ms)", system, (cpu1 - cpu0) * 1000 / max(counted, 1))
+    cpu_per_turn(measured, system, cpu0, cpu1, counted)
 
 
 def restate_crash(peers: Peers, restate: RestateServer, log_dir: Path, measured: Measured) -> None:
@@ -1194,13 +1241,23 @@ def run(args: argparse.Namespace) -> int:
                     if sizes.crash:
                         restate_crash(peers, restate, run_dir, measured)
                 else:
+                    splits: dict[str, tuple[float, float]] = {}
                     lat = settled_latency(
-                        broker.bootstrap, run_dir, "latency", {"step": ks, "tool": (1, 10)}, sizes.warmup, sizes.turns
+                        broker.bootstrap,
+                        run_dir,
+                        "latency",
+                        {"step": ks, "tool": (1, 10)},
+                        sizes.warmup,
+                        sizes.turns,
+                        splits,
                     )
                     latency_rows(measured, SETTLED_STEP, lat["step"])
                     latency_rows(measured, SETTLED_TOOL, {0: lat["step"][0], **lat["tool"]})
                     lat_fsync = settled_latency(
-                        broker_fsync.bootstrap, run_dir, "fsync", {"step": (0, 10)}, sizes.warmup, sizes.turns
+                        broker_fsync.bootstrap, run_dir, "fsync", {"step": (0, 10)}, sizes.warmup, sizes.turns, splits
+                    )
+                    measured.detail.setdefault(SPLITS, []).append(
+                        {case: f"{a:.1f} + {b:.1f}" for case, (a, b) in splits.items()}
                     )
                     latency_rows(measured, SETTLED_FSYNC, lat_fsync["step"])
                     settled_throughput(
@@ -1237,6 +1294,10 @@ def run(args: argparse.Namespace) -> int:
             f"{IN_FLIGHT} in flight, K={THROUGHPUT_K}, {sizes.warmup_s:g} s warm-up, {sizes.window_s:g} s window; "
             + (f"crash K={CRASH_K}, step {CRASH_STEP} sleeps {STEP_SLEEP_S:g} s" if sizes.crash else "no crash case"),
             f"- crash executions per step: {measured.detail.get('crash executions', '–')}",
+            f"- {SPLITS}: {measured.detail.get(SPLITS, '–')}",
+            f"- {CPU_SPLIT}: {measured.detail.get(CPU_SPLIT, '–')}",
+            f"- {BARE}: one transactional commit of 1 record + the consumer's offsets with settled's client settings "
+            f"(one durable write, the floor under a turn); {NO_DURABILITY}: K identity calls in a plain loop",
             f"- settled admitted turns checked after kill -9 of the worker: "
             f"{measured.detail.get('settled admitted turns checked after kill -9 of the worker', '–')}",
         ]
