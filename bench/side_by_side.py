@@ -66,9 +66,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/side_by_side.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import client_versions, describe_broker, fresh_namespace, load_average, percentile
+from _common import (
+    client_versions,
+    describe_broker,
+    fresh_namespace,
+    load_average,
+    percentile,
+    use_dev_timeouts,
+)
 
 from settled._settings import Settings
+from settled.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = Path(__file__).resolve().parent / "peers"
@@ -297,6 +305,26 @@ def cpu_per_turn(
     measured.add("CPU per turn at 50 in flight (ms)", system, sum(used.values()) * 1000 / max(turns, 1))
     split = {comm: round(sec * 1000 / max(turns, 1), 2) for comm, sec in sorted(used.items())}
     measured.detail.setdefault(CPU_SPLIT, {}).setdefault(system, []).append(split)
+
+
+def process_with_arg(arg: str) -> int:
+    """Return the pid of this namespace's process whose command line has ``arg`` (e.g. a broker's properties file).
+
+    Raises:
+        BenchmarkError: No such process.
+    """
+    ns = _netns()
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            if os.readlink(pid_dir / "ns" / "net") == ns and arg.encode() in (pid_dir / "cmdline").read_bytes().split(
+                b"\0"
+            ):
+                return int(pid_dir.name)
+        except OSError:
+            continue
+    raise BenchmarkError(f"no process in this network namespace has {arg!r} on its command line")
 
 
 def _pids(*pids: int) -> Callable[[int, str], bool]:
@@ -585,25 +613,23 @@ class SettledCase:
         provision_topics(self.settings, self.codec, datetime.now(UTC))
         self.log_dir = log_dir
         self.label = label
-        self.worker: subprocess.Popen[bytes] | None = None
+        self.worker: WorkerProcess | None = None
         self.splits: list[tuple[float, float]] = []
         self.start_worker()
         self.client = Client(self.settings, default_timeout_s=60)
         self.tracker = SettlementTracker(self.settings, self.codec)
 
     def start_worker(self) -> None:
-        """Start (or restart) the worker process."""
-        env = {
-            **os.environ,
-            "SETTLED_NAMESPACE": self.settings.namespace,
-            "SETTLED_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
-            "SETTLED_PARTITIONS": str(PARTITIONS),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        argv = [sys.executable, "-m", "settled.services", "worker", "--app", SETTLED_APP]
-        argv += ["--worker-id", f"bench-{uuid.uuid4().hex[:6]}", "--log-level", "WARNING"]
-        with (self.log_dir / f"worker-{self.label}.log").open("ab") as log:
-            self.worker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        """Start (or restart) the worker process (`settled.testing.WorkerProcess`, the repository root as its cwd)."""
+        self.worker = WorkerProcess.start(
+            settings=self.settings,
+            app=SETTLED_APP,
+            log_path=self.log_dir / f"worker-{self.label}.log",
+            worker_id=f"bench-{uuid.uuid4().hex[:6]}",
+            log_level="WARNING",
+            env={"SETTLED_PARTITIONS": str(PARTITIONS)},
+            cwd=ROOT,
+        )
 
     def submit(self, body: dict[str, Any], conversation_id: str | None = None) -> str:
         """Submit one turn (under a fresh conversation unless one is given); return its id once admitted."""
@@ -662,11 +688,7 @@ class SettledCase:
         self.tracker.close()
         self.client.close()
         if self.worker is not None and self.worker.poll() is None:
-            self.worker.terminate()
-            try:
-                self.worker.wait(30)
-            except subprocess.TimeoutExpired:
-                _kill9(self.worker)
+            self.worker.stop(30)
 
 
 def settled_latency(
@@ -722,7 +744,13 @@ def settled_wait_vs_reader(bootstrap: str, log_dir: Path, turns: int) -> tuple[l
 
 
 def settled_throughput(
-    bootstrap: str, log_dir: Path, warmup_s: float, window_s: float, measured: Measured, system: str
+    bootstrap: str,
+    broker_pid: int,
+    log_dir: Path,
+    warmup_s: float,
+    window_s: float,
+    measured: Measured,
+    system: str,
 ) -> None:
     """50 turns in flight (K=5) for a window; then kill -9 the worker, restart it, and check no admitted turn is lost.
 
@@ -755,15 +783,16 @@ def settled_throughput(
         for t in threads:
             t.start()
         time.sleep(warmup_s)  # the workload's warm-up, by definition a duration
-        select = _pids(os.getpid(), case.worker.pid, *_broker_pids(bootstrap))
-        cpu0 = cpu_seconds(select)
+        worker_pid = case.worker.pid
+        groups = {"load generator": _pids(os.getpid()), "worker": _pids(worker_pid), "broker": _pids(broker_pid)}
+        cpu0 = {name: sum(cpu_seconds(select).values()) for name, select in groups.items()}
         with lock:
             state["counting"] = True
         time.sleep(window_s)  # the workload's window, by definition a duration
         with lock:
             state["stop"] = True
             counted = state["turns"]
-        cpu1 = cpu_seconds(select)
+        cpu1 = {name: sum(cpu_seconds(select).values()) for name, select in groups.items()}
         for t in threads:
             t.join(120)
         if errors:
@@ -771,7 +800,7 @@ def settled_throughput(
         measured.add("steps/s, 50 in flight, K=5", system, counted * THROUGHPUT_K / window_s)
         cpu_per_turn(measured, system, cpu0, cpu1, counted)
         # No acknowledged turn lost: admitted while the window ran, the worker killed and restarted at once.
-        _kill9(case.worker)
+        case.worker.kill_and_wait()
         case.start_worker()
         case.settle(list(admitted), timeout_s=120)
         measured.detail.setdefault("settled admitted turns checked after kill -9 of the worker", []).append(
@@ -793,7 +822,7 @@ def settled_crash(bootstrap: str, log_dir: Path, measured: Measured, system: str
         _wait_for_line(counter, f"step {CRASH_STEP}", 60)
         time.sleep(KILL_INTO_STEP_S)  # the workload: the kill comes 1 s into the step
         t_kill = time.perf_counter()
-        _kill9(case.worker)
+        case.worker.kill_and_wait()
         t_restart = time.perf_counter()
         case.start_worker()
         case.settle([sid], timeout_s=120)
@@ -801,21 +830,6 @@ def settled_crash(bootstrap: str, log_dir: Path, measured: Measured, system: str
         crash_rows(measured, system, t_kill, t_restart, t_done, counter)
     finally:
         case.close()
-
-
-def _broker_pids(bootstrap: str) -> list[int]:
-    port = bootstrap.rsplit(":", 1)[-1]
-    out = []
-    for pid_dir in Path("/proc").iterdir():
-        if not pid_dir.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            args = (pid_dir / "cmdline").read_bytes().split(b"\0")
-            if b"kafka.Kafka" in args and any(
-                a.endswith(b".properties") and f":{port}".encode() in Path(a.decode()).read_bytes() for a in args
-            ):
-                out.append(int(pid_dir.name))
-    return out
 
 
 # ------------------------------------------------------------------------------------------ Restate, DBOS
@@ -1069,16 +1083,6 @@ def render(rows: list[dict[str, Any]], header: list[str], classes: dict[str, str
     return "\n".join(lines)
 
 
-def timeout_set(settings: Settings) -> str:
-    """Which Kafka timeout set settled ran with (short test timeouts or production ones), with the values."""
-    short = settings.session_timeout_ms <= 10_000
-    return (
-        f"{'short (test) timeouts' if short else 'production timeouts'}: session.timeout.ms="
-        f"{settings.session_timeout_ms}, heartbeat.interval.ms={settings.heartbeat_interval_ms}, "
-        f"transaction.timeout.ms={settings.transaction_timeout_ms}"
-    )
-
-
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -1100,6 +1104,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="CI: one repetition, small N, no crash case")
     parser.add_argument("--out", type=Path, default=None, help="folder for side_by_side.md/.json (default: run dir)")
     parser.add_argument("--keep", action="store_true", help="keep the run's state folder (data and logs)")
+    parser.add_argument(
+        "--production-timeouts",
+        action="store_true",
+        help="run settled with the production Kafka timeouts (default: the dev stack's short ones)",
+    )
     parser.add_argument("--turns", type=int, help="sequential turns per K (default 200; smoke 20)")
     parser.add_argument("--warmup", type=int, help="warm-up turns per K (default 20; smoke 5)")
     parser.add_argument("--window-s", type=float, help="throughput window, seconds (default 20; smoke 3)")
@@ -1150,6 +1159,7 @@ def run(args: argparse.Namespace) -> int:
         crash=sizes.crash,
     )
     peers = Peers.find()
+    timeouts = Settings().timeouts_label() if args.production_timeouts else use_dev_timeouts()
     base = Settings()
     run_dir = bench_cache_dir() / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -1261,7 +1271,13 @@ def run(args: argparse.Namespace) -> int:
                     )
                     latency_rows(measured, SETTLED_FSYNC, lat_fsync["step"])
                     settled_throughput(
-                        broker.bootstrap, run_dir, sizes.warmup_s, sizes.window_s, measured, SETTLED_STEP
+                        broker.bootstrap,
+                        process_with_arg(str(broker.home / "server.properties")),
+                        run_dir,
+                        sizes.warmup_s,
+                        sizes.window_s,
+                        measured,
+                        SETTLED_STEP,
                     )
                     waited, shared = settled_wait_vs_reader(broker.bootstrap, run_dir, sizes.turns)
                     measured.add("Client.wait per submission, p50, K=1 (ms)", SETTLED_STEP, percentile(waited, 50))
@@ -1288,7 +1304,13 @@ def run(args: argparse.Namespace) -> int:
             "",
             f"- command: `python bench/side_by_side.py {' '.join(sys.argv[1:])}`; wall time "
             f"{time.monotonic() - started:.0f} s; {load_before} before, {load_average()} after",
-            f"- settled ran with {timeout_set(base)}",
+            f"- settled ran with Kafka timeouts {timeouts}"
+            + (
+                ""
+                if args.production_timeouts
+                else " (the dev stack's short set, as issue 23's table; "
+                "--production-timeouts runs the production defaults)"
+            ),
             "- versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()),
             f"- workload: latency {sizes.warmup} warm-up + {sizes.turns} sequential turns per K; throughput "
             f"{IN_FLIGHT} in flight, K={THROUGHPUT_K}, {sizes.warmup_s:g} s warm-up, {sizes.window_s:g} s window; "
@@ -1309,7 +1331,7 @@ def run(args: argparse.Namespace) -> int:
                 {
                     "smoke": args.smoke,
                     "reps": sizes.reps,
-                    "timeouts": timeout_set(base),
+                    "timeouts": timeouts,
                     "versions": versions,
                     "classes": classes,
                     "rows": rows,
