@@ -76,6 +76,7 @@ from _common import (
 )
 
 from settled._settings import Settings
+from settled.services._devstack import StackError
 from settled.testing import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -843,34 +844,44 @@ def _json_lines(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
 
 
 def _finish(proc: subprocess.Popen[str], what: str, timeout_s: float = 120) -> None:
+    """Wait for a driver to end; fail with the tail of its log (the last argument after ``--log``) unless it exits 0.
+
+    Raises:
+        BenchmarkError: It did not end within ``timeout_s`` seconds, or exited non-zero.
+    """
+    log = Path(str(proc.args[-1])) if isinstance(proc.args, list) else Path("/dev/null")
     try:
         code = proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise BenchmarkError(f"{what} did not end within {timeout_s} s") from None
+        raise BenchmarkError(f"{what} did not end within {timeout_s} s; log {log}:\n{_tail(log)}") from None
     if code != 0:
-        err = proc.stderr.read() if proc.stderr else ""
-        raise BenchmarkError(f"{what} exited {code}: {err[-2000:]}")
+        raise BenchmarkError(f"{what} exited {code}; log {log}:\n{_tail(log)}")
 
 
-def restate_load(peers: Peers, cfg: dict[str, Any]) -> subprocess.Popen[str]:
-    """Start the Node.js load generator on Restate's ingress with this configuration."""
-    return subprocess.Popen(
-        [str(peers.node), str(PEERS_DIR / "restate_load.mjs"), json.dumps({"ingress": "http://127.0.0.1:8080", **cfg})],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _driver(argv: list[str], log: Path) -> subprocess.Popen[str]:
+    """Start a driver process: JSON lines on its stdout (read by the caller), its stderr appended to ``log``."""
+    with log.open("a") as err:
+        return subprocess.Popen([*argv, "--log", str(log)], stdout=subprocess.PIPE, stderr=err, text=True)
 
 
-def dbos_driver(peers: Peers, dsn: str, cfg: dict[str, Any]) -> subprocess.Popen[str]:
-    """Start the DBOS driver process (in-process workflow calls) with this configuration."""
-    return subprocess.Popen(
-        [str(peers.python), str(PEERS_DIR / "dbos_driver.py"), json.dumps({"dsn": dsn, **cfg})],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def restate_load(peers: Peers, cfg: dict[str, Any], log: Path) -> subprocess.Popen[str]:
+    """Start the Node.js load generator on Restate's ingress with this configuration (stderr to ``log``).
+
+    Returns:
+        The running process; its stdout carries JSON lines.
+    """
+    config = json.dumps({"ingress": "http://127.0.0.1:8080", **cfg})
+    return _driver([str(peers.node), str(PEERS_DIR / "restate_load.mjs"), config], log)
+
+
+def dbos_driver(peers: Peers, dsn: str, cfg: dict[str, Any], log: Path) -> subprocess.Popen[str]:
+    """Start the DBOS driver process (in-process workflow calls) with this configuration (stderr to ``log``).
+
+    Returns:
+        The running process; its stdout carries JSON lines.
+    """
+    return _driver([str(peers.python), str(PEERS_DIR / "dbos_driver.py"), json.dumps({"dsn": dsn, **cfg})], log)
 
 
 def peer_latency(
@@ -919,7 +930,7 @@ def restate_crash(peers: Peers, restate: RestateServer, log_dir: Path, measured:
     """The crash case: kill -9 the SDK endpoint (the process running the turn) 1 s into step 3, restart it."""
     counter = log_dir / f"restate-crash-{uuid.uuid4().hex[:6]}.txt"
     body = {"k": CRASH_K, "counter": str(counter), "sleep_step": CRASH_STEP, "sleep_s": STEP_SLEEP_S}
-    proc = restate_load(peers, {"mode": "one", "id": str(uuid.uuid4()), "body": body})
+    proc = restate_load(peers, {"mode": "one", "id": str(uuid.uuid4()), "body": body}, log_dir / "restate-load.log")
     _wait_for_line(counter, f"step {CRASH_STEP}", 60)
     time.sleep(KILL_INTO_STEP_S)  # the workload: the kill comes 1 s into the step
     assert restate.endpoint is not None
@@ -940,14 +951,14 @@ def dbos_crash(peers: Peers, dsn: str, log_dir: Path, measured: Measured) -> Non
     counter = log_dir / f"dbos-crash-{uuid.uuid4().hex[:6]}.txt"
     wf = str(uuid.uuid4())
     cfg = {"id": wf, "k": CRASH_K, "counter": str(counter), "sleep_step": CRASH_STEP, "sleep_s": STEP_SLEEP_S}
-    first = dbos_driver(peers, dsn, {"mode": "crash-start", **cfg})
+    first = dbos_driver(peers, dsn, {"mode": "crash-start", **cfg}, log_dir / "dbos-driver.log")
     _wait_for_line(counter, f"step {CRASH_STEP}", 60)
     time.sleep(KILL_INTO_STEP_S)  # the workload: the kill comes 1 s into the step
     t_kill = time.perf_counter()
     first.kill()
     first.wait(30)
     t_restart = time.perf_counter()
-    second = dbos_driver(peers, dsn, {"mode": "crash-recover", "id": wf})
+    second = dbos_driver(peers, dsn, {"mode": "crash-recover", "id": wf}, log_dir / "dbos-driver.log")
     events = list(_json_lines(second))
     t_done = time.perf_counter()
     _finish(second, "DBOS crash recovery")
@@ -1120,17 +1131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Re-execute inside a network namespace, then run the benchmark there."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = _parse(args_list)
-    if os.environ.get(NETNS_ENV) != "1":
-        # Outside: everything that needs the network (the broker's jars from Maven Central) happens here.
-        from settled.services._devstack import resolve_kafka_jars
-
-        base = Settings()
-        resolve_kafka_jars(base.jar_cache_dir, base.kafka_version, base.log4j2_version)
-        Peers.find()
-        return reexec_in_namespace(args_list)
     try:
+        if os.environ.get(NETNS_ENV) != "1":
+            # Outside: everything that needs the network (the broker's jars from Maven Central) happens here.
+            from settled.services._devstack import resolve_kafka_jars
+
+            base = Settings()
+            resolve_kafka_jars(base.jar_cache_dir, base.kafka_version, base.log4j2_version)
+            Peers.find()
+            return reexec_in_namespace(args_list)
         return run(args)
-    except BenchmarkError as exc:
+    except (BenchmarkError, StackError) as exc:
         print(f"side_by_side: FAILED: {exc}", file=sys.stderr)
         return 1
 
@@ -1144,6 +1155,7 @@ def run(args: argparse.Namespace) -> int:
     from settled.services._devstack import KafkaBroker, PostgresServer, free_port
 
     started = time.monotonic()
+    settled_version = _git_describe()  # the code that runs, read before anything else
     loopback_up()
     sizes = (
         Sizes(reps=1, warmup=5, turns=20, warmup_s=1.0, window_s=3.0, crash=False)
@@ -1220,7 +1232,7 @@ def run(args: argparse.Namespace) -> int:
             for system in order:
                 t0 = time.monotonic()
                 if system == DBOS:
-                    start_dbos = lambda cfg: dbos_driver(peers, postgres.dsn, cfg)  # noqa: E731
+                    start_dbos = lambda cfg: dbos_driver(peers, postgres.dsn, cfg, run_dir / "dbos-driver.log")  # noqa: E731
                     latency_rows(measured, DBOS, peer_latency(start_dbos, "DBOS", ks, sizes.warmup, sizes.turns))
                     peer_throughput(
                         start_dbos,
@@ -1234,7 +1246,7 @@ def run(args: argparse.Namespace) -> int:
                     if sizes.crash:
                         dbos_crash(peers, postgres.dsn, run_dir, measured)
                 elif system == RESTATE:
-                    start_restate = lambda cfg: restate_load(peers, cfg)  # noqa: E731
+                    start_restate = lambda cfg: restate_load(peers, cfg, run_dir / "restate-load.log")  # noqa: E731
                     latency_rows(
                         measured, RESTATE, peer_latency(start_restate, "Restate", ks, sizes.warmup, sizes.turns)
                     )
@@ -1291,7 +1303,7 @@ def run(args: argparse.Namespace) -> int:
             latency_rows(measured, NO_DURABILITY, no_durability(sizes.turns, ks))
         rows, failures = build_report(measured, classes, sizes.crash)
         versions = {
-            "settled": _git_describe(),
+            "settled": settled_version,
             "python": platform.python_version(),
             "kafka client": client_versions(),
             "kafka broker": broker_info.version,

@@ -117,3 +117,17 @@ def test_report_fails_when_the_crash_case_or_a_counted_turn_is_missing() -> None
     _rows, failures = sbs.build_report(m, _CLASSES, crash=True)
     assert "Restate: a throughput window counted no turn whose result the client read" in failures
     assert sum("missing from row 'crash:" in f for f in failures) == 3
+
+
+def test_crash_case_must_show_steps_once_and_the_killed_step_twice(tmp_path: Path) -> None:
+    counter = tmp_path / "counter.txt"
+    counter.write_text("".join(f"step {i}\n" for i in (1, 2, 3, 3, 4, 5)))
+    m = sbs.Measured()
+    sbs.crash_rows(m, sbs.DBOS, t_kill=10.0, t_restart=10.1, t_done=16.0, counter=counter)
+    assert m.values[("crash: kill -> done (s)", sbs.DBOS)] == [pytest.approx(6.0)]
+    assert m.values[("crash: restart -> done beyond the re-run step (s)", sbs.DBOS)] == [pytest.approx(0.9)]
+    # A system that ran the killed step once more (or skipped it) fails the run.
+    for lines in ((1, 2, 3, 3, 3, 4, 5), (1, 2, 3, 4, 5), (1, 1, 2, 3, 3, 4, 5)):
+        counter.write_text("".join(f"step {i}\n" for i in lines))
+        with pytest.raises(sbs.BenchmarkError, match="executions per step"):
+            sbs.crash_rows(sbs.Measured(), sbs.RESTATE, 10.0, 10.1, 16.0, counter)
