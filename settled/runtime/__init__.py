@@ -15,7 +15,7 @@ external effects exactly once (DUR-003). Idempotency keys and reconcilers are ho
 
 from settled.runtime._agent import ModelAgent, history_messages
 from settled.runtime._app import App, AppLoadError, load_app
-from settled.runtime._context import AgentFunction, RunContext, RunOptions, execute
+from settled.runtime._context import RunContext
 from settled.runtime._errors import (
     ReplayDivergenceError,
     RunCancelledError,
@@ -42,6 +42,8 @@ from settled.runtime._model import (
     ToolDeclaration,
     declared_call,
 )
+from settled.runtime._options import RunOptions
+from settled.runtime._runloop import AgentFunction, execute
 from settled.runtime._tools import (
     ToolCall,
     ToolFunction,

@@ -23,8 +23,9 @@ from typing import Any, TypeVar, overload
 
 from settled._errors import ErrorCategory, SettledError
 from settled.processors import Agent
-from settled.runtime._context import AgentFunction, RunOptions, execute
 from settled.runtime._errors import UnsafeToolsError
+from settled.runtime._options import RunOptions
+from settled.runtime._runloop import AgentFunction, execute
 from settled.runtime._tools import Reconciler, ToolFunction, ToolRegistry, ToolSpec
 
 __all__ = ["App", "AppLoadError", "load_app"]

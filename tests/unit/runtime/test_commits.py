@@ -36,7 +36,7 @@ from settled.runtime import (
     RunOptions,
     ScriptedProvider,
     ToolCall,
-    _context,
+    _calls,
     _tools,
     declared_call,
 )
@@ -312,7 +312,7 @@ def test_a_sync_tool_starts_in_the_thread_that_commits_its_prepared_record() -> 
         return original(fn, *args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_context, "call_in_thread", spy)
+        mp.setattr(_calls, "call_in_thread", spy)
         threading.current_thread().name = "committer"
         try:
             rec.release()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from settled.processors import batched_wakeups, defer_wakeup
-from settled.runtime._context import _Doorbell
+from settled.runtime._pipeline import _Doorbell
 
 
 class CountingLoop(asyncio.SelectorEventLoop):
