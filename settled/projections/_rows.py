@@ -105,6 +105,7 @@ _ATTEMPT_STATUS: Mapping[SubmissionState, str] = MappingProxyType(
         S.RUNNING: "running",
         S.RECOVERY: "recovery",
         S.UNKNOWN: "waiting",
+        S.WAITING: "waiting",
         S.READY: "interrupted",
         S.TERMINALIZING: "terminalizing",
         S.COMPLETED: "completed",

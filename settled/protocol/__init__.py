@@ -10,6 +10,7 @@
 * the input contract (`_contract`): what the inbox accepts (ids, tool names, sizes), checked by `check_input` at
   admission and by the client before sending; `bounded_id` / `bounded_text` / `filing_conversation` keep every
   record settled writes about an input bounded whatever the input held.
+* `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -101,6 +102,7 @@ from settled.protocol._states import (
     find_edge,
     outcome_state,
 )
+from settled.protocol._waits import expired_waits, open_waits, resolve_wait, wait_id_for
 
 __all__ = [
     "EDGES",
@@ -159,11 +161,13 @@ __all__ = [
     "conversation_for_key",
     "edges_from",
     "excerpt",
+    "expired_waits",
     "filing_conversation",
     "find_edge",
     "fold",
     "input_key",
     "interrupt",
+    "open_waits",
     "outcome_state",
     "quarantine",
     "quarantine_conversation",
@@ -172,8 +176,10 @@ __all__ = [
     "reject_invalid",
     "reject_submission",
     "resolve",
+    "resolve_wait",
     "schedule",
     "scope_digest",
     "start_attempt",
     "terminalize",
+    "wait_id_for",
 ]

@@ -464,9 +464,10 @@ def quarantine(
 def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
     """Return what the conversation does next (DUR-004, DUR-005, docs/semantics.md §5, §13).
 
-    First, an inactive submission (admitted or ready) with a recorded abort settles aborted, lowest sequence
-    first, without waiting for its turn (docs/semantics.md §13). Else, when the lane is held (an active submission), its
-    next attempt starts only if it is back in Ready (interrupted, or an Unknown resolved); otherwise nothing starts
+    First, an inactive submission (admitted, ready, or waiting; issue 16) with a recorded abort settles aborted,
+    lowest sequence first, without waiting for its turn (docs/semantics.md §13). Else, when the lane is held (an active
+    submission), its next attempt starts only if it is back in Ready (interrupted, an Unknown resolved, its waits
+    decided); otherwise nothing starts
     (at most one active, DUR-005). Else the queue's head starts if it is Ready (FIFO by submission sequence,
     DUR-004); settled rows (aborted ones included) are not in the queue, and an admitted-but-not-ready head blocks.
 
@@ -478,7 +479,7 @@ def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
     """
     for submission_id in state.queue:
         sub = state.submissions[submission_id]
-        if sub.abort_requested and sub.state in (S.ADMITTED, S.READY):
+        if sub.abort_requested and sub.state in (S.ADMITTED, S.READY, S.WAITING):
             return SettleAborted(submission_id)
     active = state.active()
     if active is not None:
@@ -670,7 +671,7 @@ def terminalize(
         error_reason = _abort_reason(sub)
     elif sub.reserved_outcome is not None and sub.reserved_outcome is not outcome:
         raise TerminalOutcomeConflictError(submission_id, sub.reserved_outcome, outcome, settled=False)
-    settles_inactive = sub.state in (S.ADMITTED, S.READY) and outcome is SettlementOutcome.ABORTED
+    settles_inactive = sub.state in (S.ADMITTED, S.READY, S.WAITING) and outcome is SettlementOutcome.ABORTED
     if not (sub.state in (S.RUNNING, S.TERMINALIZING, S.JOINED) or settles_inactive):
         raise IllegalTransitionError(
             submission_id,

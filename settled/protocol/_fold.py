@@ -77,6 +77,8 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
+    WaitRequested,
+    WaitResolved,
     json_digest,
 )
 
@@ -191,6 +193,9 @@ class Submission:
         open_calls: Prepared calls without a settlement or Unknown mark.
         unknown_calls: Calls marked Unknown and not yet resolved (DUR-009).
         outcome: The terminal outcome, once settled.
+        waits: Ids of the waits requested and not yet decided (issue 16); not empty exactly while Waiting.
+        suspended_count: Attempts that ended by waiting (Running → Waiting): no death, so not charged to
+            ``max_attempts`` (see `charged_attempts`).
     """
 
     submission_id: str
@@ -212,6 +217,8 @@ class Submission:
     open_calls: frozenset[str] = frozenset()
     unknown_calls: frozenset[str] = frozenset()
     outcome: SettlementOutcome | None = None
+    waits: frozenset[str] = frozenset()
+    suspended_count: int = 0
 
     @property
     def abort_requested(self) -> bool:
@@ -225,8 +232,11 @@ class Submission:
 
     @property
     def charged_attempts(self) -> int:
-        """Attempts charged to ``max_attempts``: those started, less those a revoke ended (docs/design.md §5)."""
-        return self.attempt_count - self.revoked_count
+        """Attempts charged to ``max_attempts``: deaths and uncaught errors (docs/design.md §5, issue 16).
+
+        Those started, less those a graceful revoke ended and those that ended by waiting.
+        """
+        return self.attempt_count - self.revoked_count - self.suspended_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +434,7 @@ _RUNNING = frozenset({S.RUNNING})
 _RECOVERY = frozenset({S.RECOVERY})
 _UNKNOWN = frozenset({S.UNKNOWN})
 _RUNNING_OR_RECOVERY = frozenset({S.RUNNING, S.RECOVERY})
+_RUNNING_OR_WAITING = frozenset({S.RUNNING, S.WAITING})
 
 
 _SUBMISSION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Submission))
@@ -911,6 +922,39 @@ class _ConvBuilder:
             self.move(sub, S.READY, event, unknown_calls=remaining, open_calls=frozenset())
         self.add_command(event.command_id, event.submission_id)
 
+    def on_wait_requested(self, event: WaitRequested, batch_epoch: int) -> None:
+        """A run asks to wait: the first request of its batch suspends it (Running → Waiting; issue 16).
+
+        A run hands its waits over as its last records, once no call of it is in flight: requests made together
+        (a parallel batch) follow the first in Waiting, from the same attempt.
+        """
+        sub = self.get(event.submission_id, event, S.WAITING)
+        self.require(sub, _RUNNING_OR_WAITING, event, "only a running attempt asks to wait")
+        self.require_attempt(sub, event.attempt_id, event)
+        if sub.open_calls or sub.unknown_calls:
+            raise self.fail(
+                event, "wait_id", event.wait_id, f"calls {sorted(sub.open_calls | sub.unknown_calls)} are not settled"
+            )
+        if event.wait_id in sub.waits:
+            raise self.fail(event, "wait_id", event.wait_id, "the wait is already requested and not decided")
+        waits = sub.waits | {event.wait_id}
+        if sub.state is S.RUNNING:
+            self.move(sub, S.WAITING, event, waits=waits, suspended_count=sub.suspended_count + 1)
+        else:
+            self.put(_replace(sub, waits=waits))
+
+    def on_wait_resolved(self, event: WaitResolved, batch_epoch: int) -> None:
+        """A wait decided (delivered or expired); the last one of the run makes it Ready again (issue 16)."""
+        sub = self.get(event.submission_id, event, S.READY)
+        if event.wait_id not in sub.waits:
+            raise self.fail(event, "wait_id", event.wait_id, "no such wait is open (a wait is decided once)")
+        self.require(sub, frozenset({S.WAITING}), event, "only a waiting run's waits are decided")
+        remaining = sub.waits - {event.wait_id}
+        if remaining:
+            self.put(_replace(sub, waits=remaining))
+        else:
+            self.move(sub, S.READY, event, waits=remaining)
+
     def on_settlement(self, event: Settlement, batch_epoch: int) -> None:
         target = outcome_state(event.outcome)
         sub = self.get(event.submission_id, event, target)
@@ -954,6 +998,7 @@ class _ConvBuilder:
             open_calls=frozenset(),
             unknown_calls=frozenset(),
             reserved_outcome=None,
+            waits=frozenset(),
         )
         self.queue = tuple(sid for sid in self.queue if sid != sub.submission_id)
         if self.active == sub.submission_id:
@@ -984,6 +1029,8 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     EffectRecorded: _ConvBuilder.on_running_record,
     Settlement: _ConvBuilder.on_settlement,
     RecoveryDecision: _ConvBuilder.on_recovery_decision,
+    WaitRequested: _ConvBuilder.on_wait_requested,
+    WaitResolved: _ConvBuilder.on_wait_resolved,
 }
 """Conversation-scoped rules; `Genesis` and `OwnershipClaimed` are partition-scoped (`_PartitionBuilder`)."""
 

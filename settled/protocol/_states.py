@@ -23,6 +23,11 @@ What the table adds to the spec's diagram, and why:
   still running in the log), by `AttemptInterrupted` while a call is in doubt, and by `ToolCallUnknown` (a call in
   flight timed out; docs/design.md §5: "A tool timeout or an abort while a call is in flight goes Running → Recovery,
   and the classifier decides").
+* **Running → Waiting → Ready** (issue 16): a run that asks to wait (`WaitRequested`: a signal by name, an
+  approval) is suspended by that canonical record, holds its conversation's lane and no worker; it goes back to
+  Ready once every wait it asked for is decided by a canonical `WaitResolved` (a delivery, or an expiry at the
+  wait's deadline), and the next attempt replays up to the waits. No separate "suspended" record is written (spec
+  §8). **Waiting → Terminalizing** on an aborted settlement: an abort ends the wait.
 * The join edges (Ready → Joining → Joined → outcome, docs/semantics.md §5) are in the table but no schema v1 event
   causes Ready → Joining: joining "comes after the base FIFO durable runtime" (docs/semantics.md §5). `Edge.reserved`
   marks them.
@@ -46,6 +51,8 @@ from settled.schemas import (
     SubmissionReady,
     ToolCallUnknown,
     UnknownResolved,
+    WaitRequested,
+    WaitResolved,
 )
 
 __all__ = [
@@ -82,6 +89,8 @@ class SubmissionState(enum.StrEnum):
     """The attempt stopped without an explanation that allows continuing; the classifier decides (DUR-013)."""
     UNKNOWN = "unknown"
     """A call is in doubt; waits for an authorized resolution and holds no worker (DUR-009)."""
+    WAITING = "waiting"
+    """The run asked to wait (`WaitRequested`: a signal, an approval); holds its lane but no worker (issue 16)."""
     COMPLETED = "completed"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -273,6 +282,10 @@ EDGES: tuple[Edge, ...] = (
         "docs/semantics.md §13",
         (_A,),
     ),
+    # -- issue 16: the generic wait (signals, approvals) ---------------------------------------------------------
+    _e(S.RUNNING, S.WAITING, (WaitRequested,), "the run waits (a canonical request)", "issue 16"),
+    _e(S.WAITING, S.READY, (WaitResolved,), "every wait decided (a canonical delivery or expiry)", "issue 16"),
+    _e(S.WAITING, S.TERMINALIZING, (Settlement,), "abort of a waiting run", "issue 16; docs/semantics.md §13", (_A,)),
 )
 """Every edge of the submission state machine."""
 

@@ -96,6 +96,10 @@ from settled.schemas._events import (
     UnknownResolved,
     Usage,
     UtcMillis,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
     payload_digest,
 )
 from settled.schemas._schemaset import (
@@ -187,6 +191,10 @@ __all__ = [
     "Upcaster",
     "Usage",
     "UtcMillis",
+    "WaitKind",
+    "WaitOutcome",
+    "WaitRequested",
+    "WaitResolved",
     "WireFormat",
     "body_batch_digest",
     "canonical_json",

@@ -86,6 +86,10 @@ __all__ = [
     "UnknownResolved",
     "Usage",
     "UtcMillis",
+    "WaitKind",
+    "WaitOutcome",
+    "WaitRequested",
+    "WaitResolved",
     "payload_digest",
 ]
 
@@ -245,6 +249,20 @@ class EffectKind(enum.StrEnum):
 
     NOW = "now"
     UUID = "uuid"
+
+
+class WaitKind(enum.StrEnum):
+    """What a run waits for (issue 16): an outside event by name, or a person's decision."""
+
+    SIGNAL = "signal"
+    APPROVAL = "approval"
+
+
+class WaitOutcome(enum.StrEnum):
+    """How a wait was decided (issue 16)."""
+
+    DELIVERED = "delivered"
+    EXPIRED = "expired"
 
 
 # ---------------------------------------------------------------------------------------------------- base
@@ -1044,6 +1062,51 @@ class RecoveryDecision(AvroRecord):
     call_ids: tuple[str, ...]
 
 
+class WaitRequested(AvroRecord):
+    """A run asks to wait (issue 16): canonical, it suspends the run (Running → Waiting) until every wait is decided.
+
+    Attributes:
+        submission_id: The submission.
+        attempt_id: The attempt that asked.
+        wait_id: The wait's id, derived from the run id and the callsite ordinal (stable across attempts).
+        kind: Signal or approval.
+        name: The signal's name, or the approval's title.
+        ordinal: The callsite ordinal of the wait in its run.
+        deadline: When the wait expires (an absolute instant, stored here and never recomputed), or None.
+        details_json: What the wait shows a person (an approval's description, the call and its arguments' digest),
+            canonical JSON, or None.
+    """
+
+    submission_id: str
+    attempt_id: str
+    wait_id: str
+    kind: WaitKind
+    name: str
+    ordinal: int
+    deadline: UtcMillis | None = None
+    details_json: CanonicalJson | None = None
+
+
+class WaitResolved(AvroRecord):
+    """A wait decided (issue 16): delivered, or expired at its deadline. Canonical before the run resumes.
+
+    Attributes:
+        submission_id: The submission.
+        wait_id: The wait.
+        outcome: Delivered or expired.
+        source_id: What delivered it (a signal id, an approval command id), or None for an expiry.
+        payload_json: The delivered payload, canonical JSON, or None.
+        decided_at: When the owner decided it (for an expiry: a clock reading at or after the deadline).
+    """
+
+    submission_id: str
+    wait_id: str
+    outcome: WaitOutcome
+    source_id: str | None = None
+    payload_json: CanonicalJson | None = None
+    decided_at: UtcMillis
+
+
 # -------------------------------------------------------------------------------------------- other topics
 
 
@@ -1167,6 +1230,8 @@ LogEvent = (
     | EffectRecorded
     | Settlement
     | RecoveryDecision
+    | WaitRequested
+    | WaitResolved
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1200,6 +1265,8 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     EffectRecorded,
     Settlement,
     RecoveryDecision,
+    WaitRequested,
+    WaitResolved,
 )
 """Branches of the log-event union, in Avro union order."""
 

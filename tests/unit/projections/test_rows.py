@@ -39,6 +39,10 @@ from settled.schemas import (
     ModelResponseDelta,
     QuarantineReason,
     SettlementOutcome,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
 )
 from tests.integration.projection_script import CHECKPOINT, T0, script_log
 
@@ -233,5 +237,9 @@ def _other_event_types() -> LogBatch:
                             reason=CommandRejectReason.ALREADY_TERMINAL, detail="settled",
                             winning_outcome=SettlementOutcome.COMPLETED, input_ref=ref),
             AttemptInterrupted(submission_id="s", attempt_id="a", reason="revoked"),
+            WaitRequested(submission_id="s", attempt_id="a", wait_id="s#w3", kind=WaitKind.SIGNAL, name="paid",
+                          ordinal=3, deadline=T0, details_json='{"note":"x"}'),
+            WaitResolved(submission_id="s", wait_id="s#w3", outcome=WaitOutcome.DELIVERED, source_id="sig-1",
+                         payload_json='{"ok":true}', decided_at=T0),
         ],
     )  # fmt: skip

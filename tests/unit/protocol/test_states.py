@@ -49,6 +49,9 @@ EXPECTED = {
     (S.UNKNOWN, S.READY, ("UnknownResolved",), ("safe_to_retry",), "docs/design.md §5"),
     (S.READY, S.TERMINALIZING, ("Settlement",), ("aborted",), "docs/semantics.md §13"),
     (S.ADMITTED, S.TERMINALIZING, ("Settlement",), ("aborted",), "docs/semantics.md §13"),
+    (S.RUNNING, S.WAITING, ("WaitRequested",), (), "issue 16"),
+    (S.WAITING, S.READY, ("WaitResolved",), (), "issue 16"),
+    (S.WAITING, S.TERMINALIZING, ("Settlement",), ("aborted",), "issue 16; docs/semantics.md §13"),
 }
 
 
