@@ -30,6 +30,7 @@ from settled.schemas import (
     LogBatch,
     QuarantineReason,
     ResolveUnknown,
+    SendSignal,
     Settlement,
     SettlementOutcome,
     SubmissionAdmitted,
@@ -154,6 +155,8 @@ class LedgerDecider:
             )
         elif isinstance(record, AbortRequested):
             d = protocol.abort(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, SendSignal):
+            d = protocol.signal(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, ResolveUnknown):
             problem = None if violation is not None else self._signature_problem(record)
             if problem is not None:

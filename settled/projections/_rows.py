@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -64,6 +65,7 @@ from settled.schemas import (
     OwnershipClaimed,
     Settlement,
     SettlementOutcome,
+    SignalReceived,
     StepRecorded,
     SubmissionAdmitted,
     SubmissionDuplicate,
@@ -73,6 +75,8 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
+    WaitRequested,
+    WaitResolved,
     canonical_json,
 )
 
@@ -1076,6 +1080,34 @@ class _BatchProjector:
             self.transcript(i, event.submission_id, None, "abort", "user", None, None, event.reason)
         self.receipt(event.command_id, "command", "applied", event.reason, event.submission_id, None)
 
+    def on_signal_received(self, i: int, event: SignalReceived) -> None:
+        if self.first_application(event.command_id):
+            self.transcript(
+                i, event.submission_id, None, "signal", "user", event.name, event.command_id, event.payload_json
+            )
+        self.receipt(event.command_id, "command", "applied", "signal", event.submission_id, None)
+
+    def on_wait_requested(self, i: int, event: WaitRequested) -> None:
+        content = canonical_json(
+            {
+                "kind": event.kind.value,
+                "name": event.name,
+                "deadline": None if event.deadline is None else event.deadline.isoformat(),
+                "details": None if event.details_json is None else json.loads(event.details_json),
+            }
+        )
+        self.transcript(i, event.submission_id, event.attempt_id, "wait", "system", event.name, event.wait_id, content)
+
+    def on_wait_resolved(self, i: int, event: WaitResolved) -> None:
+        content = canonical_json(
+            {
+                "outcome": event.outcome.value,
+                "source_id": event.source_id,
+                "payload": None if event.payload_json is None else json.loads(event.payload_json),
+            }
+        )
+        self.transcript(i, event.submission_id, None, "wait_resolved", "system", None, event.wait_id, content)
+
     def on_command_rejected(self, i: int, event: CommandRejected) -> None:
         self.receipt(
             event.command_id, "command", "rejected", f"{event.reason.value}: {event.detail}", event.submission_id, None
@@ -1243,6 +1275,9 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         UnknownResolved: _BatchProjector.on_unknown_resolved,
         StepRecorded: _BatchProjector.on_step,
         Settlement: _BatchProjector.on_settlement,
+        SignalReceived: _BatchProjector.on_signal_received,
+        WaitRequested: _BatchProjector.on_wait_requested,
+        WaitResolved: _BatchProjector.on_wait_resolved,
     }
 )
 """The rows of each event type that has any (the others only move the fold)."""

@@ -52,6 +52,7 @@ from settled.protocol._decide import (
     reject_submission,
     resolve,
     schedule,
+    signal,
     start_attempt,
     terminalize,
 )
@@ -102,7 +103,7 @@ from settled.protocol._states import (
     find_edge,
     outcome_state,
 )
-from settled.protocol._waits import expired_waits, open_waits, resolve_wait, wait_id_for
+from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
 
 __all__ = [
     "EDGES",
@@ -159,6 +160,7 @@ __all__ = [
     "claim",
     "classify",
     "conversation_for_key",
+    "deliveries",
     "edges_from",
     "excerpt",
     "expired_waits",
@@ -179,6 +181,7 @@ __all__ = [
     "resolve_wait",
     "schedule",
     "scope_digest",
+    "signal",
     "start_attempt",
     "terminalize",
     "wait_id_for",

@@ -58,9 +58,11 @@ from settled.schemas import (
     RequestKind,
     ResolutionKind,
     ResolveUnknown,
+    SendSignal,
     Settlement,
     SettlementOutcome,
     SettlementRecord,
+    SignalReceived,
     SubmissionAdmitted,
     SubmissionDuplicate,
     SubmissionProposed,
@@ -368,7 +370,7 @@ def reject_submission(
 
 def reject_invalid(
     state: ConversationState,
-    record: SubmissionProposed | AbortRequested | ResolveUnknown,
+    record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal,
     input_ref: InputRef,
     now: datetime,
     violation: Violation,
@@ -700,7 +702,7 @@ def terminalize(
 
 def reject_command(
     state: ConversationState,
-    command: AbortRequested | ResolveUnknown,
+    command: AbortRequested | ResolveUnknown | SendSignal,
     input_ref: InputRef,
     now: datetime,
     *,
@@ -731,7 +733,13 @@ def reject_command(
         InputAlreadyDecidedError: If ``input_ref`` is already decided.
     """
     _check_rejected_input(state, command.conversation_id, input_ref)
-    kind = CommandKind.ABORT if isinstance(command, AbortRequested) else CommandKind.RESOLVE_UNKNOWN
+    kind = (
+        CommandKind.ABORT
+        if isinstance(command, AbortRequested)
+        else CommandKind.SIGNAL
+        if isinstance(command, SendSignal)
+        else CommandKind.RESOLVE_UNKNOWN
+    )
     command_id = bounded_id(command.command_id)
     detail = bounded_text(detail)
     return Decision(
@@ -765,7 +773,7 @@ def _command_receipt(
 
 def _precheck_command(
     state: ConversationState,
-    command: AbortRequested | ResolveUnknown,
+    command: AbortRequested | ResolveUnknown | SendSignal,
     input_ref: InputRef,
     now: datetime,
     check_contract: bool,
@@ -827,7 +835,8 @@ def abort(
     * target settled → `CommandRejected` ``already_terminal`` naming the winning outcome (a completed or failed
       submission cannot later become aborted);
     * target with another outcome reserved (Terminalizing) → the same rejection naming the reserved outcome;
-    * target admitted or ready (queued, never claimed, or between attempts) → `AbortRecorded` and an aborted
+    * target admitted, ready or waiting (queued, never claimed, between attempts, or waiting: no attempt runs)
+      → `AbortRecorded` and an aborted
       `Settlement` at once, without an attempt or waiting for its turn, + the settlement record + applied receipt;
     * target active (running, in recovery, Unknown, terminalizing without a reserved outcome, joining, joined) →
       `AbortRecorded` (canonical before the worker is interrupted) + applied receipt. The worker then interrupts
@@ -874,11 +883,57 @@ def abort(
             winning_outcome=sub.reserved_outcome,
         )
     applied = _command_receipt(state, command.command_id, ReceiptOutcome.APPLIED, now)
-    if sub.state in (S.ADMITTED, S.READY):
+    if sub.state in (S.ADMITTED, S.READY, S.WAITING):
         reason = command.reason if command.reason else (sub.abort_reason or "aborted by request")
         settlement, record = _settle(state, sub, SettlementOutcome.ABORTED, now, error_reason=reason)
         return Decision(events=(recorded, settlement), receipt=applied, settlement=record)
     return Decision(events=(recorded,), receipt=applied)
+
+
+def signal(
+    state: ConversationState,
+    command: SendSignal,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_contract: bool = True,
+) -> Decision:
+    """Decide a `SendSignal` (issue 16): accepted for an unsettled run whatever it waits for at that moment.
+
+    * unknown run → `CommandRejected` ``unknown_target``; settled run → ``already_terminal`` naming its outcome:
+      a rejection's only records are that decision and its receipt (docs/design.md §3);
+    * the same signal id again → the same `SignalReceived` again with the new ``input_ref`` (it changes nothing)
+      and a duplicate receipt;
+    * otherwise `SignalReceived` + applied receipt. The owner then delivers it to the run's first open wait with its
+      name (`deliveries`), in a later decision, once it is canonical.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The decoded command.
+        input_ref: Where it was read.
+        now: The decision time.
+        check_contract: Whether to check the input contract first (`check_command`).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command (`filing_conversation`).
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    checked = _precheck_command(state, command, input_ref, now, check_contract)
+    if isinstance(checked, Decision):
+        return checked
+    received = SignalReceived(
+        command_id=command.command_id,
+        submission_id=command.submission_id,
+        name=command.name,
+        payload_json=command.payload_json,
+        principal=command.principal,
+        input_ref=input_ref,
+    )
+    outcome = ReceiptOutcome.DUPLICATE if command.command_id in state.applied_commands else ReceiptOutcome.APPLIED
+    return Decision(events=(received,), receipt=_command_receipt(state, command.command_id, outcome, now))
 
 
 def resolve(

@@ -67,6 +67,7 @@ from settled.schemas import (
     ResolutionKind,
     Settlement,
     SettlementOutcome,
+    SignalReceived,
     StepRecorded,
     SubmissionAdmitted,
     SubmissionDuplicate,
@@ -955,6 +956,23 @@ class _ConvBuilder:
         else:
             self.move(sub, S.READY, event, waits=remaining)
 
+    def on_signal_received(self, event: SignalReceived, batch_epoch: int) -> None:
+        """A signal accepted for an unsettled run (issue 16); a repeated signal id only marks its input decided."""
+        self.decide(event, event.input_ref)
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is not None:
+            if previous_target != event.submission_id:
+                raise self.fail(
+                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
+                )
+            return
+        sub = self.get(event.submission_id, event, None)
+        if sub.terminal:
+            raise IllegalTransitionError(
+                sub.submission_id, sub.state, None, _name(event), "a settled run takes no signal (issue 16)"
+            )
+        self.add_command(event.command_id, event.submission_id)
+
     def on_settlement(self, event: Settlement, batch_epoch: int) -> None:
         target = outcome_state(event.outcome)
         sub = self.get(event.submission_id, event, target)
@@ -1031,6 +1049,7 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     RecoveryDecision: _ConvBuilder.on_recovery_decision,
     WaitRequested: _ConvBuilder.on_wait_requested,
     WaitResolved: _ConvBuilder.on_wait_resolved,
+    SignalReceived: _ConvBuilder.on_signal_received,
 }
 """Conversation-scoped rules; `Genesis` and `OwnershipClaimed` are partition-scoped (`_PartitionBuilder`)."""
 

@@ -14,16 +14,24 @@ instant, whichever owner reads it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from settled.protocol._decide import Decision
 from settled.protocol._errors import IllegalTransitionError, UnknownSubmissionError
 from settled.protocol._fold import ConversationState
 from settled.protocol._states import SubmissionState
-from settled.schemas import WaitOutcome, WaitRequested, WaitResolved, canonicalize_json_text
+from settled.schemas import (
+    LogEvent,
+    SignalReceived,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
+    canonicalize_json_text,
+)
 
-__all__ = ["expired_waits", "open_waits", "resolve_wait", "wait_id_for"]
+__all__ = ["deliveries", "expired_waits", "open_waits", "resolve_wait", "wait_id_for"]
 
 
 def wait_id_for(run_id: str, ordinal: int) -> str:
@@ -60,6 +68,44 @@ def open_waits(state: ConversationState, submission_id: str, requests: Iterable[
             seen.add(request.wait_id)
             found.append(request)
     return found
+
+
+def deliveries(
+    state: ConversationState, submission_id: str, journal: Sequence[LogEvent]
+) -> list[tuple[WaitRequested, SignalReceived]]:
+    """Pair a waiting run's open signal waits with the signals that deliver them (issue 16).
+
+    The rule, deterministic from the log: per name, the run's signal waits in ordinal order take that name's
+    signals in log order, each signal once. A signal is consumed when a `WaitResolved` names it as its source; a
+    repeated signal id counts once. A signal that arrived before the run reached its wait is delivered once the wait
+    is requested; one that arrived while no worker ran, once an owner reads the log.
+
+    Args:
+        state: The conversation's state.
+        submission_id: The run's submission.
+        journal: Its committed records in log order (`WaitRequested`, `WaitResolved` and `SignalReceived` are read).
+
+    Returns:
+        (open wait, signal delivering it) pairs; empty unless the run is Waiting on a signal with one available.
+    """
+    requests = [e for e in journal if isinstance(e, WaitRequested) and e.kind is WaitKind.SIGNAL]
+    waiting = sorted(open_waits(state, submission_id, requests), key=lambda r: r.ordinal)
+    if not waiting:
+        return []
+    consumed = {e.source_id for e in journal if isinstance(e, WaitResolved) and e.source_id is not None}
+    available: dict[str, list[SignalReceived]] = {}
+    seen: set[str] = set()
+    for e in journal:
+        if isinstance(e, SignalReceived) and e.submission_id == submission_id and e.command_id not in seen:
+            seen.add(e.command_id)
+            if e.command_id not in consumed:
+                available.setdefault(e.name, []).append(e)
+    pairs: list[tuple[WaitRequested, SignalReceived]] = []
+    for request in waiting:
+        queue = available.get(request.name)
+        if queue:
+            pairs.append((request, queue.pop(0)))
+    return pairs
 
 
 def expired_waits(requests: Iterable[WaitRequested], now: datetime) -> list[WaitRequested]:

@@ -67,9 +67,11 @@ __all__ = [
     "RequestKind",
     "ResolutionKind",
     "ResolveUnknown",
+    "SendSignal",
     "Settlement",
     "SettlementOutcome",
     "SettlementRecord",
+    "SignalReceived",
     "StepRecorded",
     "SubmissionAdmitted",
     "SubmissionDuplicate",
@@ -206,6 +208,7 @@ class CommandKind(enum.StrEnum):
     ABORT = "abort"
     RESOLVE_UNKNOWN = "resolve_unknown"
     OTHER = "other"
+    SIGNAL = "signal"
 
 
 class CommandRejectReason(enum.StrEnum):
@@ -454,6 +457,30 @@ class AbortRequested(AvroRecord):
     submission_id: str
     reason: str | None = None
     requested_at: UtcMillis
+
+
+class SendSignal(AvroRecord):
+    """A signal for a run (topic ``settled.inbox``; issue 16): consumed by the run's next ``ctx.signal(name)``.
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: The signal's id, made by the client: a repeat is answered as a duplicate (deduped by it).
+        principal: Who sends it.
+        conversation_id: The conversation (the record key).
+        submission_id: The run (an agent run's id is its submission id).
+        name: The signal's name.
+        payload_json: The payload, canonical JSON.
+        sent_at: When it was sent.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    submission_id: str
+    name: str
+    payload_json: CanonicalJson
+    sent_at: UtcMillis
 
 
 class ResolveUnknown(AvroRecord):
@@ -711,6 +738,26 @@ class AbortRecorded(AvroRecord):
     submission_id: str
     principal: str
     reason: str | None = None
+    input_ref: InputRef | None = None
+
+
+class SignalReceived(AvroRecord):
+    """A signal accepted for an unsettled run (issue 16): canonical, it waits for the run's wait with its name.
+
+    Attributes:
+        command_id: The signal's id (`SendSignal.command_id`).
+        submission_id: The run.
+        name: The signal's name.
+        payload_json: The payload, canonical JSON.
+        principal: Who sent it.
+        input_ref: The inbox record this decides.
+    """
+
+    command_id: str
+    submission_id: str
+    name: str
+    payload_json: CanonicalJson
+    principal: str
     input_ref: InputRef | None = None
 
 
@@ -1203,7 +1250,7 @@ class QuarantineRecord(AvroRecord):
     quarantined_at: UtcMillis
 
 
-InboxRecord = SubmissionProposed | AbortRequested | ResolveUnknown
+InboxRecord = SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal
 """What ``settled.inbox`` carries."""
 
 LogEvent = (
@@ -1232,13 +1279,14 @@ LogEvent = (
     | RecoveryDecision
     | WaitRequested
     | WaitResolved
+    | SignalReceived
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
-INBOX_TYPES: tuple[type[AvroRecord], ...] = (SubmissionProposed, AbortRequested, ResolveUnknown)
+INBOX_TYPES: tuple[type[AvroRecord], ...] = (SubmissionProposed, AbortRequested, ResolveUnknown, SendSignal)
 """Record types of ``settled.inbox``."""
 
-COMMAND_TYPES: tuple[type[AvroRecord], ...] = (AbortRequested, ResolveUnknown)
+COMMAND_TYPES: tuple[type[AvroRecord], ...] = (AbortRequested, ResolveUnknown, SendSignal)
 """The inbox's commands."""
 
 LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
@@ -1267,6 +1315,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     RecoveryDecision,
     WaitRequested,
     WaitResolved,
+    SignalReceived,
 )
 """Branches of the log-event union, in Avro union order."""
 

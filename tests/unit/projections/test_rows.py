@@ -39,6 +39,7 @@ from settled.schemas import (
     ModelResponseDelta,
     QuarantineReason,
     SettlementOutcome,
+    SignalReceived,
     WaitKind,
     WaitOutcome,
     WaitRequested,
@@ -241,5 +242,7 @@ def _other_event_types() -> LogBatch:
                           ordinal=3, deadline=T0, details_json='{"note":"x"}'),
             WaitResolved(submission_id="s", wait_id="s#w3", outcome=WaitOutcome.DELIVERED, source_id="sig-1",
                          payload_json='{"ok":true}', decided_at=T0),
+            SignalReceived(command_id="sig-1", submission_id="s", name="paid", payload_json="1", principal="p",
+                           input_ref=ref),
         ],
     )  # fmt: skip

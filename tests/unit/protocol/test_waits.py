@@ -18,21 +18,31 @@ from settled.protocol import (
     abort,
     admit,
     classify,
+    deliveries,
     expired_waits,
     open_waits,
     resolve_wait,
     schedule,
+    signal,
     start_attempt,
     terminalize,
     wait_id_for,
 )
 from settled.schemas import (
+    CommandKind,
+    CommandRejected,
+    CommandRejectReason,
+    LogEvent,
+    ReceiptOutcome,
     RecoveryDecisionKind,
+    SendSignal,
     SettlementOutcome,
+    SignalReceived,
     ToolCallPrepared,
     WaitKind,
     WaitOutcome,
     WaitRequested,
+    canonical_json,
     json_digest,
 )
 
@@ -165,9 +175,8 @@ def test_an_abort_ends_the_wait_with_an_aborted_settlement() -> None:
     log = _log()
     _start(log, "a1")
     log.append("c1", [_request(0, "a1")])
-    log.commit("c1", abort(_conv(log), abort_cmd("x1", "s1"), log.ref(), T0))
-    assert schedule(_conv(log)) == SettleAborted("s1")
-    trace = log.commit("c1", terminalize(_conv(log), "s1", SettlementOutcome.ABORTED, at(1)))
+    trace = log.commit("c1", abort(_conv(log), abort_cmd("x1", "s1"), log.ref(), T0))  # settles at once
+    assert log.settlements[-1].outcome is SettlementOutcome.ABORTED
     assert [(t.edge.source, t.edge.target) for t in trace] == [
         (S.WAITING, S.TERMINALIZING),
         (S.TERMINALIZING, S.ABORTED),
@@ -175,6 +184,76 @@ def test_an_abort_ends_the_wait_with_an_aborted_settlement() -> None:
     assert _sub(log).waits == frozenset()
     with pytest.raises(TerminalOutcomeConflictError):
         terminalize(_conv(log), "s1", SettlementOutcome.COMPLETED, at(2))
+
+
+def test_a_waiting_run_with_an_abort_recorded_is_settled_by_the_scheduler() -> None:
+    log = _log()
+    _start(log, "a1")
+    log.commit("c1", abort(_conv(log), abort_cmd("x1", "s1"), log.ref(), T0))  # recorded while running
+    log.append("c1", [_request(0, "a1")])
+    assert schedule(_conv(log)) == SettleAborted("s1")
+    log.commit("c1", terminalize(_conv(log), "s1", SettlementOutcome.ABORTED, at(1)))
+    assert _sub(log).outcome is SettlementOutcome.ABORTED
+
+
+def _signal(signal_id: str, name: str = "paid", payload: object = 1, sid: str = "s1") -> SendSignal:
+    return SendSignal(
+        command_id=signal_id,
+        principal="bob",
+        conversation_id="c1",
+        submission_id=sid,
+        name=name,
+        payload_json=canonical_json(payload),
+        sent_at=T0,
+    )
+
+
+def _journal(log: Log) -> list[LogEvent]:
+    return [e for b in log.batches if b.conversation_id == "c1" for e in b.events]
+
+
+def test_a_signal_is_accepted_for_an_unsettled_run_whatever_it_waits_for_and_deduped_by_its_id() -> None:
+    log = _log()
+    d = signal(_conv(log), _signal("g1"), log.ref(), T0)  # queued, never started: accepted
+    assert d.receipt is not None and d.receipt.outcome is ReceiptOutcome.APPLIED
+    assert [type(e) for e in d.events] == [SignalReceived]
+    log.commit("c1", d)
+    again = signal(_conv(log), _signal("g1"), log.ref(), T0)
+    assert again.receipt is not None and again.receipt.outcome is ReceiptOutcome.DUPLICATE
+    log.commit("c1", again)  # only marks its input decided
+    assert _sub(log).state is S.READY
+
+
+def test_a_signal_for_an_unknown_or_settled_run_is_rejected_with_its_reason_and_nothing_else() -> None:
+    log = _log()
+    unknown = signal(_conv(log), _signal("g1", sid="nope"), log.ref(), T0)
+    assert [type(e) for e in unknown.events] == [CommandRejected]
+    assert unknown.receipt is not None and unknown.receipt.outcome is ReceiptOutcome.REJECTED
+    assert unknown.events[0].reason is CommandRejectReason.UNKNOWN_TARGET  # type: ignore[union-attr]
+    assert unknown.events[0].command_kind is CommandKind.SIGNAL  # type: ignore[union-attr]
+    _start(log, "a1")
+    log.commit("c1", terminalize(_conv(log), "s1", SettlementOutcome.COMPLETED, at(1), reply_json="1"))
+    settled = signal(_conv(log), _signal("g2"), log.ref(), T0)
+    assert [type(e) for e in settled.events] == [CommandRejected]
+    assert settled.events[0].reason is CommandRejectReason.ALREADY_TERMINAL  # type: ignore[union-attr]
+    assert settled.settlement is None
+
+
+def test_signals_go_to_waits_by_name_in_log_order_each_once() -> None:
+    log = _log()
+    log.commit("c1", signal(_conv(log), _signal("g1", payload="early"), log.ref(), T0))  # before the wait
+    log.commit("c1", signal(_conv(log), _signal("g1", payload="early"), log.ref(), T0))  # a repeat counts once
+    _start(log, "a1")
+    log.commit("c1", signal(_conv(log), _signal("h1", name="other"), log.ref(), T0))
+    log.append("c1", [_request(0, "a1"), _request(1, "a1")])  # two waits for "paid"
+    pairs = deliveries(_conv(log), "s1", _journal(log))
+    assert [(w.wait_id, g.command_id) for w, g in pairs] == [("s1#w0", "g1")]
+    w, g = pairs[0]
+    log.commit("c1", resolve_wait(_conv(log), "s1", w.wait_id, WaitOutcome.DELIVERED, at(1), source_id=g.command_id))
+    assert deliveries(_conv(log), "s1", _journal(log)) == []  # g1 is consumed; w1 waits
+    log.commit("c1", signal(_conv(log), _signal("g2", payload="late"), log.ref(), T0))
+    pairs = deliveries(_conv(log), "s1", _journal(log))
+    assert [(w.wait_id, g.command_id) for w, g in pairs] == [("s1#w1", "g2")]
 
 
 def test_a_waiting_run_survives_a_new_owners_claim() -> None:
