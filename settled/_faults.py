@@ -57,6 +57,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"
         ),
+        "signal_honoured_before_canonical": (
+            "ctx.signal returns a signal found in the run's journal at once, with no canonical wait request and "
+            "delivery, so nothing records which wait consumed it and a later wait takes it again (issue 16; "
+            "DUR-008's rule for deliveries: canonical before anything acts on it)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

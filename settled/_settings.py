@@ -80,6 +80,8 @@ class Settings(BaseSettings):
             supervisor restarts it (librdkafka#5456, docs/architecture.md). Unset: derived from the Kafka timeouts
             (``settled.processors.default_turn_watchdog_s``, 100 s by default, 72.5 s with `DEV_TIMEOUTS`); claims
             and graceful releases get their restore and revoke bounds on top. 0 disables the watchdog.
+        clock_offset_s: Seconds added to a worker's clock (its decisions, wait deadlines and their sweeper,
+            ``ctx.now()``), for tests of deadlines that must not sleep: every worker process reads it. Default 0.
     """
 
     model_config = SettingsConfigDict(
@@ -117,6 +119,7 @@ class Settings(BaseSettings):
     kafka_call_timeout_s: float = 10.0
     revoke_grace_s: float = Field(default=5.0, ge=0.0)
     worker_turn_watchdog_s: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    clock_offset_s: float = Field(default=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _transactions_end_before_sessions(self) -> Settings:

@@ -33,6 +33,8 @@ from settled.client._errors import (
     PayloadTooLargeError,
     ResolveOutcomeUnknownError,
     ResolveRejectedError,
+    SignalOutcomeUnknownError,
+    SignalRejectedError,
     SubmissionOutcomeUnknownError,
     SubmissionRejectedError,
     UnexpectedReceiptError,
@@ -50,6 +52,7 @@ from settled.schemas import (
     RequestKind,
     ResolutionKind,
     ResolveUnknown,
+    SendSignal,
     SettlementOutcome,
     SettlementRecord,
     SubmissionPayload,
@@ -305,6 +308,75 @@ class Client:
             if reason_parts(receipt.reason)[0] == "idempotency_conflict":
                 raise IdempotencyConflictError(receipt)
             raise SubmissionRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
+
+    # ---------------------------------------------------------------------------------------------- signal
+
+    def signal(
+        self,
+        conversation_id: str,
+        run_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        signal_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Send a signal to a run and return the owner's reply (issue 16).
+
+        The signal is accepted while the run is unsettled, whatever it waits for at that moment, appended
+        canonically, and consumed by the run's first ``ctx.signal(name)`` that has not taken one (later ones by later
+        waits, in log order). Sent while no worker runs, it waits in the inbox and is decided when an owner reads it.
+
+        Args:
+            conversation_id: The conversation.
+            run_id: The run (an agent run's id is its submission id).
+            name: The signal's name.
+            payload: Its payload, a JSON value.
+            signal_id: The signal's id, deduplicating it; a new UUID when ``None`` (pass the id of an earlier
+                signal whose outcome is unknown to send it again: it is answered as a duplicate if accepted).
+            principal: Who sends it (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated signal id.
+
+        Raises:
+            ValueError: An argument breaks the input contract (the field is named); nothing was sent.
+            CanonicalJsonError: ``payload`` is not representable as canonical JSON; nothing was sent.
+            SignalRejectedError: The owner rejected it (``unknown_target``, ``already_terminal``).
+            SignalOutcomeUnknownError: No reply within the deadline; names the signal id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        timeout = self._timeout(timeout_s)
+        deadline = time.monotonic() + timeout
+        sid = signal_id if signal_id is not None else str(uuid.uuid4())
+        command = SendSignal(
+            command_id=sid,
+            principal=self._principal(principal),
+            conversation_id=conversation_id,
+            submission_id=run_id,
+            name=name,
+            payload_json=canonical_json(payload),
+            sent_at=self._clock(),
+        )
+        _keep_contract(protocol.check_command(command))
+        encoded = self._codec.encode(command)
+        receipt = self._request(
+            conversation_id,
+            sid,
+            encoded,
+            deadline,
+            lambda: SignalOutcomeUnknownError(sid, conversation_id, run_id, timeout),
+        )
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceiptError(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise SignalRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
     # ----------------------------------------------------------------------------------------------- abort

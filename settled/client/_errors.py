@@ -24,6 +24,8 @@ __all__ = [
     "ResolveOutcomeUnknownError",
     "ResolveRejectedError",
     "SettlementTimeoutError",
+    "SignalOutcomeUnknownError",
+    "SignalRejectedError",
     "SigningKeyError",
     "SubmissionOutcomeUnknownError",
     "SubmissionRejectedError",
@@ -254,6 +256,34 @@ class CommandRejectedError(ClientError):
             f"{self.command_name} command {receipt.request_id} in conversation {receipt.conversation_id!r} was "
             f"rejected: {self.reason_code or 'no reason given'}" + (f": {self.detail}" if self.detail else "")
         )
+
+
+class SignalRejectedError(CommandRejectedError):
+    """The owner rejected a signal (issue 16): ``unknown_target`` (no such run) or ``already_terminal`` (settled).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "signal"
+
+
+class SignalOutcomeUnknownError(CommandOutcomeUnknownError):
+    """No reply to a signal was read within the deadline (issue 16).
+
+    ``Client.signal(..., signal_id=err.command_id)`` sends it again; a signal already accepted is answered as a
+    duplicate.
+
+    Attributes:
+        command_id: The signal id to send it again with.
+        conversation_id: The conversation.
+        submission_id: The run.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "signal"
 
 
 class AbortRejectedError(CommandRejectedError):

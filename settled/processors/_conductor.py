@@ -68,6 +68,7 @@ from settled.schemas import (
     RecoveryDecisionKind,
     Settlement,
     SettlementOutcome,
+    SignalReceived,
     StepRecorded,
     SubmissionAdmitted,
     ToolCallPrepared,
@@ -75,6 +76,9 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
 )
 
 __all__ = [
@@ -104,6 +108,9 @@ JOURNAL_EVENT_TYPES: tuple[type[LogEvent], ...] = (
     RecoveryDecision,
     ModelResponseDelta,
     ModelResponseCompleted,
+    WaitRequested,
+    WaitResolved,
+    SignalReceived,
 )
 
 
@@ -545,6 +552,7 @@ class Conductor:
         ]
         for conversation_id in conversations:
             self._recover(conversation_id, now)
+            self._deliver(conversation_id, now)
         # After an unexplained death, the interrupted attempts resume one at a time and alone in the process
         # (docs/design.md §5): a poison submission then kills its worker while it runs alone, never its neighbours'.
         only = self._gate.admit(self, self._suspects(conversations))
@@ -740,6 +748,40 @@ class Conductor:
             reason = f"{reason} ({recovery.reason})"
         settle = protocol.terminalize(conv, sid, outcome, now, error_type=error_type, error_reason=reason)
         self.owner.stage(to_loop_decision(conversation_id, settle))
+
+    # -- waits (issue 16) ------------------------------------------------------------------------------------------
+
+    def _deliver(self, conversation_id: str, now: datetime) -> None:
+        """Decide a waiting run's waits: deliver canonical signals, expire waits whose deadline passed (the sweeper).
+
+        Reads only what is committed (the journal) and skips a conversation with a batch still pending, so a
+        delivery is decided from canonical records only and a signal is never paired twice. Each decision is one
+        canonical `WaitResolved`; the fold takes the run back to Ready with the last one, and the scheduler then
+        starts its next attempt (not charged to ``max_attempts``).
+        """
+        conv = self._conv(conversation_id)
+        active = conv.active()
+        if active is None or active.state is not SubmissionState.WAITING or self.owner.is_pending(conversation_id):
+            return
+        sid = active.submission_id
+        journal = self._journals.get(sid, ())
+        for request, signal in protocol.deliveries(conv, sid, journal):
+            d = protocol.resolve_wait(
+                self._conv(conversation_id),
+                sid,
+                request.wait_id,
+                WaitOutcome.DELIVERED,
+                now,
+                source_id=signal.command_id,
+                payload_json=signal.payload_json,
+            )
+            self.owner.stage(to_loop_decision(conversation_id, d))
+        requests = [e for e in journal if isinstance(e, WaitRequested)]
+        for request in protocol.expired_waits(protocol.open_waits(self._conv(conversation_id), sid, requests), now):
+            _log.info("wait expired", extra={"submission_id": sid, "wait_id": request.wait_id})
+            d = protocol.resolve_wait(self._conv(conversation_id), sid, request.wait_id, WaitOutcome.EXPIRED, now)
+            self.owner.stage(to_loop_decision(conversation_id, d))
+            failpoint("conductor.after_expiry_staged")  # the sweeper decided; its WaitResolved is not committed
 
     def _evidence_ready(self, sub: protocol.Submission) -> bool:
         """Collect finished reconciliations; False while some still run."""

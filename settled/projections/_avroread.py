@@ -27,8 +27,9 @@ __all__ = ["READ_ERRORS", "RecordCompiler", "UnsupportedSchemaError", "compile_r
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-READ_ERRORS = (IndexError, ValueError, EOFError, TypeError, KeyError)
-"""What a compiled reader raises on a body it cannot read (``UnicodeDecodeError`` is a ``ValueError``)."""
+READ_ERRORS = (IndexError, ValueError, EOFError, TypeError, KeyError, OverflowError)
+"""What a compiled reader raises on a body it cannot read (``UnicodeDecodeError`` is a ``ValueError``; a
+timestamp out of `datetime`'s range is an ``OverflowError``)."""
 
 _PRIMITIVES = frozenset({"string", "int", "long", "boolean", "null"})
 

@@ -27,6 +27,7 @@ from settled.runtime._errors import (
     UnknownToolError,
     UnsafeReplayError,
     UnsafeToolsError,
+    WaitExpiredError,
 )
 from settled.runtime._model import (
     Message,
@@ -86,6 +87,7 @@ __all__ = [
     "UnknownToolError",
     "UnsafeReplayError",
     "UnsafeToolsError",
+    "WaitExpiredError",
     "declared_call",
     "execute",
     "history_messages",

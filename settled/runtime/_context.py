@@ -53,16 +53,20 @@ import json
 import logging
 import uuid as uuid_module
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn, TypeVar
 
 from settled._failpoints import failpoint
+from settled._faults import fault_enabled
 from settled.processors import AgentRun
+from settled.protocol import wait_id_for
 from settled.runtime._calls import ToolCalls, replay_settled
 from settled.runtime._errors import (
     ReplayDivergenceError,
+    RunSuspended,
     ToolRefusedError,
     UnsafeReplayError,
+    WaitExpiredError,
 )
 from settled.runtime._model import (
     Message,
@@ -87,11 +91,16 @@ from settled.schemas import (
     RecoveryDecision,
     RecoveryDecisionKind,
     ResolutionKind,
+    SignalReceived,
     StepRecorded,
     ToolCallPrepared,
     ToolCallRefused,
     ToolCallSettled,
     UnknownResolved,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
     canonical_json,
     json_digest,
 )
@@ -99,6 +108,8 @@ from settled.schemas import (
 __all__ = ["RunContext"]
 
 _log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 def _ordinal_of(call_id: str) -> int | None:
@@ -117,6 +128,8 @@ def _describe(event: LogEvent) -> str:
         return f"ctx.{event.kind.value}()"
     if isinstance(event, ModelResponseCompleted):
         return f"a model response ({event.provider}/{event.model})"
+    if isinstance(event, WaitRequested):
+        return f"ctx.{event.kind.value}({event.name!r})"
     return type(event).__name__
 
 
@@ -128,9 +141,15 @@ class _Journal:
         self.settled: dict[str, ToolCallSettled] = {}
         self.resolved: dict[str, UnknownResolved] = {}
         self.retry_ok: set[str] = set()
+        self.waits: dict[str, WaitResolved] = {}  # wait id -> its decision (issue 16)
+        self.signals: list[SignalReceived] = []  # signals received for the run (read only under a fault switch)
         for e in events:
-            if isinstance(e, (ToolCallPrepared, StepRecorded, EffectRecorded)):
+            if isinstance(e, (ToolCallPrepared, StepRecorded, EffectRecorded, WaitRequested)):
                 self.by_ordinal.setdefault(e.ordinal, e)
+            elif isinstance(e, WaitResolved):
+                self.waits.setdefault(e.wait_id, e)
+            elif isinstance(e, SignalReceived):
+                self.signals.append(e)
             elif isinstance(e, ModelResponseCompleted):
                 self.by_ordinal.setdefault(e.response_ordinal, e)
             elif isinstance(e, ToolCallRefused):
@@ -189,6 +208,10 @@ class RunContext:
         self.input_json = run.input_json
         self.tools_offered = run.tools_offered
         self.history = run.history
+        self._busy = 0  # tool calls, steps and model calls in flight (a wait is handed over once none is)
+        self._idle: asyncio.Future[None] | None = None  # resolved when `_busy` drops to 0
+        self._wait_requests: list[WaitRequested] = []  # waits asked for, handed over together
+        self._suspension: asyncio.Future[None] | None = None  # hands the waits over, once
 
     @property
     def input(self) -> Any:
@@ -219,6 +242,101 @@ class RunContext:
 
     def _recorded(self, ordinal: int) -> LogEvent | None:
         return self._journal.by_ordinal.get(ordinal)
+
+    async def _tracked(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run an effect counted as in flight: waits are handed over only once no effect is (issue 16)."""
+        self._busy += 1
+        try:
+            return await work
+        finally:
+            self._busy -= 1
+            if self._busy == 0 and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+
+    # -- waits (issue 16) ----------------------------------------------------------------------------------------
+
+    def signal(self, name: str, *, deadline: datetime | timedelta | None = None) -> Coroutine[Any, Any, Any]:
+        """Wait durably for the signal ``name`` sent to this run (``Client.signal``); return its payload.
+
+        The ordinal is taken when this is called. The run's waits of one name take that name's signals in log order,
+        each once; a signal sent before the run got here is delivered at once. Live, the wait is handed over (a
+        canonical ``WaitRequested``) once no tool call, step or model call of the run is in flight (a parallel
+        batch's other calls settle first), and the attempt ends: the run holds no worker until the wait is decided,
+        then the next attempt replays to here and returns the payload. On replay the recorded outcome is returned.
+
+        Args:
+            name: The signal's name.
+            deadline: When the wait expires: an aware instant, or a duration from now (``RunOptions.clock``); stored
+                with the request and never recomputed. None: no deadline.
+
+        Returns:
+            An awaitable of the delivered payload (decoded JSON).
+
+        Raises:
+            WaitExpiredError: The deadline passed before a delivery (when awaited; catchable).
+            ReplayDivergenceError: Another effect is recorded at this ordinal (when awaited).
+            ValueError: ``deadline`` is a naive datetime.
+        """
+        return self._signal(self._next_ordinal(), name, deadline)
+
+    async def _signal(self, ordinal: int, name: str, deadline: datetime | timedelta | None) -> Any:
+        wait_id = wait_id_for(self.run_id, ordinal)
+        rec = self._recorded(ordinal)
+        if rec is not None:
+            if not (isinstance(rec, WaitRequested) and rec.kind is WaitKind.SIGNAL and rec.name == name):
+                raise ReplayDivergenceError(ordinal, _describe(rec), f"ctx.signal({name!r})")
+            decided = self._journal.waits.get(wait_id)
+            if decided is None:  # never started so: a run is Ready only once every wait is decided
+                raise RunSuspended(f"wait {wait_id} is still open")
+            if decided.outcome is WaitOutcome.EXPIRED:
+                raise WaitExpiredError(WaitKind.SIGNAL.value, name, wait_id)
+            return None if decided.payload_json is None else json.loads(decided.payload_json)
+        if fault_enabled("signal_honoured_before_canonical"):
+            # Fault switch (issue 16; tests/fault_switches.toml): a signal already in the journal is honoured at
+            # once, with no canonical request and delivery: nothing records that this wait consumed it.
+            consumed = {d.source_id for d in self._journal.waits.values()}
+            for received in self._journal.signals:
+                if received.name == name and received.command_id not in consumed:
+                    return json.loads(received.payload_json)
+        if isinstance(deadline, timedelta):
+            at: datetime | None = self._options.clock() + deadline
+        elif isinstance(deadline, datetime):
+            if deadline.tzinfo is None:
+                raise ValueError(f"ctx.signal({name!r}): deadline {deadline!r} is naive; give an aware instant")
+            at = deadline
+        else:
+            at = None
+        request = WaitRequested(
+            submission_id=self.submission_id,
+            attempt_id=self.attempt_id,
+            wait_id=wait_id,
+            kind=WaitKind.SIGNAL,
+            name=name,
+            ordinal=ordinal,
+            deadline=at,
+        )
+        await self._suspend(request)
+
+    async def _suspend(self, request: WaitRequested) -> NoReturn:
+        """Hand ``request`` over with the run's other waits once nothing is in flight, then end the attempt."""
+        self._wait_requests.append(request)
+        if self._suspension is None:
+            self._suspension = asyncio.ensure_future(self._hand_over_waits())
+        await asyncio.shield(self._suspension)
+        raise RunSuspended(f"the run waits for {request.kind.value} {request.name!r} (wait {request.wait_id})")
+
+    async def _hand_over_waits(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            for _ in range(3):  # let the tasks started beside the wait (a gather's others) take their ordinals
+                await asyncio.sleep(0)
+            if self._busy == 0:
+                break
+            self._idle = loop.create_future()
+            await self._idle
+        requests, self._wait_requests = self._wait_requests, []
+        await self._pipeline.record(requests)  # after the posted settlements of the calls that ran beside it
+        failpoint("engine.after_wait_commit")
 
     # -- now / uuid ----------------------------------------------------------------------------------------------
 
@@ -286,7 +404,7 @@ class RunContext:
         Raises:
             ReplayDivergenceError: Another effect, step name or version is recorded at this ordinal (when awaited).
         """
-        return self._step(self._next_ordinal(), name, fn, args, version)
+        return self._tracked(self._step(self._next_ordinal(), name, fn, args, version))
 
     async def _step(self, ordinal: int, name: str, fn: Callable[..., Any], args: tuple[Any, ...], version: int) -> Any:
         rec = self._recorded(ordinal)
@@ -355,7 +473,7 @@ class RunContext:
             ValueError: ``args`` is larger than `RunOptions.max_result_bytes` (when awaited).
         """
         allowed = self.tools_offered if offered is None else tuple(offered)
-        return self._tool(self._next_ordinal(), name, dict(args or {}), allowed)
+        return self._tracked(self._tool(self._next_ordinal(), name, dict(args or {}), allowed))
 
     async def _tool(self, ordinal: int, name: str, args: dict[str, Any], allowed: Sequence[str]) -> Any:
         args_json = canonical_json(args)
@@ -448,7 +566,7 @@ class RunContext:
             ReplayDivergenceError: Another effect is recorded at this ordinal (when awaited).
             ProviderError: A non-retryable provider error, or the retry budget is spent.
         """
-        return self._model(self._next_ordinal(), provider, tuple(messages), tuple(tools), model)
+        return self._tracked(self._model(self._next_ordinal(), provider, tuple(messages), tuple(tools), model))
 
     async def _model(
         self,

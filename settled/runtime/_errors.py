@@ -16,6 +16,7 @@ __all__ = [
     "UnknownToolError",
     "UnsafeReplayError",
     "UnsafeToolsError",
+    "WaitExpiredError",
 ]
 
 
@@ -118,10 +119,30 @@ class ToolUnavailableError(SettledError):
 
 
 class RunSuspended(BaseException):
-    """Ends a run whose call became Unknown (DUR-009): the run stops and holds no worker until a resolution.
+    """Ends a run whose call became Unknown (DUR-009), or that waits (issue 16): it holds no worker meanwhile.
 
     A `BaseException`, so agent code's ``except Exception`` does not swallow it.
     """
+
+
+class WaitExpiredError(SettledError):
+    """A wait's deadline passed before a delivery (issue 16): raised by ``ctx.signal``, live and on every replay.
+
+    Agent code may catch it; uncaught, it ends the attempt like any error.
+
+    Attributes:
+        kind: What was waited for (``"signal"``).
+        name: The signal's name.
+        wait_id: The wait.
+    """
+
+    category = ErrorCategory.PENDING
+
+    def __init__(self, kind: str, name: str, wait_id: str) -> None:
+        super().__init__(f"{kind} {name!r} (wait {wait_id}) expired at its deadline before a delivery")
+        self.kind = kind
+        self.name = name
+        self.wait_id = wait_id
 
 
 class RunCancelledError(SettledError):

@@ -31,7 +31,7 @@ from settled.client import (
 from settled.schemas import Receipt, ResolutionKind
 from settled.services._cli_root import command, fail, resolve_settings
 
-__all__ = ["abort", "keygen", "resolve_unknown", "settlements_app", "submit"]
+__all__ = ["abort", "keygen", "resolve_unknown", "settlements_app", "signal", "submit"]
 
 settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
 
@@ -96,6 +96,24 @@ def abort(
         lambda client: client.abort(
             conversation, submission, reason=reason, principal=principal, command_id=command_id
         ),
+    )
+
+
+@command
+def signal(
+    conversation: str = typer.Argument(..., metavar="CONVERSATION", help="The conversation id."),
+    run: str = typer.Argument(..., metavar="RUN_ID", help="The run (an agent run's id is its submission id)."),
+    name: str = typer.Argument(..., metavar="NAME", help="The signal's name (`ctx.signal(name)`)."),
+    payload: str = typer.Argument("null", metavar="PAYLOAD_JSON", help="The payload, a JSON text."),
+    signal_id: str | None = typer.Option(None, "--signal-id", help="The signal's id (dedup; default: a new UUID)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who sends it (default: the client's)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
+) -> None:
+    """Send a signal to a run and print the owner's reply (a receipt of request kind command) as a JSON line."""
+    value = _json_option("PAYLOAD_JSON", payload)
+    _send_command(
+        timeout_s,
+        lambda client: client.signal(conversation, run, name, value, signal_id=signal_id, principal=principal),
     )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import typer
@@ -18,7 +21,7 @@ from settled.protocol import PartitionState
 from settled.runtime import App, load_app
 from settled.services._cli_root import JsonFormatter, configure_logging, exits_on_error, resolve_settings
 
-__all__ = ["JsonFormatter", "build_worker", "worker_command"]
+__all__ = ["JsonFormatter", "build_worker", "offset_clock", "worker_command"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +52,11 @@ def build_worker(
     def decider(partition: int) -> LedgerDecider:
         return LedgerDecider(partition=partition, partition_count=holder[0].partition_count, resolver_keys=keys)
 
+    if settings.clock_offset_s:  # ctx.now() and relative wait deadlines read the same offset clock (issue 16)
+        app = dataclasses.replace(
+            app, options=dataclasses.replace(app.options, clock=offset_clock(settings.clock_offset_s))
+        )
+
     def conductor(owner: PartitionOwner[PartitionState]) -> Conductor:
         return Conductor(
             owner=owner,
@@ -61,6 +69,8 @@ def build_worker(
         )
 
     extra: dict[str, Any] = {} if worker_id is None else {"worker_id": worker_id}
+    if settings.clock_offset_s:
+        extra["clock"] = offset_clock(settings.clock_offset_s)
     worker: Worker[PartitionState] = Worker(
         settings=settings,
         decider_factory=decider,
@@ -70,6 +80,23 @@ def build_worker(
     )
     holder.append(worker)
     return worker
+
+
+def offset_clock(offset_s: float) -> Callable[[], datetime]:
+    """Return a clock (aware UTC) ``offset_s`` seconds ahead of the system's (`Settings.clock_offset_s`).
+
+    Args:
+        offset_s: The offset, in seconds (negative: behind).
+
+    Returns:
+        The clock.
+    """
+    offset = timedelta(seconds=offset_s)
+
+    def now() -> datetime:
+        return datetime.now(UTC) + offset
+
+    return now
 
 
 def worker_command(

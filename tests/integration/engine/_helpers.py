@@ -23,6 +23,7 @@ from settled.schemas import (
     RecoveryDecisionKind,
     ResolutionKind,
     ResolveUnknown,
+    SendSignal,
     SettlementOutcome,
     SettlementRecord,
     SubmissionProposed,
@@ -40,7 +41,7 @@ KILLED = -9
 TIMEOUT_S = 90.0
 
 
-def send(s: Settings, *records: SubmissionProposed | ResolveUnknown | AbortRequested) -> None:
+def send(s: Settings, *records: SubmissionProposed | ResolveUnknown | AbortRequested | SendSignal) -> None:
     produce_inbox(s, [(r.conversation_id.encode(), CODEC.encode(r)) for r in records])
 
 

@@ -40,7 +40,11 @@ def spawn_worker(topics: Settings, world_db: Path, tmp_path: Path) -> Iterator[S
     control = _failpoints.FailpointControl(tmp_path / "fp")
 
     def spawn(
-        name: str, *, failpoints: str = "", app: str = "tests.integration.engine.engine_app:app"
+        name: str,
+        *,
+        failpoints: str = "",
+        app: str = "tests.integration.engine.engine_app:app",
+        env: dict[str, str] | None = None,
     ) -> WorkerProcess:
         proc = WorkerProcess.start(
             topics,
@@ -49,7 +53,7 @@ def spawn_worker(topics: Settings, world_db: Path, tmp_path: Path) -> Iterator[S
             worker_id=name,
             control=control,
             failpoints=failpoints,
-            env={WORLD_ENV: str(world_db)},
+            env={WORLD_ENV: str(world_db), **(env or {})},
             cwd=ROOT,
             append_log=False,
         )

@@ -26,13 +26,14 @@ import fcntl
 import os
 import sqlite3
 import time
+from datetime import timedelta
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from settled._failpoints import failpoint
-from settled.runtime import App, RunContext, RunOptions, ToolCall, ToolCallError
+from settled.runtime import App, RunContext, RunOptions, ToolCall, ToolCallError, WaitExpiredError
 from settled.schemas import canonical_json
 
 WORLD_ENV = "ENGINE_WORLD_DB"
@@ -274,6 +275,12 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
             value = await ctx.step(
                 op["step"], _step_body, ctx.submission_id, op["step"], ctx.attempt, bool(op.get("fail_first"))
             )
+        elif "signal" in op:  # issue 16: wait for a signal (optionally with a deadline, seconds from now)
+            deadline = timedelta(seconds=float(op["deadline_s"])) if "deadline_s" in op else None
+            try:
+                value = {"signal": await ctx.signal(op["signal"], deadline=deadline)}
+            except WaitExpiredError as exc:
+                value = {"expired": exc.name}
         elif "sleep_s" in op:
             await asyncio.sleep(float(op["sleep_s"]))
             value = op["sleep_s"]

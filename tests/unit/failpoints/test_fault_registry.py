@@ -21,6 +21,7 @@ EXPECTED_SWITCHES = {
     "id_contract_unchecked",
     "projection_data_error_retried",
     "claim_without_rewind",
+    "signal_honoured_before_canonical",
 }
 
 
