@@ -164,3 +164,22 @@ def test_each_signal_is_consumed_once_by_a_canonical_delivery(
     )
     resolved = _of(events_of(s, run.request_id), WaitResolved)
     assert len(resolved) == 2 and all(r.source_id is not None for r in resolved)  # type: ignore[union-attr]
+
+
+def test_five_waits_with_max_attempts_3_and_a_kill_after_the_fifth_delivery_complete(
+    topics: Settings, spawn_worker: SpawnWorker, client: Client
+) -> None:
+    """Attempts that ended by waiting are not charged: 5 waits + 1 death stay within ``max_attempts=3``."""
+    s = topics
+    w1 = spawn_worker("w1", failpoints="engine.run_returned=1*kill")  # the attempt after the fifth delivery dies
+    receipt = client.submit("conv-g5", plan(*({"signal": "go"} for _ in range(5))))
+    for n in range(1, 6):
+        client.signal("conv-g5", receipt.request_id, "go", n, signal_id=f"go-{n}")
+    assert w1.wait(TIMEOUT_S) == KILLED
+    spawn_worker("w2")
+    done = client.wait(receipt, TIMEOUT_S)
+    assert done.outcome.value == "completed", done
+    assert json.loads(done.reply_json or "null")["results"] == [{"signal": n} for n in range(1, 6)]
+    events = events_of(s, receipt.request_id)
+    assert len(_of(events, WaitResolved)) == 5
+    assert done.attempt_count == len(_of(events, AttemptStarted)) == 7  # 5 that waited, the killed one, the last
