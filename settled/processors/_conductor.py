@@ -88,6 +88,7 @@ __all__ = [
     "AttemptSupersededError",
     "CancelSignal",
     "Conductor",
+    "HeldSettlement",
     "HistoryTurn",
     "ResumeGate",
     "RunFailedError",
@@ -333,6 +334,24 @@ class _Effect:
     future: Future[None]
 
 
+@dataclass(frozen=True)
+class HeldSettlement:
+    """Tool results a run handed over that were not committed when its partition was dropped (e.g. a broker outage).
+
+    The worker keeps them across the drop and hands them to its next claim of the partition (`Conductor.adopt`),
+    which commits them only when no other owner claimed the partition in between (DESIGN.md §5).
+
+    Attributes:
+        conversation_id: The conversation of the submission.
+        submission_id: The submission whose calls they settle.
+        events: One ``ToolCallSettled`` per call.
+    """
+
+    conversation_id: str
+    submission_id: str
+    events: tuple[ToolCallSettled, ...]
+
+
 #: `Conductor._schedule`'s "no restriction" marker.
 _ANY = "\x00any"
 
@@ -442,6 +461,8 @@ class Conductor:
     _closed: bool = field(default=False, init=False)
     _draining: bool = field(default=False, init=False)  # a graceful revoke is pending (docs/design.md §3)
     _held: list[_Effect] = field(default_factory=list, init=False)  # tool calls not started while draining
+    _unsent: tuple[HeldSettlement, ...] = field(default=(), init=False)  # tool results not committed at `close`
+    _adopted: list[HeldSettlement] = field(default_factory=list, init=False)  # from the previous owner (`adopt`)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # _closed vs. enqueued effects
     _refused: dict[str, str] = field(default_factory=dict, init=False)  # attempt -> why an effect of it was refused
     _wake: Callable[[], None] = field(default=_nothing, init=False)  # wakes the worker loop (`join_process`)
@@ -539,6 +560,11 @@ class Conductor:
         now = self.clock()
         # A run hands over its records before it ends, so a run seen done here has every record of it queued: they
         # are staged before its end is (a finished run never leaves a record behind, e.g. a posted settlement).
+        if self._adopted:
+            # Tool results held across a drop of this partition by this process: committed before recovery reads
+            # the submissions, so a call whose result came back is not classified in doubt. Recovery waits a turn.
+            self._stage_adopted()
+            return
         finished = [a for a, running in self._running.items() if running.future.done()]
         self._stage_effects()
         for attempt_id in finished:
@@ -558,6 +584,50 @@ class Conductor:
         only = self._gate.admit(self, self._suspects(conversations))
         for conversation_id in conversations:
             self._schedule(conversation_id, now, only)
+
+    def adopt(self, held: Sequence[HeldSettlement]) -> None:
+        """Take tool results this process's previous owner of the partition could not commit before it was dropped.
+
+        Call it right after the claim, and only when that claim directly follows the dropped owner's (its epoch plus
+        one): no other owner can have classified the calls meanwhile. The first `before_checkpoint` stages each
+        result whose call is still prepared and unsettled in the log; recovery then finds the calls settled.
+
+        Args:
+            held: What the dropped owner's conductor held (`unsent_settlements`).
+        """
+        self._adopted.extend(held)
+
+    def unsent_settlements(self) -> tuple[HeldSettlement, ...]:
+        """The tool results handed over by runs and not known committed when `close` ran (empty before it)."""
+        return self._unsent
+
+    def _stage_adopted(self) -> None:
+        adopted, self._adopted = self._adopted, []
+        for held in adopted:
+            sub = self.owner.committed.conversation(held.conversation_id).submission(held.submission_id)
+            events = tuple(e for e in held.events if sub is not None and e.call_id in sub.open_calls)
+            if not events:
+                _log.info(
+                    "held tool results dropped: their calls are no longer open in the log",
+                    extra={"submission_id": held.submission_id, "calls": [e.call_id for e in held.events]},
+                )
+                continue
+            prepared = self._prepared(held.submission_id)
+            call_tools = tuple((e.call_id, prepared[e.call_id].tool) for e in events if e.call_id in prepared)
+            try:
+                self.owner.stage(
+                    Decision(held.conversation_id, events, submission_id=held.submission_id, call_tools=call_tools)
+                )
+            except (protocol.ProtocolError, ChainBreakError) as exc:
+                _log.error(
+                    "held tool results the fold refuses were not recorded; recovery classifies their calls",
+                    extra={"submission_id": held.submission_id, "error": str(exc)},
+                )
+                continue
+            _log.info(
+                "tool results held across a drop of the partition staged",
+                extra={"submission_id": held.submission_id, "calls": [e.call_id for e in events]},
+            )
 
     def _conv(self, conversation_id: str) -> protocol.ConversationState:
         return self.owner.overlay.conversation(conversation_id)
@@ -963,19 +1033,28 @@ class Conductor:
         with self._lock:
             self._closed = True
         self._gate.leave(self)
+        pending = [effect for _, _, effect in self._awaiting]
+        while True:
+            try:
+                pending.append(self._effects.get_nowait())
+            except queue.Empty:
+                break
+        unsent: list[HeldSettlement] = []
+        for effect in pending:
+            if effect.future.done():
+                continue  # resolved: committed, or refused for a reason a new owner would refuse it for too
+            results = tuple(e for e in effect.events if isinstance(e, ToolCallSettled))
+            if results:
+                unsent.append(HeldSettlement(effect.conversation_id, effect.submission_id, results))
+        self._unsent = tuple(unsent)
         for running in self._running.values():
             running.run.cancelled.set()
         gone = AttemptSupersededError("this worker no longer owns the partition")
         for _, _, effect in self._awaiting:
             _resolve(effect.future, gone)
-        for effect in self._held:
+        for effect in [*self._held, *pending]:
             _resolve(effect.future, gone)
         self._held.clear()
-        while True:
-            try:
-                _resolve(self._effects.get_nowait().future, gone)
-            except queue.Empty:
-                break
         self._awaiting.clear()
         self._running.clear()
         self._staged.clear()

@@ -29,7 +29,7 @@ from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled._settings import Settings
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
-from settled.processors._conductor import ResumeGate
+from settled.processors._conductor import HeldSettlement, ResumeGate
 from settled.processors._inbox import decode_input
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.processors._watchdog import PhaseStamp, TurnWatchdog, turn_watchdog_s
@@ -190,6 +190,24 @@ class ProcessMember(Protocol):
         ...
 
 
+@runtime_checkable
+class HoldingConductor(Protocol):
+    """A conductor whose uncommitted tool results outlive a drop of its partition (see `settled.processors.Conductor`).
+
+    A tool result that returns while the broker is unreachable cannot commit; the partition is then dropped (lost, a
+    fatal producer error). The worker keeps the results and hands them to its next claim of the partition when that
+    claim directly follows its own (no other owner in between), so the call settles instead of going Unknown.
+    """
+
+    def unsent_settlements(self) -> tuple[HeldSettlement, ...]:
+        """The tool results not committed when the conductor was closed."""
+        ...
+
+    def adopt(self, held: tuple[HeldSettlement, ...]) -> None:
+        """Commit ``held`` (results the previous owner of this process could not) before recovery runs."""
+        ...
+
+
 @dataclass
 class Worker(Generic[S]):
     """A settled worker process: consumes the inbox, owns partitions, appends canonical batches.
@@ -225,6 +243,8 @@ class Worker(Generic[S]):
     _gate: ResumeGate = field(default_factory=ResumeGate, init=False)  # shared by this process's conductors
     _stamp: PhaseStamp = field(default_factory=PhaseStamp, init=False)  # what the loop does now (the watchdog's)
     _turn_bound_s: float = field(default=0.0, init=False)  # 0: no watchdog (set by run())
+    # Per partition dropped with tool results not committed: the dropped owner's epoch and those results.
+    _held: dict[int, tuple[int, tuple[HeldSettlement, ...]]] = field(default_factory=dict, init=False)
 
     @property
     def partition_count(self) -> int:
@@ -443,6 +463,7 @@ class Worker(Generic[S]):
         self.owners[p] = owner
         if conductor is not None:
             self.conductors[p] = conductor
+        self._hand_over_held(p, owner.epoch, conductor)
         self._skip_below.pop(p, None)
         tp = TopicPartition(self.settings.topic("inbox"), p)
         committed = consumer.committed([tp], timeout=self.settings.kafka_call_timeout_s)[0]
@@ -453,6 +474,25 @@ class Worker(Generic[S]):
             return
         self._rewind(consumer, tp, committed)
         consumer.resume([tp])  # claim step 6
+
+    def _hand_over_held(self, p: int, epoch: int, conductor: PartitionConductor | None) -> None:
+        """Give a new claim the tool results this process's previous owner of ``p`` could not commit.
+
+        Only when this claim's epoch directly follows the dropped owner's: no other owner claimed the partition in
+        between, so none can have classified the calls (as Unknown, or run them again). Otherwise they are dropped
+        and the log's owner classifies the calls (DESIGN.md §5).
+        """
+        held = self._held.pop(p, None)
+        if held is None:
+            return
+        dropped_epoch, settlements = held
+        if epoch == dropped_epoch + 1 and isinstance(conductor, HoldingConductor):
+            conductor.adopt(settlements)
+            return
+        _log.warning(
+            "tool results held across a drop are dropped: another owner claimed the partition in between",
+            extra={"partition": p, "dropped_epoch": dropped_epoch, "epoch": epoch, "held": len(settlements)},
+        )
 
     def _rewind(self, consumer: Consumer, tp: TopicPartition, committed: TopicPartition) -> None:
         """Seek the claimed inbox partition to its last committed input offset, or to its start when it has none.
@@ -500,6 +540,11 @@ class Worker(Generic[S]):
         owner = self.owners.pop(p, None)
         if owner is not None:
             owner.appender.close()
+        if owner is not None and isinstance(conductor, HoldingConductor):
+            held = conductor.unsent_settlements()
+            if held:
+                # Kept for this process's next claim of the partition (`_hand_over_held`).
+                self._held[p] = (owner.epoch, held)
 
     def _pause_and_claim(self, partitions: list[int], not_before_s: float = 0.0) -> None:
         consumer = self._consumer
