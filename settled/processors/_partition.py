@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from settled._failpoints import failpoint
 from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, TransactionalAppender, read_partition
-from settled.protocol import StaleEpochError
+from settled.protocol import StaleEpochError, quarantine, quarantine_conversation
 from settled.schemas import (
     SCHEMA_VERSION,
     AvroRecord,
@@ -37,6 +37,7 @@ from settled.schemas import (
     LogBatch,
     LogEvent,
     OwnershipClaimed,
+    QuarantineReason,
     QuarantineRecord,
     Receipt,
     RepeatedBatchGuard,
@@ -447,30 +448,97 @@ class PartitionOwner(Generic[S]):
     def replace_poison(self, run: Sequence[AppendBatch], reason: str) -> tuple[AppendBatch, ...]:
         """The appender's ``replace_poison``: re-decide a conversation's batches as typed failures (docs/design.md §3).
 
+        A piece of the replacement still too large is replaced alone, once. A decision with no typed failure, or
+        whose typed failure is still too large (e.g. a rejection repeating a huge conversation id), is set aside
+        (`_set_aside`): its inputs are quarantined, reason ``oversized``. So the replacement always fits, and a
+        too-large batch never becomes a fatal error that re-claims the partition and meets the same batch again.
+
         Args:
             run: One conversation's batches that cannot be appended.
             reason: Why (size, or failed alone twice).
 
         Returns:
-            Replacement batches sealed on the conversation's committed head, deciding the same inputs.
+            Replacement batches sealed on the conversation's committed head (set-aside inputs on the partition's
+            quarantine conversation), deciding the same inputs.
         """
         decisions = [d for b in run for batch, d, _ in self._pending if batch.batch_id == b.batch_id]
         now = self.clock()
-        queue = [(d, False) for d in self.decider.poison(self.committed, decisions, reason, now)]
-        head = self._heads.get(run[0].conversation_id, _Head())
+        queue = [(d, 1 if aside else 0) for d, aside in self._typed_failures(decisions, reason, now)]
+        heads = {run[0].conversation_id: self._heads.get(run[0].conversation_id, _Head())}
         limit = self.appender.max_record_bytes
         sealed: list[tuple[AppendBatch, Decision, LogBatch]] = []
         while queue:
-            decision, again = queue.pop(0)
-            batch, encoded = self._seal(decision, head, self.epoch)
+            decision, tries = queue.pop(0)
+            conversation = decision.conversation_id
+            head = heads.get(conversation) or self._pending_heads.get(conversation) or self._heads.get(conversation)
+            batch, encoded = self._seal(decision, head or _Head(), self.epoch)
             size = encoded.largest_record_bytes
-            if size > limit and not again:
+            if size > limit and tries == 0:
                 # A piece of the replacement is still too large (e.g. one settlement of a split record of parallel
                 # calls): it is replaced alone, once; the pieces before it stay as they are.
                 why = f"record of {size} bytes exceeds the limit of {limit} bytes"
-                queue[0:0] = [(d, True) for d in self.decider.poison(self.committed, [decision], why, now)]
+                queue[0:0] = [(d, 1) for d, _ in self._typed_failures([decision], why, now)]
                 continue
-            head = _Head(batch.last_event_seq, batch.batch_digest)
+            if size > limit and not decision.quarantined:
+                # Its typed failure is still too large: nothing of that conversation fits. Set aside (always fits).
+                why = f"{reason}; its typed failure is a record of {size} bytes, over the limit of {limit} bytes"
+                queue[0:0] = [(d, 1) for d in self._set_aside(decision, why, now)]
+                continue
+            heads[conversation] = _Head(batch.last_event_seq, batch.batch_digest)
             sealed.append((encoded, decision, batch))
         self._pending.extend(sealed)
         return tuple(encoded for encoded, _, _ in sealed)
+
+    def _typed_failures(self, decisions: Sequence[Decision], reason: str, now: datetime) -> list[tuple[Decision, bool]]:
+        """The decider's typed failures for ``decisions``; a decision it has none for is set aside (flag True)."""
+        try:
+            return [(d, False) for d in self.decider.poison(self.committed, decisions, reason, now)]
+        except ValueError as exc:
+            if len(decisions) > 1:
+                return [pair for d in decisions for pair in self._typed_failures([d], reason, now)]
+            _log.warning("no typed failure replaces a decision", extra={"error": str(exc)})
+            return [
+                (d, True)
+                for d in self._set_aside(decisions[0], f"{reason}; the decider has no typed failure for it", now)
+            ]
+
+    def _set_aside(self, decision: Decision, why: str, now: datetime) -> list[Decision]:
+        """Quarantine the inputs of a decision that cannot be appended even replaced (reason ``oversized``).
+
+        A run's record (it decides no input) is dropped: the conductor refuses the run's effect, whose batch was
+        replaced, and the run ends (its next attempt replays the log).
+
+        Args:
+            decision: The decision that cannot be appended.
+            why: The reason, kept (bounded) in each quarantine record.
+            now: The decision time.
+
+        Returns:
+            One decision per input, on the partition's quarantine conversation (none for a run's record).
+        """
+        names = sorted({type(e).__name__ for e in decision.events})
+        _log.error(
+            "a decision too large to append even replaced is set aside",
+            extra={"events": names, "inputs": sorted(decision.inputs), "why": why},
+        )
+        out: list[Decision] = []
+        for offset in sorted(decision.inputs):
+            ref = InputRef(topic=self.input_topic, partition=self.partition, offset=offset)
+            q = quarantine(
+                ref,
+                QuarantineReason.OVERSIZED,
+                f"{names}: {why}",
+                raw=b"",
+                raw_size_bytes=0,
+                now=now,
+                raw_limit_bytes=0,
+            )
+            out.append(
+                Decision(
+                    conversation_id=quarantine_conversation(self.partition),
+                    events=q.events,
+                    quarantined=(q.quarantine,) if q.quarantine is not None else (),
+                    inputs=frozenset({offset}),
+                )
+            )
+        return out
