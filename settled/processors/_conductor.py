@@ -938,7 +938,13 @@ class Conductor:
         replaced = self.owner.replaced_batch_ids
         still: list[tuple[str, int, _Effect]] = []
         for conversation_id, last_seq, effect in self._awaiting:
-            if replaced and f"{conversation_id}:{last_seq - len(effect.events) + 1}" in replaced:
+            batch_id = f"{conversation_id}:{last_seq - len(effect.events) + 1}"
+            too_large = self.owner.too_large_records.get(batch_id) if replaced else None
+            if too_large is not None:
+                # Neither the record (a model response, a step result) nor a typed failure fits the log: the run
+                # fails with an error naming the record's events, its size and the limit, not retried.
+                self._refuse(effect, RunFailedError("record_too_large", f"the run's record is too large: {too_large}"))
+            elif replaced and batch_id in replaced:
                 # Too large to append: a typed failure (e.g. the call's error result_too_large) committed in its
                 # place. The run saw what it handed over, not what the log holds: it ends, and the next attempt
                 # replays the log (docs/design.md §5).

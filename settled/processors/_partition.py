@@ -174,6 +174,8 @@ class PartitionOwner(Generic[S]):
             folded into ``committed``; e.g. the conductor's per-submission journal (issue 6).
         replaced_batch_ids: Ids of the batches the last checkpoint could not append as staged and replaced by
             typed failures with other events (a split that keeps every event is not counted).
+        too_large_records: A run's records (by batch id) the last checkpoint set aside because neither they nor a
+            typed failure fit the record limit, each with the reason naming its events, size and limit.
     """
 
     settings: Settings
@@ -190,6 +192,7 @@ class PartitionOwner(Generic[S]):
     committed: S = field(init=False)
     committed_listeners: list[Callable[[LogBatch], None]] = field(default_factory=list, init=False)
     replaced_batch_ids: frozenset[str] = field(default=frozenset(), init=False)
+    too_large_records: dict[str, str] = field(default_factory=dict, init=False)
     _overlay: S = field(init=False)
     _heads: dict[str, _Head] = field(default_factory=dict, init=False)
     _pending_heads: dict[str, _Head] = field(default_factory=dict, init=False)
@@ -408,6 +411,7 @@ class PartitionOwner(Generic[S]):
         """
         if not self._pending and self._next_input_offset is None:
             return 0
+        self.too_large_records = {}
         result = self.appender.checkpoint(
             [b for b, _, _ in self._pending], self._pending_inputs, self._next_input_offset
         )
@@ -521,6 +525,10 @@ class PartitionOwner(Generic[S]):
             "a decision too large to append even replaced is set aside",
             extra={"events": names, "inputs": sorted(decision.inputs), "why": why},
         )
+        if not decision.inputs:
+            batch_id = next((b.batch_id for b, d, _ in self._pending if d is decision), None)
+            if batch_id is not None:
+                self.too_large_records[batch_id] = f"{names}: {why}"
         out: list[Decision] = []
         for offset in sorted(decision.inputs):
             ref = InputRef(topic=self.input_topic, partition=self.partition, offset=offset)

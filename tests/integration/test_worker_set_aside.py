@@ -9,18 +9,22 @@ batch again, forever: nothing behind it on the partition was decided. Now the in
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from settled._settings import Settings
 from settled.processors import Worker, WorkerConfig
 from settled.protocol import PartitionState
-from settled.runtime import App
+from settled.runtime import App, RunContext
 from settled.schemas import (
     OwnershipClaimed,
     QuarantineReason,
     QuarantineRecord,
     Receipt,
     ReceiptOutcome,
+    Settlement,
+    SettlementOutcome,
     SettlementRecord,
 )
 from settled.services._worker_service import build_worker
@@ -63,3 +67,39 @@ def test_an_input_whose_rejection_is_too_large_too_is_quarantined_and_the_next_o
         if isinstance(e, OwnershipClaimed)
     ]
     assert claims == [1], f"the partition was dropped and claimed again: epochs {claims}"
+
+
+async def _big_step(ctx: RunContext) -> Any:
+    return await ctx.step("big", lambda: "y" * 6000)
+
+
+def test_a_step_result_too_large_for_the_log_fails_the_run_naming_the_record_its_size_and_the_limit(
+    provisioned: Provisioned,
+) -> None:
+    """A step result (not a tool settlement) too large for the log has no typed failure of its own: the run fails at
+    once (no retry) with ``record_too_large`` naming the record's events, its size and the limit. Before the fix the
+    worker raised ``ValueError: no typed failure replaces ['StepRecorded']`` and exited; then (with the set-aside)
+    the run was refused as superseded and retried until ``max_attempts``."""
+    s = provisioned(1)
+    sent = proposal("conv-big-step")
+    produce_inbox(s, [(sent.conversation_id.encode(), CODEC.encode(sent))], partition=0)
+    config = WorkerConfig(max_record_bytes=5000)
+    worker: Worker[PartitionState] = build_worker(s, App(agent=_big_step), config=config)
+    with running(worker):
+        wait_for(lambda: bool(_settlements(s)), 60, "the submission's settlement")
+    (record,) = _settlements(s)
+    assert record.outcome is SettlementOutcome.FAILED, record
+    assert record.error_type == "record_too_large", record
+    reason = record.error_reason or ""
+    assert "StepRecorded" in reason and "exceeds the limit of 5000 bytes" in reason, reason
+    settled = [
+        e
+        for r in read_topic(s, "log")
+        for e in CODEC.decode_batch(r.value, offset=r.offset).batch.events
+        if isinstance(e, Settlement)
+    ]
+    assert [e.attempt_count for e in settled] == [1], settled
+
+
+def _settlements(s: Settings) -> list[SettlementRecord]:
+    return [r for r in _decoded(s, "settlements") if isinstance(r, SettlementRecord)]
