@@ -339,7 +339,7 @@ class HeldSettlement:
     """Tool results a run handed over that were not committed when its partition was dropped (e.g. a broker outage).
 
     The worker keeps them across the drop and hands them to its next claim of the partition (`Conductor.adopt`),
-    which commits them only when no other owner claimed the partition in between (DESIGN.md §5).
+    which commits them only when no other owner claimed the partition in between (docs/design.md §5).
 
     Attributes:
         conversation_id: The conversation of the submission.

@@ -480,7 +480,7 @@ class Worker(Generic[S]):
 
         Only when this claim's epoch directly follows the dropped owner's: no other owner claimed the partition in
         between, so none can have classified the calls (as Unknown, or run them again). Otherwise they are dropped
-        and the log's owner classifies the calls (DESIGN.md §5).
+        and the log's owner classifies the calls (docs/design.md §5).
         """
         held = self._held.pop(p, None)
         if held is None:
