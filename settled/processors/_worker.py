@@ -501,10 +501,18 @@ class Worker(Generic[S]):
         fenced checkpoint) has a consumer position past inputs it read whose decisions never committed, and
         resuming there would skip them for good. Inputs re-read whose decisions are canonical are skipped by the
         owner (restore collects every decided offset), so the rewind never decides an input twice.
+
+        A consumer that has returned no record of the partition since its assignment (position unset) already
+        fetches from the committed offset, or from the start (``auto.offset.reset=earliest``), and one whose position
+        is the committed offset is already there: neither seeks, because a seek discards the records already
+        fetched and, to a logical offset, costs an offset lookup before the partition's first input is read.
         """
         if fault_enabled("claim_without_rewind"):
             # Fault switch (tests/fault_switches.toml): the claim resumes at the consumer's position, so inputs read
             # before a drop and not yet decided are skipped. Breaks "no skipped input", on purpose.
+            return
+        position = consumer.position([tp])[0].offset
+        if position < 0 or position == committed.offset:
             return
         target = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
         consumer.seek(TopicPartition(tp.topic, tp.partition, target))
