@@ -1123,7 +1123,8 @@ class _BatchProjector:
             MODEL_USAGE,
             (self.cid, self.batch.first_event_seq + i, event.submission_id, event.attempt_id, event.response_ordinal,
              event.provider, event.model, event.request_id, None if usage is None else usage.input_tokens,
-             None if usage is None else usage.output_tokens, self.t, self.offset),
+             None if usage is None else usage.output_tokens, None if usage is None else usage.cached_input_tokens,
+             None if usage is None else usage.reasoning_tokens, self.t, self.offset),
         )  # fmt: skip
 
     def on_prepared(self, i: int, event: ToolCallPrepared) -> None:

@@ -236,7 +236,7 @@ TRANSCRIPT = _spec(
 MODEL_USAGE = _spec(
     "model_usage",
     "conversation_id event_seq submission_id attempt_id response_ordinal provider model request_id input_tokens "
-    "output_tokens recorded_at log_offset",
+    "output_tokens cached_input_tokens reasoning_tokens recorded_at log_offset",
     "conversation_id event_seq",
     TableMode.APPEND,
 )

@@ -138,7 +138,16 @@ class _PartialCall:
 
 
 def _usage(raw: Any) -> Usage:
-    return Usage(input_tokens=int(raw.prompt_tokens or 0), output_tokens=int(raw.completion_tokens or 0))
+    prompt_details = getattr(raw, "prompt_tokens_details", None)
+    completion_details = getattr(raw, "completion_tokens_details", None)
+    cached = getattr(prompt_details, "cached_tokens", None)
+    reasoning = getattr(completion_details, "reasoning_tokens", None)
+    return Usage(
+        input_tokens=int(raw.prompt_tokens or 0),
+        output_tokens=int(raw.completion_tokens or 0),
+        cached_input_tokens=None if cached is None else int(cached),
+        reasoning_tokens=None if reasoning is None else int(reasoning),
+    )
 
 
 class OpenAIChat:

@@ -98,7 +98,7 @@ __all__ = [
 AVRO_NAMESPACE = "dev.settled.v1"
 """Namespace of every settled Avro type."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the schemas in ``settled/schemas/avsc/``; earlier versions live in ``avsc/history/v<N>/``."""
 
 RESULT_TOO_LARGE = "result_too_large"
@@ -382,11 +382,16 @@ class Usage(AvroRecord):
 
     Attributes:
         input_tokens: Prompt tokens.
-        output_tokens: Completion tokens.
+        output_tokens: Completion tokens (reasoning tokens included).
+        cached_input_tokens: Prompt tokens served from the provider's cache (part of ``input_tokens``), when given
+            (schema v2).
+        reasoning_tokens: Completion tokens spent reasoning (part of ``output_tokens``), when given (schema v2).
     """
 
     input_tokens: NonNegInt64
     output_tokens: NonNegInt64
+    cached_input_tokens: NonNegInt64 | None = None
+    reasoning_tokens: NonNegInt64 | None = None
 
 
 class DeclaredToolCall(AvroRecord):

@@ -13,6 +13,8 @@ CREATE TABLE model_usage (
     request_id       text,
     input_tokens     bigint,
     output_tokens    bigint,
+    cached_input_tokens bigint,             -- part of input_tokens; NULL when the provider did not say
+    reasoning_tokens bigint,                -- part of output_tokens; NULL when the provider did not say
     recorded_at      timestamptz NOT NULL,
     log_offset       bigint      NOT NULL,
     PRIMARY KEY (conversation_id, event_seq)
@@ -26,6 +28,8 @@ SELECT conversation_id,
        count(*)                          AS model_calls,
        count(input_tokens)               AS calls_with_usage,
        coalesce(sum(input_tokens), 0)    AS input_tokens,
-       coalesce(sum(output_tokens), 0)   AS output_tokens
+       coalesce(sum(output_tokens), 0)   AS output_tokens,
+       coalesce(sum(cached_input_tokens), 0) AS cached_input_tokens,
+       coalesce(sum(reasoning_tokens), 0) AS reasoning_tokens
 FROM model_usage
 GROUP BY conversation_id, submission_id;

@@ -76,8 +76,8 @@ def test_usage_reaches_the_log_and_the_projection_and_a_cut_stream_stays_as_audi
     events = events_of(s, sub.submission_id)
     done = [e for e in events if isinstance(e, ModelResponseCompleted)]
     assert [(e.provider, e.model, e.usage) for e in done] == [
-        ("openai", "local-1", Usage(input_tokens=100, output_tokens=20)),
-        ("openai", "local-1", Usage(input_tokens=130, output_tokens=4)),
+        ("openai", "local-1", Usage(input_tokens=100, output_tokens=20, cached_input_tokens=64, reasoning_tokens=8)),
+        ("openai", "local-1", Usage(input_tokens=130, output_tokens=4, cached_input_tokens=0, reasoning_tokens=0)),
     ]
     assert done[0].tool_calls[0].args_json == '{"amount":5}'
     # The cut stream left its deltas as audit content and no completed response (docs/semantics.md §9).
@@ -89,10 +89,13 @@ def test_usage_reaches_the_log_and_the_projection_and_a_cut_stream_stays_as_audi
         (130, 4, "req-3"),
     ]
     (run,) = projection_rows(s, names, "run_usage")
-    assert (run["submission_id"], run["model_calls"], run["input_tokens"], run["output_tokens"]) == (
-        sub.submission_id,
-        2,
-        230,
-        24,
+    summed = (
+        "submission_id",
+        "model_calls",
+        "input_tokens",
+        "output_tokens",
+        "cached_input_tokens",
+        "reasoning_tokens",
     )
+    assert tuple(run[c] for c in summed) == (sub.submission_id, 2, 230, 24, 64, 8)
     check_clean(s, names, "DUR-015.rebuild")  # the usage rows are a projection of the log like every other

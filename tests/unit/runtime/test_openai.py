@@ -79,9 +79,12 @@ def test_tool_arguments_split_across_deltas_are_assembled_and_usage_is_recorded(
     assert invoked == [canonical_json({"city": "Paris"})]
     first, second = rec.of(ModelResponseCompleted)
     assert first.tool_calls[0].call_id == "call_1" and first.tool_calls[0].tool == "lookup"
-    assert first.usage == Usage(input_tokens=12, output_tokens=7)
+    assert first.usage == Usage(input_tokens=12, output_tokens=7, cached_input_tokens=4, reasoning_tokens=2)
     assert (first.provider, first.model, first.request_id) == ("openai", "local-1", "req-1")
-    assert second.usage == Usage(input_tokens=30, output_tokens=3) and second.text == "It is 21 C."
+    assert (
+        second.usage == Usage(input_tokens=30, output_tokens=3, cached_input_tokens=0, reasoning_tokens=0)
+        and second.text == "It is 21 C."
+    )
     assert [d.text for d in rec.of(ModelResponseDelta)] == ["It is ", "21 C."]
     assert len(rec.of(ToolCallSettled)) == 1
     # The request: streamed with usage, tools offered, the operation id in its header, the key never elsewhere.
@@ -144,7 +147,7 @@ def test_a_stream_cut_mid_way_leaves_its_deltas_and_is_asked_again_as_a_new_resp
         (DeltaKind.TEXT, "Whole answer."),
     ]
     (completed,) = rec.of(ModelResponseCompleted)
-    assert completed.usage == Usage(input_tokens=40, output_tokens=5)
+    assert completed.usage == Usage(input_tokens=40, output_tokens=5, cached_input_tokens=0, reasoning_tokens=0)
 
 
 def test_retry_after_reads_milliseconds_seconds_and_dates() -> None:
