@@ -865,6 +865,8 @@ class ModelResponseCompleted(AvroRecord):
         usage: Token usage, when given.
         text: The response's text.
         tool_calls: Tool calls it declares.
+        operation_id: The call's operation id, sent to the provider (stable per run, attempt and model-call
+            ordinal; docs/semantics.md §9); None in records written before schema v2.
     """
 
     submission_id: str
@@ -876,6 +878,7 @@ class ModelResponseCompleted(AvroRecord):
     usage: Usage | None = None
     text: str
     tool_calls: tuple[DeclaredToolCall, ...]
+    operation_id: str | None = None
 
 
 class ToolCallPrepared(AvroRecord):

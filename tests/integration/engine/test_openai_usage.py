@@ -80,6 +80,10 @@ def test_usage_reaches_the_log_and_the_projection_and_a_cut_stream_stays_as_audi
         ("openai", "local-1", Usage(input_tokens=130, output_tokens=4, cached_input_tokens=0, reasoning_tokens=0)),
     ]
     assert done[0].tool_calls[0].args_json == '{"amount":5}'
+    sent = [r.headers["idempotency-key"] for r in received]
+    assert [done[0].operation_id, done[1].operation_id] == [sent[1], sent[2]] and sent[0] == sent[1], (
+        "the cut call and its retry share the operation id, and each completed response records the one it sent"
+    )
     # The cut stream left its deltas as audit content and no completed response (docs/semantics.md §9).
     deltas = [e.text for e in events if isinstance(e, ModelResponseDelta)]
     assert deltas[:2] == ["Let me ", "look"] and "Charged." in deltas

@@ -94,6 +94,7 @@ def test_tool_arguments_split_across_deltas_are_assembled_and_usage_is_recorded(
     assert received[0].headers["authorization"] == "Bearer sk-test-secret"
     ops = [r.headers[OPERATION_ID_HEADER.lower()] for r in received]
     assert len(set(ops)) == 2 and all(len(op) == 64 for op in ops)
+    assert [first.operation_id, second.operation_id] == ops, "the operation id sent is the one recorded"
     # The second prompt answers the call with its result.
     tool_message = received[1].body["messages"][-1]
     assert tool_message == {"role": "tool", "tool_call_id": "call_1", "content": canonical_json({"temp_c": 21})}
