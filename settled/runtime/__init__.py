@@ -43,9 +43,9 @@ from settled.runtime._model import (
     ToolDeclaration,
     declared_call,
 )
+from settled.runtime._openai import OPERATION_ID_HEADER, OpenAIChat, OpenAISettings
 from settled.runtime._options import RunOptions
 from settled.runtime._runloop import AgentFunction, execute
-from settled.runtime._openai import OPERATION_ID_HEADER, OpenAIChat, OpenAISettings
 from settled.runtime._tools import (
     ToolCall,
     ToolFunction,
