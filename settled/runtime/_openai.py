@@ -163,6 +163,7 @@ class OpenAIChat:
 
     Raises:
         ModuleNotFoundError: The ``openai`` extra is not installed.
+        ValueError: ``client`` retries on its own (``client.max_retries`` is not 0).
     """
 
     name = "openai"
@@ -170,6 +171,11 @@ class OpenAIChat:
     def __init__(self, settings: OpenAISettings | None = None, *, client: AsyncOpenAI | None = None) -> None:
         import openai
 
+        if client is not None and client.max_retries != 0:
+            raise ValueError(
+                f"OpenAIChat client.max_retries must be 0 (settled's retry budget is the one retry layer), "
+                f"got {client.max_retries}"
+            )
         self.settings = settings or OpenAISettings()
         self.model = self.settings.name
         # settled's retry budget is the one retry layer; the fault switch turns the SDK's own retries back on.

@@ -159,6 +159,14 @@ def test_retry_after_reads_milliseconds_seconds_and_dates() -> None:
     assert retry_after_s({}) is None
 
 
+def test_a_client_that_retries_on_its_own_is_refused() -> None:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="k", max_retries=2)
+    with pytest.raises(ValueError, match=r"client\.max_retries must be 0 .*got 2"):
+        OpenAIChat(client=client)
+
+
 def test_the_key_is_never_shown() -> None:
     settings = OpenAISettings(base_url="http://127.0.0.1:1/v1", api_key=SecretStr("sk-very-secret"))
     assert "sk-very-secret" not in repr(settings) + repr(OpenAIChat(settings)) + str(settings)
