@@ -53,6 +53,10 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "committed input offset (or the partition's start), so inputs read before a drop and re-claim are "
             "skipped (DUR-002)"
         ),
+        "sdk_retries_on": (
+            "OpenAIChat leaves the openai SDK's own retries on, so one allowed attempt of a model call sends several "
+            "requests behind settled's retry budget (DUR-008, docs/semantics.md §9)"
+        ),
         "projection_offsets_separate_transaction": (
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"

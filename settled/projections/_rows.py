@@ -32,6 +32,7 @@ from settled._errors import ErrorCategory, SettledError
 from settled.projections._tables import (
     ATTEMPTS,
     CONVERSATIONS,
+    MODEL_USAGE,
     PARTITIONS,
     RECEIPTS,
     SETTLEMENTS,
@@ -1117,6 +1118,14 @@ class _BatchProjector:
         self.transcript(
             i, event.submission_id, event.attempt_id, "model_response", "assistant", event.model, None, event.text
         )
+        usage = event.usage
+        self.add(
+            MODEL_USAGE,
+            (self.cid, self.batch.first_event_seq + i, event.submission_id, event.attempt_id, event.response_ordinal,
+             event.provider, event.model, event.request_id, None if usage is None else usage.input_tokens,
+             None if usage is None else usage.output_tokens, None if usage is None else usage.cached_input_tokens,
+             None if usage is None else usage.reasoning_tokens, self.t, self.offset),
+        )  # fmt: skip
 
     def on_prepared(self, i: int, event: ToolCallPrepared) -> None:
         t = self.t

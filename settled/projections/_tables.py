@@ -233,11 +233,28 @@ TRANSCRIPT = _spec(
     "conversation_id event_seq",
     TableMode.APPEND,
 )
+MODEL_USAGE = _spec(
+    "model_usage",
+    "conversation_id event_seq submission_id attempt_id response_ordinal provider model request_id input_tokens "
+    "output_tokens cached_input_tokens reasoning_tokens recorded_at log_offset",
+    "conversation_id event_seq",
+    TableMode.APPEND,
+)
 
 TABLES: Mapping[str, TableSpec] = MappingProxyType(
     {
         spec.name: spec
-        for spec in (PARTITIONS, CONVERSATIONS, SUBMISSIONS, ATTEMPTS, TOOL_CALLS, SETTLEMENTS, RECEIPTS, TRANSCRIPT)
+        for spec in (
+            PARTITIONS,
+            CONVERSATIONS,
+            SUBMISSIONS,
+            ATTEMPTS,
+            TOOL_CALLS,
+            SETTLEMENTS,
+            RECEIPTS,
+            TRANSCRIPT,
+            MODEL_USAGE,
+        )
     }
 )
 """Every projection table, in write order.

@@ -43,6 +43,7 @@ from settled.runtime._model import (
     ToolDeclaration,
     declared_call,
 )
+from settled.runtime._openai import OPERATION_ID_HEADER, OpenAIChat, OpenAISettings
 from settled.runtime._options import RunOptions
 from settled.runtime._runloop import AgentFunction, execute
 from settled.runtime._tools import (
@@ -56,6 +57,7 @@ from settled.runtime._tools import (
 )
 
 __all__ = [
+    "OPERATION_ID_HEADER",
     "AgentFunction",
     "App",
     "AppLoadError",
@@ -65,6 +67,8 @@ __all__ = [
     "ModelProvider",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIChat",
+    "OpenAISettings",
     "ProviderError",
     "ReasoningDelta",
     "ReplayDivergenceError",

@@ -615,6 +615,7 @@ class RunContext:
             usage=response.usage,
             text=response.text,
             tool_calls=response.tool_calls,
+            operation_id=operation_id,
         )
         # Committed with the next awaited record: the prepared calls it declares (one commit before the first tool
         # runs, docs/design.md §3), a refusal, a step, the next prompt or the reply — never after a tool runs (DUR-008).

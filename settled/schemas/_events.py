@@ -98,7 +98,7 @@ __all__ = [
 AVRO_NAMESPACE = "dev.settled.v1"
 """Namespace of every settled Avro type."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the schemas in ``settled/schemas/avsc/``; earlier versions live in ``avsc/history/v<N>/``."""
 
 RESULT_TOO_LARGE = "result_too_large"
@@ -382,11 +382,16 @@ class Usage(AvroRecord):
 
     Attributes:
         input_tokens: Prompt tokens.
-        output_tokens: Completion tokens.
+        output_tokens: Completion tokens (reasoning tokens included).
+        cached_input_tokens: Prompt tokens served from the provider's cache (part of ``input_tokens``), when given
+            (schema v2).
+        reasoning_tokens: Completion tokens spent reasoning (part of ``output_tokens``), when given (schema v2).
     """
 
     input_tokens: NonNegInt64
     output_tokens: NonNegInt64
+    cached_input_tokens: NonNegInt64 | None = None
+    reasoning_tokens: NonNegInt64 | None = None
 
 
 class DeclaredToolCall(AvroRecord):
@@ -860,6 +865,8 @@ class ModelResponseCompleted(AvroRecord):
         usage: Token usage, when given.
         text: The response's text.
         tool_calls: Tool calls it declares.
+        operation_id: The call's operation id, sent to the provider (stable per run, attempt and model-call
+            ordinal; docs/semantics.md §9); None in records written before schema v2.
     """
 
     submission_id: str
@@ -871,6 +878,7 @@ class ModelResponseCompleted(AvroRecord):
     usage: Usage | None = None
     text: str
     tool_calls: tuple[DeclaredToolCall, ...]
+    operation_id: str | None = None
 
 
 class ToolCallPrepared(AvroRecord):

@@ -22,6 +22,7 @@ EXPECTED_SWITCHES = {
     "projection_data_error_retried",
     "claim_without_rewind",
     "signal_honoured_before_canonical",
+    "sdk_retries_on",
 }
 
 
