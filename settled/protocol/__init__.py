@@ -11,12 +11,21 @@
   admission and by the client before sending; `bounded_id` / `bounded_text` / `filing_conversation` keep every
   record settled writes about an input bounded whatever the input held.
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
+* `approval_id_for`, `approval_details`, `approval_problem`, `approval_payload`, `arguments_digest` (`_approvals`):
+  approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
 No Kafka, no Postgres, no clock, no randomness here (an import-linter contract enforces it).
 """
 
+from settled.protocol._approvals import (
+    approval_details,
+    approval_id_for,
+    approval_payload,
+    approval_problem,
+    arguments_digest,
+)
 from settled.protocol._contract import (
     EXCERPT_CHARS,
     MAX_DETAIL_CHARS,
@@ -149,6 +158,11 @@ __all__ = [
     "apply",
     "apply_conversation",
     "apply_traced",
+    "approval_details",
+    "approval_id_for",
+    "approval_payload",
+    "approval_problem",
+    "arguments_digest",
     "bounded_id",
     "bounded_text",
     "cause_qualifier",

@@ -44,6 +44,7 @@ __all__ = [
     "CommandKind",
     "CommandRejectReason",
     "CommandRejected",
+    "DecideApproval",
     "DeclaredToolCall",
     "DeltaKind",
     "Digest",
@@ -209,6 +210,7 @@ class CommandKind(enum.StrEnum):
     RESOLVE_UNKNOWN = "resolve_unknown"
     OTHER = "other"
     SIGNAL = "signal"
+    APPROVAL = "approval"
 
 
 class CommandRejectReason(enum.StrEnum):
@@ -227,6 +229,12 @@ class CommandRejectReason(enum.StrEnum):
     MISROUTED = "misrouted"
     UNAUTHORIZED = "unauthorized"
     OTHER = "other"
+    OTHER_RUN = "other_run"
+    """An approval decision names an approval id that another run derived (issue 16)."""
+    STALE = "stale"
+    """An approval decision for a wait that is no longer open (decided, or expired at its deadline)."""
+    DIGEST_MISMATCH = "digest_mismatch"
+    """An approval decision bound to other arguments than the call's (its argument digest differs)."""
 
 
 class QuarantineReason(enum.StrEnum):
@@ -596,6 +604,65 @@ class ResolveUnknown(AvroRecord):
                 "requested_at": _epoch_ms(millis),
                 "result_json": result_json,
                 "submission_id": submission_id,
+            }
+        ).encode("utf-8")
+
+
+class DecideApproval(AvroRecord):
+    """An Ed25519-signed approval or denial of a run's approval wait (for ``settled.inbox``; issue 16 item 4).
+
+    Bound to one approval (`settled.protocol.approval_id_for`) and to the digest of the arguments the approver saw;
+    "by" is the signing key id. Not yet in `INBOX_TYPES`: no worker decides it yet.
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: Client-made id of this decision: a repeat is answered as a duplicate.
+        principal: Who decides.
+        conversation_id: The conversation (the record key).
+        submission_id: The run (an agent run's id is its submission id).
+        approval_id: The approval decided (derived from the run and the ordinal or tool call).
+        args_digest: `json_digest` of the canonical arguments the approver saw.
+        approved: True to approve, False to deny.
+        reason: Why, as the approver says, or None.
+        key_id: Id of the signing key (workers hold the public keys in ``App.approver_keys``).
+        signature: Ed25519 signature over `signing_bytes`.
+        requested_at: When it was requested.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    submission_id: str
+    approval_id: str
+    args_digest: Digest
+    approved: bool
+    reason: str | None = None
+    key_id: str
+    signature: bytes
+    requested_at: UtcMillis
+
+    def signing_bytes(self) -> bytes:
+        """Return the bytes that the signature covers: every field but ``schema_version`` and ``signature``.
+
+        The message is the UTF-8 canonical JSON object of those fields, ``requested_at`` as integer epoch
+        milliseconds and an absent reason as ``null``.
+
+        Returns:
+            The message to sign or verify.
+        """
+        return canonical_json(
+            {
+                "approval_id": self.approval_id,
+                "approved": self.approved,
+                "args_digest": self.args_digest,
+                "command_id": self.command_id,
+                "conversation_id": self.conversation_id,
+                "key_id": self.key_id,
+                "principal": self.principal,
+                "reason": self.reason,
+                "requested_at": _epoch_ms(self.requested_at),
+                "submission_id": self.submission_id,
             }
         ).encode("utf-8")
 
