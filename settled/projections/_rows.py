@@ -57,6 +57,7 @@ from settled.protocol import (
 from settled.schemas import (
     LOG_EVENT_TYPES,
     AbortRecorded,
+    ApprovalDecided,
     AttemptStarted,
     CommandRejected,
     Genesis,
@@ -1088,6 +1089,21 @@ class _BatchProjector:
             )
         self.receipt(event.command_id, "command", "applied", "signal", event.submission_id, None)
 
+    def on_approval_decided(self, i: int, event: ApprovalDecided) -> None:
+        if self.first_application(event.command_id):
+            content = canonical_json(
+                {
+                    "approved": event.approved,
+                    "by": event.key_id,
+                    "reason": event.reason,
+                    "args_digest": event.args_digest,
+                }
+            )
+            self.transcript(
+                i, event.submission_id, None, "approval", "user", event.principal, event.approval_id, content
+            )
+        self.receipt(event.command_id, "command", "applied", "approval", event.submission_id, None)
+
     def on_wait_requested(self, i: int, event: WaitRequested) -> None:
         content = canonical_json(
             {
@@ -1285,6 +1301,7 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         StepRecorded: _BatchProjector.on_step,
         Settlement: _BatchProjector.on_settlement,
         SignalReceived: _BatchProjector.on_signal_received,
+        ApprovalDecided: _BatchProjector.on_approval_decided,
         WaitRequested: _BatchProjector.on_wait_requested,
         WaitResolved: _BatchProjector.on_wait_resolved,
     }

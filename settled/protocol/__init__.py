@@ -11,7 +11,7 @@
   admission and by the client before sending; `bounded_id` / `bounded_text` / `filing_conversation` keep every
   record settled writes about an input bounded whatever the input held.
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
-* `approval_id_for`, `approval_details`, `approval_problem`, `approval_payload`, `arguments_digest` (`_approvals`):
+* `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
@@ -25,6 +25,7 @@ from settled.protocol._approvals import (
     approval_payload,
     approval_problem,
     arguments_digest,
+    decide_approval,
 )
 from settled.protocol._contract import (
     EXCERPT_CHARS,
@@ -174,6 +175,7 @@ __all__ = [
     "claim",
     "classify",
     "conversation_for_key",
+    "decide_approval",
     "deliveries",
     "edges_from",
     "excerpt",

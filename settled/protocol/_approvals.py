@@ -10,22 +10,33 @@ approved or not, by whom (the signing key id, which the worker verifies against 
 
 from __future__ import annotations
 
-import json
+from datetime import datetime
 
+from settled.protocol._decide import Decision, check_input_undecided, command_receipt, reject_command
 from settled.protocol._fold import ConversationState
 from settled.protocol._states import SubmissionState
 from settled.protocol._waits import wait_id_for
 from settled.schemas import (
+    ApprovalDecided,
     CommandRejectReason,
     DecideApproval,
-    WaitKind,
-    WaitRequested,
+    InputRef,
+    ReceiptOutcome,
+    WaitOutcome,
+    WaitResolved,
     canonical_json,
     canonicalize_json_text,
     json_digest,
 )
 
-__all__ = ["approval_details", "approval_id_for", "approval_payload", "approval_problem", "arguments_digest"]
+__all__ = [
+    "approval_details",
+    "approval_id_for",
+    "approval_payload",
+    "approval_problem",
+    "arguments_digest",
+    "decide_approval",
+]
 
 
 def approval_id_for(run_id: str, *, ordinal: int | None = None, call_id: str | None = None) -> str:
@@ -91,29 +102,18 @@ def approval_details(title: str, description: str, args_json: str, *, tool: str 
     )
 
 
-def _requested_digest(request: WaitRequested) -> str | None:
-    if request.details_json is None:
-        return None
-    details = json.loads(request.details_json)
-    digest = details.get("args_digest") if isinstance(details, dict) else None
-    return digest if isinstance(digest, str) else None
-
-
-def approval_problem(
-    state: ConversationState, command: DecideApproval, request: WaitRequested | None
-) -> tuple[CommandRejectReason, str] | None:
+def approval_problem(state: ConversationState, command: DecideApproval) -> tuple[CommandRejectReason, str] | None:
     """Say why a (signature-verified) approval decision is refused, or None if it decides its approval.
 
     Checked in this order: the run is unknown (``unknown_target``) or settled (``already_terminal``); the approval
     id was derived for another run (``other_run``); the run never requested that approval (``unknown_target``); the
     approval is no longer open, decided or expired (``stale``); the decision's argument digest differs from the
-    request's (``digest_mismatch``). A repeated command id is not a problem here: the caller answers it as a
+    request's (``digest_mismatch``). A repeated command id is not a problem here: `decide_approval` answers it as a
     duplicate first.
 
     Args:
         state: The conversation's state.
         command: The decision, its signature already verified.
-        request: The run's `WaitRequested` with ``wait_id == command.approval_id``, or None if it has none.
 
     Returns:
         (reason, detail) naming the field and value, or None.
@@ -134,7 +134,8 @@ def approval_problem(
             CommandRejectReason.OTHER_RUN,
             f"approval_id {command.approval_id!r} is not an approval of run {command.submission_id!r}",
         )
-    if request is None or request.kind is not WaitKind.APPROVAL or request.submission_id != command.submission_id:
+    expected = sub.approval_digest(command.approval_id)
+    if expected is None:
         return (
             CommandRejectReason.UNKNOWN_TARGET,
             f"run {command.submission_id!r} requested no approval {command.approval_id!r}",
@@ -144,13 +145,84 @@ def approval_problem(
             CommandRejectReason.STALE,
             f"approval {command.approval_id!r} is no longer open (run {sub.submission_id!r} is {sub.state.value})",
         )
-    expected = _requested_digest(request)
     if command.args_digest != expected:
         return (
             CommandRejectReason.DIGEST_MISMATCH,
             f"args_digest {command.args_digest!r} differs from approval {command.approval_id!r}'s {expected!r}",
         )
     return None
+
+
+def decide_approval(
+    state: ConversationState,
+    command: DecideApproval,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_digest: bool = True,
+) -> Decision:
+    """Decide a `DecideApproval` whose Ed25519 signature the caller has verified (against ``App.approver_keys``).
+
+    * the same command id again → the same `ApprovalDecided` again with the new ``input_ref`` (it changes nothing)
+      and a duplicate receipt; the same id for another run → ``invalid``;
+    * a problem (`approval_problem`) → `CommandRejected` with its reason and its receipt, nothing else: the wait
+      stays open;
+    * otherwise `ApprovalDecided` + the `WaitResolved` that delivers `approval_payload` to the run, in one batch,
+      + an applied receipt.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The verified decision.
+        input_ref: Where it was read.
+        now: The decision time.
+        check_digest: Whether a differing argument digest is refused; ``False`` only under the fault switch
+            ``approval_digest_unchecked``.
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    check_input_undecided(state, command.conversation_id, input_ref)
+    decided = ApprovalDecided(
+        command_id=command.command_id,
+        submission_id=command.submission_id,
+        approval_id=command.approval_id,
+        approved=command.approved,
+        args_digest=command.args_digest,
+        principal=command.principal,
+        key_id=command.key_id,
+        reason=command.reason,
+        input_ref=input_ref,
+    )
+    previous_target = state.applied_commands.get(command.command_id)
+    if previous_target == command.submission_id:
+        return Decision(
+            events=(decided,), receipt=command_receipt(state, command.command_id, ReceiptOutcome.DUPLICATE, now)
+        )
+    problem: tuple[CommandRejectReason, str] | None
+    if previous_target is not None:
+        problem = (
+            CommandRejectReason.INVALID,
+            f"command_id {command.command_id!r} was already applied to submission {previous_target!r}",
+        )
+    else:
+        problem = approval_problem(state, command)
+    if problem is not None and not (problem[0] is CommandRejectReason.DIGEST_MISMATCH and not check_digest):
+        reason, detail = problem
+        return reject_command(state, command, input_ref, now, reason=reason, detail=detail)
+    resolved = WaitResolved(
+        submission_id=command.submission_id,
+        wait_id=command.approval_id,
+        outcome=WaitOutcome.DELIVERED,
+        source_id=command.command_id,
+        payload_json=approval_payload(command),
+        decided_at=now,
+    )
+    applied = command_receipt(state, command.command_id, ReceiptOutcome.APPLIED, now)
+    return Decision(events=(decided, resolved), receipt=applied)
 
 
 def approval_payload(command: DecideApproval) -> str:

@@ -46,6 +46,7 @@ from settled.schemas import (
     CommandKind,
     CommandRejected,
     CommandRejectReason,
+    DecideApproval,
     InputApplied,
     InputQuarantined,
     InputRef,
@@ -159,6 +160,21 @@ def reason_code(reason: str) -> str:
 
 def _reason(code: str, detail: str) -> str:
     return f"{code}: {detail}"
+
+
+def check_input_undecided(state: ConversationState, conversation_id: str, input_ref: InputRef) -> None:
+    """Check that ``state`` files ``conversation_id``'s inputs and ``input_ref`` is not decided yet.
+
+    Args:
+        state: The conversation's state.
+        conversation_id: The input's conversation.
+        input_ref: Where it was read.
+
+    Raises:
+        WrongConversationError: ``state`` is not the conversation that files it.
+        InputAlreadyDecidedError: ``input_ref`` is already decided.
+    """
+    _check_input(state, conversation_id, input_ref)
 
 
 def _check_input(state: ConversationState, conversation_id: str, input_ref: InputRef) -> None:
@@ -702,7 +718,7 @@ def terminalize(
 
 def reject_command(
     state: ConversationState,
-    command: AbortRequested | ResolveUnknown | SendSignal,
+    command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval,
     input_ref: InputRef,
     now: datetime,
     *,
@@ -738,6 +754,8 @@ def reject_command(
         if isinstance(command, AbortRequested)
         else CommandKind.SIGNAL
         if isinstance(command, SendSignal)
+        else CommandKind.APPROVAL
+        if isinstance(command, DecideApproval)
         else CommandKind.RESOLVE_UNKNOWN
     )
     command_id = bounded_id(command.command_id)
@@ -761,6 +779,24 @@ def reject_command(
 def _command_receipt(
     state: ConversationState, command_id: str, outcome: ReceiptOutcome, now: datetime, reason: str | None = None
 ) -> Receipt:
+    return command_receipt(state, command_id, outcome, now, reason)
+
+
+def command_receipt(
+    state: ConversationState, command_id: str, outcome: ReceiptOutcome, now: datetime, reason: str | None = None
+) -> Receipt:
+    """Return a command's receipt (applied, duplicate or rejected) for the conversation.
+
+    Args:
+        state: The conversation's state.
+        command_id: The command answered.
+        outcome: The receipt's outcome.
+        now: The decision time.
+        reason: For a rejection: ``"<code>: <detail>"``.
+
+    Returns:
+        The receipt.
+    """
     return Receipt(
         request_kind=RequestKind.COMMAND,
         request_id=command_id,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -48,6 +49,7 @@ from settled.protocol._states import (
 )
 from settled.schemas import (
     AbortRecorded,
+    ApprovalDecided,
     AttemptInterrupted,
     AttemptStarted,
     AvroRecord,
@@ -78,6 +80,7 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
+    WaitKind,
     WaitRequested,
     WaitResolved,
     json_digest,
@@ -197,6 +200,8 @@ class Submission:
         waits: Ids of the waits requested and not yet decided (issue 16); not empty exactly while Waiting.
         suspended_count: Attempts that ended by waiting (Running → Waiting): no death, so not charged to
             ``max_attempts`` (see `charged_attempts`).
+        approvals: (approval id, argument digest) of every approval the run requested, open or decided (issue 16
+            item 4; `approval_digest`).
     """
 
     submission_id: str
@@ -220,6 +225,18 @@ class Submission:
     outcome: SettlementOutcome | None = None
     waits: frozenset[str] = frozenset()
     suspended_count: int = 0
+    approvals: frozenset[tuple[str, str]] = frozenset()
+
+    def approval_digest(self, approval_id: str) -> str | None:
+        """Return the argument digest an approval the run requested is bound to, or None if it requested none.
+
+        Args:
+            approval_id: The approval (its wait id).
+
+        Returns:
+            The digest, or None.
+        """
+        return next((digest for aid, digest in self.approvals if aid == approval_id), None)
 
     @property
     def abort_requested(self) -> bool:
@@ -939,10 +956,16 @@ class _ConvBuilder:
         if event.wait_id in sub.waits:
             raise self.fail(event, "wait_id", event.wait_id, "the wait is already requested and not decided")
         waits = sub.waits | {event.wait_id}
+        approvals = sub.approvals
+        if event.kind is WaitKind.APPROVAL:
+            digest = _approval_digest_of(event.details_json)
+            if digest is None:
+                raise self.fail(event, "details_json", event.details_json, "an approval names its args_digest")
+            approvals = approvals | {(event.wait_id, digest)}
         if sub.state is S.RUNNING:
-            self.move(sub, S.WAITING, event, waits=waits, suspended_count=sub.suspended_count + 1)
+            self.move(sub, S.WAITING, event, waits=waits, suspended_count=sub.suspended_count + 1, approvals=approvals)
         else:
-            self.put(_replace(sub, waits=waits))
+            self.put(_replace(sub, waits=waits, approvals=approvals))
 
     def on_wait_resolved(self, event: WaitResolved, batch_epoch: int) -> None:
         """A wait decided (delivered or expired); the last one of the run makes it Ready again (issue 16)."""
@@ -955,6 +978,25 @@ class _ConvBuilder:
             self.put(_replace(sub, waits=remaining))
         else:
             self.move(sub, S.READY, event, waits=remaining)
+
+    def on_approval_decided(self, event: ApprovalDecided, batch_epoch: int) -> None:
+        """A verified approval decision accepted (issue 16 item 4); a repeated id only marks its input decided.
+
+        The same batch resolves the wait with a `WaitResolved` naming the decision as its source.
+        """
+        self.decide(event, event.input_ref)
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is not None:
+            if previous_target != event.submission_id:
+                raise self.fail(
+                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
+                )
+            return
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.WAITING}), event, "only a waiting run's approval is decided")
+        if event.approval_id not in sub.waits:
+            raise self.fail(event, "approval_id", event.approval_id, "no such approval is open")
+        self.add_command(event.command_id, event.submission_id)
 
     def on_signal_received(self, event: SignalReceived, batch_epoch: int) -> None:
         """A signal accepted for an unsettled run (issue 16); a repeated signal id only marks its input decided."""
@@ -1023,6 +1065,15 @@ class _ConvBuilder:
             self.active = None  # the lane is released with the canonical settlement (docs/semantics.md §12 steps 3-4)
 
 
+def _approval_digest_of(details_json: str | None) -> str | None:
+    """Read an approval request's ``args_digest`` from its details (`settled.protocol.approval_details`)."""
+    if details_json is None:
+        return None
+    details = json.loads(details_json)
+    digest = details.get("args_digest") if isinstance(details, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
 _Rule = Callable[[_ConvBuilder, Any, int], None]
 
 _RULES: dict[type[AvroRecord], _Rule] = {
@@ -1050,6 +1101,7 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     WaitRequested: _ConvBuilder.on_wait_requested,
     WaitResolved: _ConvBuilder.on_wait_resolved,
     SignalReceived: _ConvBuilder.on_signal_received,
+    ApprovalDecided: _ConvBuilder.on_approval_decided,
 }
 """Conversation-scoped rules; `Genesis` and `OwnershipClaimed` are partition-scoped (`_PartitionBuilder`)."""
 

@@ -37,6 +37,7 @@ __all__ = [
     "TOPIC_RECORD_TYPES",
     "AbortRecorded",
     "AbortRequested",
+    "ApprovalDecided",
     "AttemptInterrupted",
     "AttemptStarted",
     "AvroRecord",
@@ -1229,6 +1230,32 @@ class WaitResolved(AvroRecord):
     decided_at: UtcMillis
 
 
+class ApprovalDecided(AvroRecord):
+    """A verified `DecideApproval` accepted (issue 16 item 4): decides its input; the same batch resolves the wait.
+
+    Attributes:
+        command_id: The decision's id.
+        submission_id: The run.
+        approval_id: The approval (its wait id).
+        approved: True if approved, False if denied.
+        args_digest: The argument digest the decision is bound to.
+        principal: Who decided.
+        key_id: The verified signing key ("by").
+        reason: Why, as the approver says, or None.
+        input_ref: The inbox record this decides.
+    """
+
+    command_id: str
+    submission_id: str
+    approval_id: str
+    approved: bool
+    args_digest: Digest
+    principal: str
+    key_id: str
+    reason: str | None = None
+    input_ref: InputRef | None = None
+
+
 # -------------------------------------------------------------------------------------------- other topics
 
 
@@ -1355,6 +1382,7 @@ LogEvent = (
     | WaitRequested
     | WaitResolved
     | SignalReceived
+    | ApprovalDecided
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1391,6 +1419,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     WaitRequested,
     WaitResolved,
     SignalReceived,
+    ApprovalDecided,
 )
 """Branches of the log-event union, in Avro union order."""
 

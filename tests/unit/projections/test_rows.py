@@ -25,6 +25,7 @@ from settled.projections import (
 from settled.protocol import PartitionState, fold
 from settled.schemas import (
     LOG_EVENT_TYPES,
+    ApprovalDecided,
     AttemptInterrupted,
     Codec,
     CommandKind,
@@ -244,5 +245,7 @@ def _other_event_types() -> LogBatch:
                          payload_json='{"ok":true}', decided_at=T0),
             SignalReceived(command_id="sig-1", submission_id="s", name="paid", payload_json="1", principal="p",
                            input_ref=ref),
+            ApprovalDecided(command_id="ap-1", submission_id="s", approval_id="s#w4", approved=False,
+                            args_digest="a" * 64, principal="p", key_id="ops-1", reason="no", input_ref=ref),
         ],
     )  # fmt: skip
