@@ -66,6 +66,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "delivery, so nothing records which wait consumed it and a later wait takes it again (issue 16; "
             "DUR-008's rule for deliveries: canonical before anything acts on it)"
         ),
+        "approval_digest_unchecked": (
+            "an approval decision whose argument digest differs from the approval's is accepted, so a person's "
+            "approval of one call's arguments approves other arguments (issue 16 item 4; as with DUR-009's signed "
+            "resolutions, a signed command authorizes only what it names)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

@@ -26,6 +26,7 @@ from settled.schemas import (
     AbortRequested,
     AttemptStarted,
     CommandRejectReason,
+    DecideApproval,
     InputApplied,
     LogBatch,
     QuarantineReason,
@@ -79,11 +80,13 @@ class LedgerDecider:
         partition: The owned partition.
         partition_count: The topics' partition count (for the misroute check, docs/design.md §2).
         resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` commands, by key id (docs/design.md §4).
+        approver_keys: Ed25519 public keys allowed to sign ``DecideApproval`` commands, by key id (issue 16 item 4).
     """
 
     partition: int
     partition_count: int
     resolver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+    approver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
 
     def initial_state(self, partition: int) -> PartitionState:
         """Return an empty partition's state."""
@@ -164,6 +167,18 @@ class LedgerDecider:
                 d = protocol.reject_command(conv, record, inp.ref, now, reason=reason, detail=why)
             else:
                 d = protocol.resolve(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, DecideApproval):
+            problem = None if violation is not None else self._signature_problem(record)
+            if violation is not None:
+                d = protocol.reject_invalid(conv, record, inp.ref, now, violation)
+            elif problem is not None:
+                reason, why = problem
+                d = protocol.reject_command(conv, record, inp.ref, now, reason=reason, detail=why)
+            else:
+                # Fault switch (issue 16; tests/fault_switches.toml): a decision whose argument digest differs from
+                # the approval's is accepted. Breaks the digest binding only, on purpose.
+                check_digest = not fault_enabled("approval_digest_unchecked")
+                d = protocol.decide_approval(conv, record, inp.ref, now, check_digest=check_digest)
         else:  # pragma: no cover - the codec only returns inbox types here
             raise TypeError(f"not an inbox record: {type(record).__name__}")
         return [to_loop_decision(filed_under, d, inputs)]
@@ -243,19 +258,28 @@ class LedgerDecider:
             )
         return None
 
-    def _signature_problem(self, command: ResolveUnknown) -> tuple[CommandRejectReason, str] | None:
-        """Why a resolution's signature is refused (DUR-009: only a configured resolver resolves), or ``None``."""
+    def _signature_problem(self, command: ResolveUnknown | DecideApproval) -> tuple[CommandRejectReason, str] | None:
+        """Why a signature is refused, or ``None``.
+
+        Only a configured resolver resolves (DUR-009), only a configured approver decides an approval (issue 16).
+        """
+        role, keys = (
+            ("approver", self.approver_keys)
+            if isinstance(command, DecideApproval)
+            else ("resolver", self.resolver_keys)
+        )
+        name = type(command).__name__
         if not command.signature or not command.key_id:
-            return CommandRejectReason.UNSIGNED, "ResolveUnknown must be signed (Ed25519) by a configured resolver key"
-        key = self.resolver_keys.get(command.key_id)
+            return CommandRejectReason.UNSIGNED, f"{name} must be signed (Ed25519) by a configured {role} key"
+        key = keys.get(command.key_id)
         if key is None:
-            return CommandRejectReason.UNKNOWN_KEY, f"key id {command.key_id!r} is not a configured resolver key"
+            return CommandRejectReason.UNKNOWN_KEY, f"key id {command.key_id!r} is not a configured {role} key"
         try:
             key.verify(command.signature, command.signing_bytes())
         except InvalidSignature:
             return (
                 CommandRejectReason.BAD_SIGNATURE,
-                f"the signature does not verify with resolver key {command.key_id!r}",
+                f"the signature does not verify with {role} key {command.key_id!r}",
             )
         return None
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from settled.schemas import AbortRequested, ResolveUnknown, SendSignal, SubmissionProposed
+from settled.schemas import AbortRequested, DecideApproval, ResolveUnknown, SendSignal, SubmissionProposed
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -207,7 +207,7 @@ def check_proposal(proposal: SubmissionProposed) -> Violation | None:
     return found or check_tools("payload.tools_offered", proposal.payload.tools_offered)
 
 
-def check_command(command: AbortRequested | ResolveUnknown | SendSignal) -> Violation | None:
+def check_command(command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval) -> Violation | None:
     """Check a command against the contract.
 
     A resolution's empty ``key_id`` is not a contract violation: the worker rejects it as ``unsigned``.
@@ -225,11 +225,16 @@ def check_command(command: AbortRequested | ResolveUnknown | SendSignal) -> Viol
         return found or _check_text("reason", command.reason)
     if isinstance(command, SendSignal):
         return found or check_id("name", command.name)
+    if isinstance(command, DecideApproval):
+        found = found or check_id("approval_id", command.approval_id) or _check_text("reason", command.reason)
+        return found or (check_id("key_id", command.key_id) if command.key_id else None)
     found = found or check_id("call_id", command.call_id)
     return found or (check_id("key_id", command.key_id) if command.key_id else None)
 
 
-def check_input(record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal) -> Violation | None:
+def check_input(
+    record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval,
+) -> Violation | None:
     """Check any inbox record against the contract (`check_proposal` or `check_command`).
 
     Args:

@@ -386,7 +386,7 @@ def reject_submission(
 
 def reject_invalid(
     state: ConversationState,
-    record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal,
+    record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval,
     input_ref: InputRef,
     now: datetime,
     violation: Violation,

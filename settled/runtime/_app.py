@@ -48,6 +48,8 @@ class App:
             the attempt (``max_attempts`` bounds the retries).
         max_attempts: Attempts per submission before it settles failed (docs/design.md §5).
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
+        approver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``DecideApproval`` (approve
+            or deny), by key id; the key id is who decided ("by").
         concurrency: Runs at once in one worker process (its concurrency permits).
         tools: The registered tools (`tool` adds to it).
         options: How runs execute effects (clock, abort grace, result size limit, model retries).
@@ -61,6 +63,7 @@ class App:
     agent: AgentFunction
     max_attempts: int = 3
     resolver_keys: Mapping[str, str] = field(default_factory=dict)
+    approver_keys: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 16
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     options: RunOptions = field(default_factory=RunOptions)

@@ -613,7 +613,7 @@ class DecideApproval(AvroRecord):
     """An Ed25519-signed approval or denial of a run's approval wait (for ``settled.inbox``; issue 16 item 4).
 
     Bound to one approval (`settled.protocol.approval_id_for`) and to the digest of the arguments the approver saw;
-    "by" is the signing key id. Not yet in `INBOX_TYPES`: no worker decides it yet.
+    "by" is the signing key id, verified by the worker against ``App.approver_keys``.
 
     Attributes:
         schema_version: Schema version the writer used.
@@ -1352,7 +1352,7 @@ class QuarantineRecord(AvroRecord):
     quarantined_at: UtcMillis
 
 
-InboxRecord = SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal
+InboxRecord = SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval
 """What ``settled.inbox`` carries."""
 
 LogEvent = (
@@ -1386,10 +1386,16 @@ LogEvent = (
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
-INBOX_TYPES: tuple[type[AvroRecord], ...] = (SubmissionProposed, AbortRequested, ResolveUnknown, SendSignal)
+INBOX_TYPES: tuple[type[AvroRecord], ...] = (
+    SubmissionProposed,
+    AbortRequested,
+    ResolveUnknown,
+    SendSignal,
+    DecideApproval,
+)
 """Record types of ``settled.inbox``."""
 
-COMMAND_TYPES: tuple[type[AvroRecord], ...] = (AbortRequested, ResolveUnknown, SendSignal)
+COMMAND_TYPES: tuple[type[AvroRecord], ...] = (AbortRequested, ResolveUnknown, SendSignal, DecideApproval)
 """The inbox's commands."""
 
 LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (

@@ -23,6 +23,7 @@ EXPECTED_SWITCHES = {
     "claim_without_rewind",
     "signal_honoured_before_canonical",
     "sdk_retries_on",
+    "approval_digest_unchecked",
 }
 
 
