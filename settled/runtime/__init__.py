@@ -3,8 +3,9 @@
 * `App` (``settled worker --app package.module:app``): the agent (``async def agent(ctx) -> reply``), its tools
   (``@app.tool(idempotent=..., reconcile=..., timeout_s=..., parallel_safe=...)``), limits and resolver keys.
 * `RunContext`: ``await ctx.tool(name, args)``, ``ctx.now()``, ``ctx.uuid()``, ``await ctx.step(name, fn, ...)``,
-  ``await ctx.model(provider, messages)`` — recorded in ``settled.log`` and replayed on re-entry (docs/design.md §3, §5;
-  DUR-003, 008-010).
+  ``await ctx.model(provider, messages)``, ``await ctx.signal(name)``,
+  ``await ctx.approve(title, description)`` (an `ApprovalDecision`) — recorded in ``settled.log`` and replayed on
+  re-entry (docs/design.md §3, §5; DUR-003, 008-010).
 * `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
 * Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefusedError`,
   `ReplayDivergenceError`, `ToolUnavailableError`; tools raise `ToolTransportError` for "no answer".
@@ -15,7 +16,7 @@ external effects exactly once (DUR-003). Idempotency keys and reconcilers are ho
 
 from settled.runtime._agent import ModelAgent, history_messages
 from settled.runtime._app import App, AppLoadError, load_app
-from settled.runtime._context import RunContext
+from settled.runtime._context import ApprovalDecision, RunContext
 from settled.runtime._errors import (
     ReplayDivergenceError,
     RunCancelledError,
@@ -61,6 +62,7 @@ __all__ = [
     "AgentFunction",
     "App",
     "AppLoadError",
+    "ApprovalDecision",
     "Message",
     "ModelAgent",
     "ModelEvent",

@@ -53,13 +53,14 @@ import json
 import logging
 import uuid as uuid_module
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors import AgentRun
-from settled.protocol import wait_id_for
+from settled.protocol import approval_details, approval_id_for, wait_id_for
 from settled.runtime._calls import ToolCalls, replay_settled
 from settled.runtime._errors import (
     ReplayDivergenceError,
@@ -131,6 +132,47 @@ def _describe(event: LogEvent) -> str:
     if isinstance(event, WaitRequested):
         return f"ctx.{event.kind.value}({event.name!r})"
     return type(event).__name__
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """A person's decision on ``ctx.approve`` (issue 16 item 4).
+
+    Attributes:
+        approved: True if approved; False if denied or expired.
+        by: The id of the key that signed the decision (``App.approver_keys``); None for an expiry.
+        reason: The approver's reason, or ``"deadline_expired"`` for an expiry, or None.
+    """
+
+    approved: bool
+    by: str | None
+    reason: str | None
+
+    @classmethod
+    def of(cls, decided: WaitResolved) -> ApprovalDecision:
+        """Read the decision from the approval wait's canonical `WaitResolved`.
+
+        Args:
+            decided: The wait's resolution: a delivery (its payload is `settled.protocol.approval_payload`'s) or
+                an expiry.
+
+        Returns:
+            The decision; an expiry is a denial with reason ``"deadline_expired"``.
+
+        Raises:
+            ValueError: A delivery without a JSON object payload.
+        """
+        if decided.outcome is WaitOutcome.EXPIRED:
+            return cls(approved=False, by=None, reason="deadline_expired")
+        payload = None if decided.payload_json is None else json.loads(decided.payload_json)
+        if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
+            raise ValueError(f"approval {decided.wait_id}: payload_json {decided.payload_json!r} is not a decision")
+        by, reason = payload.get("by"), payload.get("reason")
+        return cls(
+            approved=payload["approved"],
+            by=by if isinstance(by, str) else None,
+            reason=reason if isinstance(reason, str) else None,
+        )
 
 
 class _Journal:
@@ -298,14 +340,7 @@ class RunContext:
             for received in self._journal.signals:
                 if received.name == name and received.command_id not in consumed:
                     return json.loads(received.payload_json)
-        if isinstance(deadline, timedelta):
-            at: datetime | None = self._options.clock() + deadline
-        elif isinstance(deadline, datetime):
-            if deadline.tzinfo is None:
-                raise ValueError(f"ctx.signal({name!r}): deadline {deadline!r} is naive; give an aware instant")
-            at = deadline
-        else:
-            at = None
+        at = self._deadline_at(f"ctx.signal({name!r})", deadline)
         request = WaitRequested(
             submission_id=self.submission_id,
             attempt_id=self.attempt_id,
@@ -314,6 +349,67 @@ class RunContext:
             name=name,
             ordinal=ordinal,
             deadline=at,
+        )
+        await self._suspend(request)
+
+    def _deadline_at(self, what: str, deadline: datetime | timedelta | None) -> datetime | None:
+        """Turn a wait's deadline into the absolute instant stored with its request (never recomputed)."""
+        if isinstance(deadline, timedelta):
+            return self._options.clock() + deadline
+        if isinstance(deadline, datetime):
+            if deadline.tzinfo is None:
+                raise ValueError(f"{what}: deadline {deadline!r} is naive; give an aware instant")
+            return deadline
+        return None
+
+    def approve(
+        self, title: str, description: str = "", *, deadline: datetime | timedelta | None = None
+    ) -> Coroutine[Any, Any, ApprovalDecision]:
+        """Wait durably for a person to approve or deny (``Client.approve|deny``); return their decision.
+
+        The approval id is derived from the run and this call's ordinal (`settled.protocol.approval_id_for`) and
+        the approval is bound to the digest of the canonical JSON of ``{"title", "description"}``: a decision for
+        other arguments is rejected (``digest_mismatch``). Only a decision signed by a key in ``App.approver_keys``
+        is accepted; its key id is ``by``. Live, the wait is handed over like ``ctx.signal``'s and the attempt ends
+        (not charged to ``max_attempts``); the run resumes once the decision is canonical.
+
+        Args:
+            title: What is asked, in a few words (the request's name).
+            description: What the approver is shown.
+            deadline: When the approval expires: an aware instant, or a duration from now; an expired approval is
+                a denial with reason ``deadline_expired`` and no ``by``.
+
+        Returns:
+            An awaitable of the decision.
+
+        Raises:
+            ReplayDivergenceError: Another effect is recorded at this ordinal (when awaited).
+            ValueError: ``deadline`` is a naive datetime.
+        """
+        return self._approve(self._next_ordinal(), title, description, deadline)
+
+    async def _approve(
+        self, ordinal: int, title: str, description: str, deadline: datetime | timedelta | None
+    ) -> ApprovalDecision:
+        approval_id = approval_id_for(self.run_id, ordinal=ordinal)
+        rec = self._recorded(ordinal)
+        if rec is not None:
+            if not (isinstance(rec, WaitRequested) and rec.kind is WaitKind.APPROVAL and rec.name == title):
+                raise ReplayDivergenceError(ordinal, _describe(rec), f"ctx.approve({title!r})")
+            decided = self._journal.waits.get(approval_id)
+            if decided is None:  # never started so: a run is Ready only once every wait is decided
+                raise RunSuspended(f"approval {approval_id} is still open")
+            return ApprovalDecision.of(decided)
+        args_json = canonical_json({"description": description, "title": title})
+        request = WaitRequested(
+            submission_id=self.submission_id,
+            attempt_id=self.attempt_id,
+            wait_id=approval_id,
+            kind=WaitKind.APPROVAL,
+            name=title,
+            ordinal=ordinal,
+            deadline=self._deadline_at(f"ctx.approve({title!r})", deadline),
+            details_json=approval_details(title, description, args_json),
         )
         await self._suspend(request)
 
