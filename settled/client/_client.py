@@ -19,12 +19,15 @@ from typing import Any, Self, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import ValidationError
 
 from settled import protocol
 from settled._settings import Settings
 from settled.client._errors import (
     AbortOutcomeUnknownError,
     AbortRejectedError,
+    ApprovalOutcomeUnknownError,
+    ApprovalRejectedError,
     BrokerUnavailableError,
     ClientError,
     IdempotencyConflictError,
@@ -47,6 +50,7 @@ from settled.schemas import (
     AbortRequested,
     CanonicalJsonError,
     Codec,
+    DecideApproval,
     Receipt,
     ReceiptOutcome,
     RequestKind,
@@ -377,6 +381,169 @@ class Client:
             return receipt
         if receipt.outcome is ReceiptOutcome.REJECTED:
             raise SignalRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
+
+    # ------------------------------------------------------------------------------------------- approvals
+
+    def approve(
+        self,
+        conversation_id: str,
+        run_id: str,
+        approval_id: str,
+        *,
+        args_digest: str,
+        signing_key: Ed25519PrivateKey,
+        key_id: str,
+        reason: str | None = None,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Approve a run's approval with a signed `DecideApproval` and return the owner's reply (issue 16 item 4).
+
+        See `decide_approval` for the arguments, the reply and the errors.
+        """
+        return self.decide_approval(
+            conversation_id,
+            run_id,
+            approval_id,
+            approved=True,
+            args_digest=args_digest,
+            signing_key=signing_key,
+            key_id=key_id,
+            reason=reason,
+            principal=principal,
+            command_id=command_id,
+            timeout_s=timeout_s,
+        )
+
+    def deny(
+        self,
+        conversation_id: str,
+        run_id: str,
+        approval_id: str,
+        *,
+        args_digest: str,
+        signing_key: Ed25519PrivateKey,
+        key_id: str,
+        reason: str | None = None,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Deny a run's approval with a signed `DecideApproval` and return the owner's reply (issue 16 item 4).
+
+        See `decide_approval` for the arguments, the reply and the errors.
+        """
+        return self.decide_approval(
+            conversation_id,
+            run_id,
+            approval_id,
+            approved=False,
+            args_digest=args_digest,
+            signing_key=signing_key,
+            key_id=key_id,
+            reason=reason,
+            principal=principal,
+            command_id=command_id,
+            timeout_s=timeout_s,
+        )
+
+    def decide_approval(
+        self,
+        conversation_id: str,
+        run_id: str,
+        approval_id: str,
+        *,
+        approved: bool,
+        args_digest: str,
+        signing_key: Ed25519PrivateKey,
+        key_id: str,
+        reason: str | None = None,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Approve or deny a run's approval and return the owner's reply (issue 16 item 4).
+
+        The decision is signed with ``signing_key`` (Ed25519 over `DecideApproval.signing_bytes`); the owner verifies
+        it against the workers' ``App.approver_keys[key_id]`` and accepts it only for an open approval of ``run_id``
+        whose argument digest is ``args_digest`` (what the approver was shown). The run reads
+        ``ApprovalDecision(approved, by=key_id, reason)``.
+
+        Args:
+            conversation_id: The conversation.
+            run_id: The run (an agent run's id is its submission id).
+            approval_id: The approval (its wait id, e.g. ``<run>#w<ordinal>``).
+            approved: True to approve, False to deny.
+            args_digest: The digest of the canonical arguments the approver saw (the request's ``args_digest``).
+            signing_key: The approver's Ed25519 private key (see `load_signing_key`).
+            key_id: The id the workers know the matching public key by ("by").
+            reason: Why, recorded and shown to the run.
+            principal: Who decides (default: the client's); recorded, and part of what is signed.
+            command_id: The command's id; a new UUID when ``None`` (pass the id of an earlier decision whose
+                outcome is unknown to send it again: it is answered as a duplicate if it was applied).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command.
+
+        Raises:
+            ValueError: An argument is invalid or breaks the input contract (the field is named); nothing was sent.
+            TypeError: ``signing_key`` is not an ``Ed25519PrivateKey``; nothing was sent.
+            ApprovalRejectedError: The owner rejected it (its reason; the wait stays open).
+            ApprovalOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        timeout = self._timeout(timeout_s)
+        deadline = time.monotonic() + timeout
+        for name, text in (
+            ("conversation_id", conversation_id),
+            ("run_id", run_id),
+            ("approval_id", approval_id),
+            ("key_id", key_id),
+        ):
+            if not text.strip():
+                raise ValueError(f"{name} must not be empty, got {text!r}")
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        if not isinstance(signing_key, Ed25519PrivateKey):
+            raise TypeError(
+                f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
+                f"{type(signing_key).__name__}"
+            )
+        try:
+            unsigned = DecideApproval(
+                command_id=cid,
+                principal=self._principal(principal),
+                conversation_id=conversation_id,
+                submission_id=run_id,
+                approval_id=approval_id,
+                args_digest=args_digest,
+                approved=approved,
+                reason=reason,
+                key_id=key_id,
+                signature=b"",
+                requested_at=self._clock(),
+            )
+        except ValidationError as exc:
+            raise ValueError(f"args_digest must be 64 lowercase hex digits, got {args_digest!r}") from exc
+        _keep_contract(protocol.check_command(unsigned))
+        command = unsigned.model_copy(update={"signature": signing_key.sign(unsigned.signing_bytes())})
+        encoded = self._codec.encode(command)
+        receipt = self._request(
+            conversation_id,
+            cid,
+            encoded,
+            deadline,
+            lambda: ApprovalOutcomeUnknownError(cid, conversation_id, run_id, timeout),
+        )
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceiptError(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise ApprovalRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
     # ----------------------------------------------------------------------------------------------- abort

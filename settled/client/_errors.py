@@ -13,6 +13,8 @@ from settled.schemas import Receipt
 __all__ = [
     "AbortOutcomeUnknownError",
     "AbortRejectedError",
+    "ApprovalOutcomeUnknownError",
+    "ApprovalRejectedError",
     "BrokerUnavailableError",
     "ClientError",
     "CommandOutcomeUnknownError",
@@ -284,6 +286,38 @@ class SignalOutcomeUnknownError(CommandOutcomeUnknownError):
     """
 
     command_name = "signal"
+
+
+class ApprovalRejectedError(CommandRejectedError):
+    """The owner rejected an approval decision (issue 16): the wait stays open.
+
+    Reasons: ``unsigned``, ``unknown_key``, ``bad_signature`` (not signed by a key in ``App.approver_keys``);
+    ``other_run``, ``unknown_target`` (no such approval of that run); ``stale`` (already decided or expired);
+    ``digest_mismatch`` (bound to other arguments); ``already_terminal``; ``invalid``.
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "approval"
+
+
+class ApprovalOutcomeUnknownError(CommandOutcomeUnknownError):
+    """No reply to an approval decision was read within the deadline (issue 16).
+
+    ``Client.approve|deny(..., command_id=err.command_id)`` sends it again; one already applied is answered as a
+    duplicate.
+
+    Attributes:
+        command_id: The command id to send it again with.
+        conversation_id: The conversation.
+        submission_id: The run.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "approval"
 
 
 class AbortRejectedError(CommandRejectedError):

@@ -117,6 +117,89 @@ def signal(
     )
 
 
+def _decide_approval(
+    approved: bool,
+    conversation: str,
+    run: str,
+    approval: str,
+    args_digest: str,
+    key_file: str,
+    key_id: str,
+    reason: str | None,
+    principal: str | None,
+    command_id: str | None,
+    timeout_s: float,
+) -> None:
+    key = load_signing_key(key_file)
+    _send_command(
+        timeout_s,
+        lambda client: client.decide_approval(
+            conversation,
+            run,
+            approval,
+            approved=approved,
+            args_digest=args_digest,
+            signing_key=key,
+            key_id=key_id,
+            reason=reason,
+            principal=principal,
+            command_id=command_id,
+        ),
+    )
+
+
+_CONVERSATION = typer.Argument(..., metavar="CONVERSATION", help="The conversation id.")
+_RUN = typer.Argument(..., metavar="RUN_ID", help="The run (an agent run's id is its submission id).")
+_APPROVAL = typer.Argument(..., metavar="APPROVAL_ID", help="The approval (its wait id, e.g. <run>#w<ordinal>).")
+_ARGS_DIGEST = typer.Option(
+    ..., "--args-digest", help="The digest of the canonical arguments you approve or deny (the request shows it)."
+)
+_KEY_FILE = typer.Option(..., "--key-file", help="The approver's Ed25519 private key: PEM, or base64 of 32 bytes.")
+_KEY_ID = typer.Option(..., "--key-id", help="The key's id in the workers' App.approver_keys (recorded as 'by').")
+_REASON = typer.Option(None, "--reason", help="Why (recorded, and shown to the run).")
+_PRINCIPAL = typer.Option(None, "--principal", help="Who decides (default: the client's).")
+_COMMAND_ID = typer.Option(None, "--command-id", help="Send an earlier decision again (same id).")
+_TIMEOUT_S = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds.")
+
+
+@command
+def approve(
+    conversation: str = _CONVERSATION,
+    run: str = _RUN,
+    approval: str = _APPROVAL,
+    args_digest: str = _ARGS_DIGEST,
+    key_file: str = _KEY_FILE,
+    key_id: str = _KEY_ID,
+    reason: str | None = _REASON,
+    principal: str | None = _PRINCIPAL,
+    command_id: str | None = _COMMAND_ID,
+    timeout_s: float = _TIMEOUT_S,
+) -> None:
+    """Approve a run's approval with a signed DecideApproval; print the reply (a command receipt) as a JSON line."""
+    _decide_approval(
+        True, conversation, run, approval, args_digest, key_file, key_id, reason, principal, command_id, timeout_s
+    )
+
+
+@command
+def deny(
+    conversation: str = _CONVERSATION,
+    run: str = _RUN,
+    approval: str = _APPROVAL,
+    args_digest: str = _ARGS_DIGEST,
+    key_file: str = _KEY_FILE,
+    key_id: str = _KEY_ID,
+    reason: str | None = _REASON,
+    principal: str | None = _PRINCIPAL,
+    command_id: str | None = _COMMAND_ID,
+    timeout_s: float = _TIMEOUT_S,
+) -> None:
+    """Deny a run's approval with a signed DecideApproval; print the reply (a command receipt) as a JSON line."""
+    _decide_approval(
+        False, conversation, run, approval, args_digest, key_file, key_id, reason, principal, command_id, timeout_s
+    )
+
+
 def _send_command(timeout_s: float, send: Callable[[Client], Receipt]) -> None:
     """Send one command through a fresh client and print its reply as a JSON line.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from settled.services._cli_client import abort, settlements_app, signal, submit
+from settled.services._cli_client import abort, approve, deny, settlements_app, signal, submit
 from settled.services._cli_demo import demo_app
 from settled.services._cli_dev import dev_app
 from settled.services._cli_projections import projections_app
@@ -22,6 +22,8 @@ app.command("worker")(worker_command)
 app.command("submit")(submit)
 app.command("abort")(abort)
 app.command("signal")(signal)
+app.command("approve")(approve)
+app.command("deny")(deny)
 app.add_typer(settlements_app, name="settlements")
 app.add_typer(projections_app, name="projections")
 app.add_typer(runs_app, name="runs")
