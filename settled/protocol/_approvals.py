@@ -105,11 +105,11 @@ def approval_details(title: str, description: str, args_json: str, *, tool: str 
 def approval_problem(state: ConversationState, command: DecideApproval) -> tuple[CommandRejectReason, str] | None:
     """Say why a (signature-verified) approval decision is refused, or None if it decides its approval.
 
-    Checked in this order: the run is unknown (``unknown_target``) or settled (``already_terminal``); the approval
-    id was derived for another run (``other_run``); the run never requested that approval (``unknown_target``); the
-    approval is no longer open, decided or expired (``stale``); the decision's argument digest differs from the
-    request's (``digest_mismatch``). A repeated command id is not a problem here: `decide_approval` answers it as a
-    duplicate first.
+    Checked in this order: the approval id was derived for another run than the one named (``other_run``); the run
+    is unknown (``unknown_target``) or settled (``already_terminal``); the run never requested that approval
+    (``unknown_target``); the approval is no longer open, decided or expired (``stale``); the decision's argument
+    digest differs from the request's (``digest_mismatch``). A repeated command id is not a problem here:
+    `decide_approval` answers it as a duplicate first.
 
     Args:
         state: The conversation's state.
@@ -118,6 +118,11 @@ def approval_problem(state: ConversationState, command: DecideApproval) -> tuple
     Returns:
         (reason, detail) naming the field and value, or None.
     """
+    if not command.approval_id.startswith(f"{command.submission_id}#"):
+        return (
+            CommandRejectReason.OTHER_RUN,
+            f"approval_id {command.approval_id!r} is not an approval of run {command.submission_id!r}",
+        )
     sub = state.submission(command.submission_id)
     if sub is None:
         return (
@@ -128,11 +133,6 @@ def approval_problem(state: ConversationState, command: DecideApproval) -> tuple
         return (
             CommandRejectReason.ALREADY_TERMINAL,
             f"run {sub.submission_id!r} settled {sub.outcome.value} first",
-        )
-    if not command.approval_id.startswith(f"{command.submission_id}#"):
-        return (
-            CommandRejectReason.OTHER_RUN,
-            f"approval_id {command.approval_id!r} is not an approval of run {command.submission_id!r}",
         )
     expected = sub.approval_digest(command.approval_id)
     if expected is None:

@@ -17,6 +17,7 @@ from settled._settings import Settings
 from settled.schemas import (
     AbortRequested,
     AttemptStarted,
+    DecideApproval,
     LogEvent,
     Receipt,
     RecoveryDecision,
@@ -41,7 +42,9 @@ KILLED = -9
 TIMEOUT_S = 90.0
 
 
-def send(s: Settings, *records: SubmissionProposed | ResolveUnknown | AbortRequested | SendSignal) -> None:
+def send(
+    s: Settings, *records: SubmissionProposed | ResolveUnknown | AbortRequested | SendSignal | DecideApproval
+) -> None:
     produce_inbox(s, [(r.conversation_id.encode(), CODEC.encode(r)) for r in records])
 
 

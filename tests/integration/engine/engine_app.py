@@ -13,6 +13,8 @@ The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to t
 * ``{"tool": name, "args": {...}}`` → the result, or ``{"error": [type, message]}`` for a `ToolCallError`;
 * ``{"now": true}`` / ``{"uuid": true}`` → the recorded value;
 * ``{"step": name, "fail_first": true}`` → a durable step whose body counts its runs and fails on the first;
+* ``{"approve": title, "description": text, "then": {"tool": ..., "args": ...}}`` → ``ctx.approve``'s decision,
+  and the ``then`` tool's result only if approved (issue 16);
 * ``{"sleep_s": s}`` → sleeps; ``{"exit": code}`` → ``os._exit(code)`` (a poison submission).
 
 ``app_changed`` is the same agent with changed code: it calls ``charge_other`` where the plan says ``charge_idem``.
@@ -40,6 +42,8 @@ WORLD_ENV = "ENGINE_WORLD_DB"
 
 #: The resolver's signing key (a fixed test key) and its id.
 RESOLVER_KEY_ID = "engine-test-resolver"
+#: The same key pair also signs approvals, under its own id in ``App.approver_keys`` (issue 16).
+APPROVER_KEY_ID = "engine-test-approver"
 RESOLVER_PRIVATE_KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 RESOLVER_PUBLIC_B64 = base64.b64encode(
     RESOLVER_PRIVATE_KEY.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -117,6 +121,7 @@ OPTIONS = RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=0)
 app = App(
     agent=lambda ctx: _agent(ctx, {}),
     resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
+    approver_keys={APPROVER_KEY_ID: RESOLVER_PUBLIC_B64},
     max_attempts=3,
     options=OPTIONS,
 )
@@ -281,6 +286,11 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
                 value = {"signal": await ctx.signal(op["signal"], deadline=deadline)}
             except WaitExpiredError as exc:
                 value = {"expired": exc.name}
+        elif "approve" in op:  # issue 16 item 4: ask a person; run op["then"] (a tool call) only if approved
+            decision = await ctx.approve(op["approve"], op.get("description", ""))
+            value = {"approved": decision.approved, "by": decision.by, "reason": decision.reason}
+            if decision.approved and "then" in op:
+                value["result"] = await ctx.tool(op["then"]["tool"], op["then"].get("args", {}))
         elif "sleep_s" in op:
             await asyncio.sleep(float(op["sleep_s"]))
             value = op["sleep_s"]
