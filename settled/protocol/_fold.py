@@ -686,6 +686,21 @@ class _ConvBuilder:
     def fail(self, event: AvroRecord, field_name: str, value: object, reason: str) -> LogInconsistencyError:
         return LogInconsistencyError(self.cid, _name(event), field_name, value, reason)
 
+    def repeated_command(self, event: AbortRecorded | UnknownResolved | ApprovalDecided | SignalReceived) -> bool:
+        """Whether ``event``'s command id was applied before: its record then only marks its input decided.
+
+        Raises:
+            LogInconsistencyError: The command id was applied to another submission.
+        """
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is None:
+            return False
+        if previous_target != event.submission_id:
+            raise self.fail(
+                event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
+            )
+        return True
+
     # -- the rules, one per event type -------------------------------------------------------------------------
 
     def on_claim(self, event: OwnershipClaimed) -> None:
@@ -770,13 +785,7 @@ class _ConvBuilder:
 
     def on_abort(self, event: AbortRecorded, batch_epoch: int) -> None:
         self.decide(event, event.input_ref)
-        previous_target = self.commands().get(event.command_id)
-        if previous_target is not None:
-            # A repeated abort command: the record only marks its input decided (DUR-012: idempotent).
-            if previous_target != event.submission_id:
-                raise self.fail(
-                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
-                )
+        if self.repeated_command(event):  # the record only marks its input decided (DUR-012: idempotent)
             return
         sub = self.get(event.submission_id, event, None)
         if sub.terminal:
@@ -917,12 +926,7 @@ class _ConvBuilder:
 
     def on_unknown_resolved(self, event: UnknownResolved, batch_epoch: int) -> None:
         self.decide(event, event.input_ref)
-        previous_target = self.commands().get(event.command_id)
-        if previous_target is not None:
-            if previous_target != event.submission_id:
-                raise self.fail(
-                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
-                )
+        if self.repeated_command(event):
             return
         sub = self.get(event.submission_id, event, None)
         self.require(sub, _UNKNOWN, event, "only an Unknown submission is resolved")
@@ -985,12 +989,7 @@ class _ConvBuilder:
         The same batch resolves the wait with a `WaitResolved` naming the decision as its source.
         """
         self.decide(event, event.input_ref)
-        previous_target = self.commands().get(event.command_id)
-        if previous_target is not None:
-            if previous_target != event.submission_id:
-                raise self.fail(
-                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
-                )
+        if self.repeated_command(event):
             return
         sub = self.get(event.submission_id, event, None)
         self.require(sub, frozenset({S.WAITING}), event, "only a waiting run's approval is decided")
@@ -1001,12 +1000,7 @@ class _ConvBuilder:
     def on_signal_received(self, event: SignalReceived, batch_epoch: int) -> None:
         """A signal accepted for an unsettled run (issue 16); a repeated signal id only marks its input decided."""
         self.decide(event, event.input_ref)
-        previous_target = self.commands().get(event.command_id)
-        if previous_target is not None:
-            if previous_target != event.submission_id:
-                raise self.fail(
-                    event, "submission_id", event.submission_id, f"command already applied to {previous_target!r}"
-                )
+        if self.repeated_command(event):
             return
         sub = self.get(event.submission_id, event, None)
         if sub.terminal:
