@@ -1,26 +1,29 @@
 """settled.runtime: what agent authors use — the app object, RunContext effects and tools (issue 6).
 
 * `App` (``settled worker --app package.module:app``): the agent (``async def agent(ctx) -> reply``), its tools
-  (``@app.tool(idempotent=..., reconcile=..., timeout_s=..., parallel_safe=...)``), limits and resolver keys.
+  (``@app.tool(idempotent=..., reconcile=..., timeout_s=..., parallel_safe=..., needs_approval=...,
+  approval_policy=...)``), limits, resolver and approver keys.
 * `RunContext`: ``await ctx.tool(name, args)``, ``ctx.now()``, ``ctx.uuid()``, ``await ctx.step(name, fn, ...)``,
   ``await ctx.model(provider, messages)``, ``await ctx.signal(name)``,
   ``await ctx.approve(title, description)`` (an `ApprovalDecision`) — recorded in ``settled.log`` and replayed on
   re-entry (docs/design.md §3, §5; DUR-003, 008-010).
 * `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
 * Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefusedError`,
+  `ToolApprovalDeniedError` (a call of a tool that needs approval was denied; a model gets `denial_result`),
   `ReplayDivergenceError`, `ToolUnavailableError`; tools raise `ToolTransportError` for "no answer".
 
 Execution is at least once: settled records exactly one outcome per accepted submission, it does not execute
 external effects exactly once (DUR-003). Idempotency keys and reconcilers are how a tool makes repeats harmless.
 """
 
-from settled.runtime._agent import ModelAgent, history_messages
+from settled.runtime._agent import ModelAgent, denial_result, history_messages
 from settled.runtime._app import App, AppLoadError, load_app
 from settled.runtime._context import ApprovalDecision, RunContext
 from settled.runtime._errors import (
     ReplayDivergenceError,
     RunCancelledError,
     RunSuspended,
+    ToolApprovalDeniedError,
     ToolCallError,
     ToolRefusedError,
     ToolTransportError,
@@ -48,6 +51,8 @@ from settled.runtime._openai import OPERATION_ID_HEADER, OpenAIChat, OpenAISetti
 from settled.runtime._options import RunOptions
 from settled.runtime._runloop import AgentFunction, execute
 from settled.runtime._tools import (
+    ApprovalPolicy,
+    ApprovalVerdict,
     ToolCall,
     ToolFunction,
     ToolRegistry,
@@ -63,6 +68,8 @@ __all__ = [
     "App",
     "AppLoadError",
     "ApprovalDecision",
+    "ApprovalPolicy",
+    "ApprovalVerdict",
     "Message",
     "ModelAgent",
     "ModelEvent",
@@ -80,6 +87,7 @@ __all__ = [
     "RunSuspended",
     "ScriptedProvider",
     "TextDelta",
+    "ToolApprovalDeniedError",
     "ToolArgumentsDelta",
     "ToolCall",
     "ToolCallError",
@@ -95,6 +103,7 @@ __all__ = [
     "UnsafeToolsError",
     "WaitExpiredError",
     "declared_call",
+    "denial_result",
     "execute",
     "history_messages",
     "load_app",

@@ -23,6 +23,7 @@ from settled.processors import HistoryTurn, RunFailedError
 from settled.runtime._context import RunContext
 from settled.runtime._errors import ToolCallError
 from settled.runtime._model import Message, ModelProvider, ToolDeclaration
+from settled.runtime._tools import POLICY_DENIER
 from settled.schemas import (
     DeclaredToolCall,
     LogEvent,
@@ -34,7 +35,35 @@ from settled.schemas import (
     canonical_json,
 )
 
-__all__ = ["ModelAgent", "history_messages", "user_text"]
+__all__ = ["ModelAgent", "denial_result", "history_messages", "user_text"]
+
+
+def denial_result(tool: str, by: str | None, reason: str | None) -> dict[str, Any]:
+    """Return the structured denial a model receives as the result of a denied call (issue 16 item 5).
+
+    A denial is not a malfunction: it is a result (not an error) that says who said no and that the call must not be
+    retried, so the model can tell the user it was declined.
+
+    Args:
+        tool: The tool whose call was denied.
+        by: Who denied it: an approver's key id, ``"policy"`` (the tool's approval policy), or None (the approval
+            expired at its deadline).
+        reason: Why, or None.
+
+    Returns:
+        ``{"denied": true, "tool", "by", "reason", "retry": false, "message"}``.
+    """
+    who = "nobody before its deadline" if by is None else ("its approval policy" if by == POLICY_DENIER else by)
+    why = "" if not reason else f" ({reason})"
+    return {
+        "denied": True,
+        "tool": tool,
+        "by": by,
+        "reason": reason,
+        "retry": False,
+        "message": f"The call to {tool!r} was not approved by {who}{why}. Tell the user it was declined; "
+        "do not retry it.",
+    }
 
 
 def user_text(input_json: str) -> str:

@@ -8,6 +8,10 @@
     def charge(args: dict, call: ToolCall) -> dict:
         return payments.charge(args["amount"], idempotency_key=call.idempotency_key, fence=call.owner_epoch)
 
+    @app.tool(idempotent=True, approval_policy=lambda args: "ask" if args["amount"] > 100 else "allow")
+    def refund(args: dict, call: ToolCall) -> dict:  # above 100, a person approves first (`Client.approve`)
+        return payments.refund(args["amount"], idempotency_key=call.idempotency_key)
+
     async def my_agent(ctx: RunContext) -> dict:
         receipt = await ctx.tool("charge", {"amount": 5})
         return {"receipt": receipt, "at": ctx.now().isoformat()}
@@ -26,7 +30,7 @@ from settled.processors import Agent
 from settled.runtime._errors import UnsafeToolsError
 from settled.runtime._options import RunOptions
 from settled.runtime._runloop import AgentFunction, execute
-from settled.runtime._tools import Reconciler, ToolFunction, ToolRegistry, ToolSpec
+from settled.runtime._tools import ApprovalPolicy, Reconciler, ToolFunction, ToolRegistry, ToolSpec
 
 __all__ = ["App", "AppLoadError", "load_app"]
 
@@ -91,6 +95,8 @@ class App:
         timeout_s: float = 30.0,
         parallel_safe: bool = False,
         retry_budget_s: float = 30.0,
+        needs_approval: bool = False,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -106,6 +112,8 @@ class App:
         timeout_s: float = 30.0,
         parallel_safe: bool = False,
         retry_budget_s: float = 30.0,
+        needs_approval: bool = False,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> F: ...
 
     def tool(
@@ -120,6 +128,8 @@ class App:
         timeout_s: float = 30.0,
         parallel_safe: bool = False,
         retry_budget_s: float = 30.0,
+        needs_approval: bool = False,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> F | Callable[[F], F]:
         """Register a tool; use as ``@app.tool`` or ``@app.tool(idempotent=True, timeout_s=5)`` (see `ToolSpec`).
 
@@ -132,6 +142,9 @@ class App:
             timeout_s: How long one execution may take.
             parallel_safe: Calls may overlap.
             retry_budget_s: How long an in-doubt safe call is retried within one attempt.
+            needs_approval: Every call waits for a person's signed approval before it runs (issue 16 item 5).
+            approval_policy: ``approval_policy(args)`` → ``"allow"`` / ``"ask"`` / ``"deny"`` (an
+                `settled.runtime.ApprovalVerdict`) per call; exclusive with ``needs_approval``.
 
         Returns:
             The function unchanged (or a decorator that registers and returns it).
@@ -151,6 +164,8 @@ class App:
                     timeout_s=timeout_s,
                     parallel_safe=parallel_safe,
                     retry_budget_s=retry_budget_s,
+                    needs_approval=needs_approval,
+                    approval_policy=approval_policy,
                 )
             )
             return f

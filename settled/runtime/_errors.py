@@ -9,6 +9,7 @@ __all__ = [
     "ReplayDivergenceError",
     "RunCancelledError",
     "RunSuspended",
+    "ToolApprovalDeniedError",
     "ToolCallError",
     "ToolRefusedError",
     "ToolTransportError",
@@ -143,6 +144,34 @@ class WaitExpiredError(SettledError):
         self.kind = kind
         self.name = name
         self.wait_id = wait_id
+
+
+class ToolApprovalDeniedError(RunFailedError):
+    """A call of a tool that needs approval was denied (issue 16 item 5): by a person, by expiry, or by its policy.
+
+    Raised by ``ctx.tool`` live and identically on every replay; the tool never ran. A denial is not a malfunction:
+    action code may catch it and go on (the model-driven agent hands the model a structured denial instead, see
+    `settled.runtime.denial_result`). Uncaught, it is not retryable: the submission settles failed at once with
+    error type ``approval_denied``, charged no further attempt.
+
+    Attributes:
+        tool: The tool's name.
+        call_id: The call.
+        by: Who denied it: the signing key id of the approver, ``"policy"`` for the tool's approval policy, or None
+            for an approval that expired at its deadline.
+        reason: Why (the approver's reason, ``"deadline_expired"``, or the policy's), or None.
+    """
+
+    category = ErrorCategory.REJECTED
+
+    def __init__(self, tool: str, call_id: str, by: str | None, reason: str | None) -> None:
+        who = "nobody before its deadline" if by is None else by
+        why = "" if reason is None else f": {reason}"
+        super().__init__("approval_denied", f"call {call_id} of tool {tool!r} was denied by {who}{why}")
+        self.tool = tool
+        self.call_id = call_id
+        self.by = by
+        self.reason = reason
 
 
 class RunCancelledError(SettledError):

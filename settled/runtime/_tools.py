@@ -4,7 +4,8 @@ A tool is a function ``fn(args, call)`` — sync or ``async`` — that gets the 
 `ToolCall` carrying its idempotency key and the owner epoch (a fencing token: docs/design.md §3), and returns a JSON
 value. It declares what makes a call in doubt safe to settle (`ToolSpec`): ``idempotent`` (safe to repeat under the
 same key), a ``reconcile(key, args)`` that proves "never started", recovers the result, or answers unknown, a custom
-``idempotency_key(args)``, ``timeout_s`` and ``parallel_safe``.
+``idempotency_key(args)``, ``timeout_s`` and ``parallel_safe``; and whether a person must approve a call before it
+runs (``needs_approval``, or an ``approval_policy(args)`` answering an `ApprovalVerdict`: issue 16 item 5).
 
 Errors are classified at the boundary: a tool that *answers* with an error (raises anything else) records an
 application error that is replayed; `ToolTransportError`, `ConnectionError` and `TimeoutError` (and ``timeout_s``
@@ -21,13 +22,16 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from enum import StrEnum
+from typing import Any, Literal, TypeVar, cast
 
 from settled.protocol import ReconcileAnswer, Reconciliation, ToolSafety
 from settled.runtime._errors import UnknownToolError
 from settled.schemas import ToolCallPrepared, canonical_json, json_digest
 
 __all__ = [
+    "ApprovalPolicy",
+    "ApprovalVerdict",
     "ToolCall",
     "ToolFunction",
     "ToolRegistry",
@@ -47,6 +51,30 @@ ToolFunction = Callable[[dict[str, Any], "ToolCall"], Any]
 
 #: A reconciler: ``reconcile(idempotency_key, args) -> Reconciliation``, sync or async.
 Reconciler = Callable[[str, dict[str, Any]], Any]
+
+
+class ApprovalVerdict(StrEnum):
+    """What a tool's approval policy answers for one call's arguments (issue 16 item 5; docs/glossary.md).
+
+    Attributes:
+        ALLOW: The call runs without asking anyone.
+        ASK: The run waits for a person's signed decision before the call runs (an approval wait).
+        DENY: The call is denied by the policy at once: it never runs and the run never pauses (``by`` is
+            ``"policy"``).
+    """
+
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+#: A tool's approval policy: ``approval_policy(args) -> ApprovalVerdict`` (or its value, ``"allow"`` / ``"ask"`` /
+#: ``"deny"``). Called with the call's decoded arguments before the call is prepared; it must be a pure function of
+#: them (a replay that has not yet recorded the call's outcome asks it again).
+ApprovalPolicy = Callable[[dict[str, Any]], "ApprovalVerdict | Literal['allow', 'ask', 'deny']"]
+
+#: Who denied a call that its tool's approval policy denied (``ToolApprovalDeniedError.by``).
+POLICY_DENIER = "policy"
 
 
 @dataclass(frozen=True)
@@ -126,9 +154,14 @@ class ToolSpec:
         parallel_safe: Calls may overlap others in the same run; otherwise the run executes them one at a time.
         retry_budget_s: How long, per call and attempt, an in-doubt idempotent or reconcilable call is retried
             under its key before the attempt gives up (the next attempt retries again).
+        needs_approval: Every call waits for a person's approval before it runs (the policy that always answers
+            `ApprovalVerdict.ASK`).
+        approval_policy: ``approval_policy(args)`` → `ApprovalVerdict` per call (e.g. ask only above a threshold);
+            exclusive with ``needs_approval``.
 
     Raises:
-        ValueError: ``timeout_s`` or ``retry_budget_s`` is not positive, or ``name`` is empty.
+        ValueError: ``timeout_s`` or ``retry_budget_s`` is not positive, ``name`` is empty, or both
+            ``needs_approval`` and ``approval_policy`` are given.
     """
 
     name: str
@@ -139,14 +172,53 @@ class ToolSpec:
     timeout_s: float = 30.0
     parallel_safe: bool = False
     retry_budget_s: float = 30.0
+    needs_approval: bool = False
+    approval_policy: ApprovalPolicy | None = None
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError("ToolSpec.name must not be empty")
+        if self.needs_approval and self.approval_policy is not None:
+            raise ValueError(
+                f"tool {self.name!r}: give needs_approval=True or an approval_policy, not both "
+                "(needs_approval is the policy that always asks)"
+            )
         if self.timeout_s <= 0:
             raise ValueError(f"ToolSpec.timeout_s must be > 0, got {self.timeout_s} (tool {self.name!r})")
         if self.retry_budget_s <= 0:
             raise ValueError(f"ToolSpec.retry_budget_s must be > 0, got {self.retry_budget_s} (tool {self.name!r})")
+
+    @property
+    def gated(self) -> bool:
+        """Whether a call of this tool may need an approval (``needs_approval`` or an ``approval_policy``)."""
+        return self.needs_approval or self.approval_policy is not None
+
+    def approval_verdict(self, args: dict[str, Any]) -> ApprovalVerdict:
+        """Return whether a call with ``args`` runs, waits for a person, or is denied by policy.
+
+        Args:
+            args: The call's decoded arguments (a copy is handed to the policy).
+
+        Returns:
+            `ApprovalVerdict.ASK` for ``needs_approval``, the policy's answer for an ``approval_policy``, else
+            `ApprovalVerdict.ALLOW`.
+
+        Raises:
+            ValueError: The policy answered something other than an `ApprovalVerdict` or its value (the message
+                names the tool and the value).
+        """
+        if self.needs_approval:
+            return ApprovalVerdict.ASK
+        if self.approval_policy is None:
+            return ApprovalVerdict.ALLOW
+        answer = self.approval_policy(dict(args))
+        try:
+            return ApprovalVerdict(answer)
+        except ValueError:
+            raise ValueError(
+                f"tool {self.name!r}: approval_policy returned {answer!r}; expected one of "
+                f"{[v.value for v in ApprovalVerdict]}"
+            ) from None
 
     @property
     def safety(self) -> ToolSafety:
