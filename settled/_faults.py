@@ -71,6 +71,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "approval of one call's arguments approves other arguments (issue 16 item 4; as with DUR-009's signed "
             "resolutions, a signed command authorizes only what it names)"
         ),
+        "tool_runs_before_approval": (
+            "a call of a tool that needs approval is prepared and its tool runs before the approval is canonical (the "
+            "approval is asked for afterwards), so an unapproved or denied call has run (issue 16 item 5; "
+            "DUR-008's rule for deliveries: canonical before anything acts on it)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

@@ -20,8 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from settled.processors import HistoryTurn, RunFailedError
-from settled.runtime._context import RunContext
-from settled.runtime._errors import ToolCallError
+from settled.protocol import approval_id_for
+from settled.runtime._context import ApprovalDecision, RunContext
+from settled.runtime._errors import APPROVAL_DENIED, ToolApprovalDeniedError, ToolCallError
 from settled.runtime._model import Message, ModelProvider, ToolDeclaration
 from settled.runtime._tools import POLICY_DENIER
 from settled.schemas import (
@@ -32,6 +33,7 @@ from settled.schemas import (
     ToolCallRefused,
     ToolCallSettled,
     UnknownResolved,
+    WaitResolved,
     canonical_json,
 )
 
@@ -80,7 +82,15 @@ def _tool_message(call: DeclaredToolCall, outcome: LogEvent) -> Message:
             )
         return Message("tool", outcome.result_json or "null", call_id=call.call_id)
     if isinstance(outcome, ToolCallRefused):
+        if outcome.reason.startswith(f"{APPROVAL_DENIED}:"):
+            denial = denial_result(call.tool, POLICY_DENIER, outcome.reason)
+            return Message("tool", canonical_json(denial), call_id=call.call_id)
         return Message("tool", f"error: refused: {outcome.reason}", call_id=call.call_id, is_error=True)
+    if isinstance(outcome, WaitResolved):  # a denied approval (issue 16 item 5)
+        decision = ApprovalDecision.of(outcome)
+        return Message(
+            "tool", canonical_json(denial_result(call.tool, decision.by, decision.reason)), call_id=call.call_id
+        )
     assert isinstance(outcome, UnknownResolved)
     return Message("tool", outcome.result_json or "null", call_id=call.call_id)
 
@@ -88,9 +98,13 @@ def _tool_message(call: DeclaredToolCall, outcome: LogEvent) -> Message:
 def _turn_messages(run_id: str, events: Sequence[LogEvent]) -> list[Message]:
     """The complete assistant turns and tool results of one run's record, in order."""
     outcomes: dict[str, LogEvent] = {}
+    denial_prefix = approval_id_for(run_id, call_id="")
     for e in events:
         if isinstance(e, (ToolCallSettled, ToolCallRefused)):
             outcomes[e.call_id] = e
+        elif isinstance(e, WaitResolved) and e.wait_id.startswith(denial_prefix):
+            if not ApprovalDecision.of(e).approved:  # a denied call never runs: the denial is its outcome
+                outcomes[e.wait_id.removeprefix(denial_prefix)] = e
         elif isinstance(e, UnknownResolved) and e.kind is ResolutionKind.CALL_OUTCOME:
             outcomes[e.call_id] = e
     out: list[Message] = []
@@ -189,14 +203,17 @@ class ModelAgent:
                 for awaitable in pending:
                     try:
                         results.append(await awaitable)
-                    except ToolCallError as exc:
+                    except (ToolCallError, ToolApprovalDeniedError) as exc:
                         results.append(exc)
             finally:
                 for unstarted in pending[len(results) + 1 :]:
                     unstarted.close()  # coroutines the run stopped before
         out = []
         for call, result in zip(calls, results, strict=True):
-            if isinstance(result, ToolCallError):
+            if isinstance(result, ToolApprovalDeniedError):  # not an error: the model is told who said no
+                denial = denial_result(result.tool, result.by, result.reason)
+                out.append(Message("tool", canonical_json(denial), call_id=call.call_id))
+            elif isinstance(result, ToolCallError):
                 out.append(
                     Message(
                         "tool", f"error: {result.error_type}: {result.message}", call_id=call.call_id, is_error=True

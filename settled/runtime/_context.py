@@ -60,12 +60,15 @@ from typing import Any, NoReturn, TypeVar
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors import AgentRun
-from settled.protocol import approval_details, approval_id_for, wait_id_for
+from settled.protocol import approval_details, approval_id_for, arguments_digest, wait_id_for
 from settled.runtime._calls import ToolCalls, replay_settled
 from settled.runtime._errors import (
+    APPROVAL_DENIED,
     ReplayDivergenceError,
     RunSuspended,
+    ToolApprovalDeniedError,
     ToolRefusedError,
+    UnknownToolError,
     UnsafeReplayError,
     WaitExpiredError,
 )
@@ -81,7 +84,7 @@ from settled.runtime._model import (
 )
 from settled.runtime._options import RunOptions
 from settled.runtime._pipeline import CommitPipeline
-from settled.runtime._tools import ToolRegistry, invoke
+from settled.runtime._tools import POLICY_DENIER, ApprovalVerdict, ToolRegistry, invoke
 from settled.schemas import (
     DeltaKind,
     EffectKind,
@@ -134,6 +137,14 @@ def _describe(event: LogEvent) -> str:
     return type(event).__name__
 
 
+def _tool_approval(event: WaitRequested) -> bool:
+    """Whether a wait is the approval of a tool call (issue 16 item 5), not a ``ctx.approve`` or ``ctx.signal``."""
+    if event.kind is not WaitKind.APPROVAL or event.details_json is None:
+        return False
+    details = json.loads(event.details_json)
+    return isinstance(details, dict) and details.get("tool") is not None
+
+
 @dataclass(frozen=True)
 class ApprovalDecision:
     """A person's decision on ``ctx.approve`` (issue 16 item 4).
@@ -184,9 +195,13 @@ class _Journal:
         self.resolved: dict[str, UnknownResolved] = {}
         self.retry_ok: set[str] = set()
         self.waits: dict[str, WaitResolved] = {}  # wait id -> its decision (issue 16)
+        self.tool_approvals: dict[str, WaitRequested] = {}  # approval id -> a tool call's approval request (item 5)
         self.signals: list[SignalReceived] = []  # signals received for the run (read only under a fault switch)
         for e in events:
-            if isinstance(e, (ToolCallPrepared, StepRecorded, EffectRecorded, WaitRequested)):
+            if isinstance(e, WaitRequested) and _tool_approval(e):
+                # At its call's ordinal, which the call's prepared or refused record holds (the call's own effect).
+                self.tool_approvals.setdefault(e.wait_id, e)
+            elif isinstance(e, (ToolCallPrepared, StepRecorded, EffectRecorded, WaitRequested)):
                 self.by_ordinal.setdefault(e.ordinal, e)
             elif isinstance(e, WaitResolved):
                 self.waits.setdefault(e.wait_id, e)
@@ -550,6 +565,14 @@ class RunContext:
 
         The ordinal is taken when this is called (parallel calls replay in call order).
 
+        A call of a tool that needs approval (``needs_approval=True``, or an ``approval_policy`` answering ``ask``
+        for these arguments; issue 16 item 5) first waits for a person: an approval wait whose id is derived from the
+        call (`settled.protocol.approval_id_for`) and bound to the digest of its canonical arguments is handed over
+        like ``ctx.approve``'s (once no other call of the run is in flight: a parallel batch's other calls settle
+        first) and the attempt ends; the call is prepared and runs only in an attempt that replays the approval as
+        canonical and approved. A policy's ``deny`` never pauses: the call is recorded as refused (reason
+        ``approval_denied: …``, by ``"policy"``) and never runs.
+
         Args:
             name: The tool's name.
             args: Its arguments, a JSON object.
@@ -562,6 +585,8 @@ class RunContext:
         Raises:
             ToolCallError: The tool answered with an error (recorded; re-raised identically on replay).
             ToolRefusedError: The tool was not offered for the turn (recorded as ``ToolCallRefused``; nothing ran).
+            ToolApprovalDeniedError: The call needed approval and was denied (by a person, its deadline or the
+                tool's policy); the tool never ran. Uncaught, the submission settles failed (``approval_denied``).
             UnknownToolError: No tool of that name is registered.
             ReplayDivergenceError: Another effect, tool or argument digest is recorded at this ordinal.
             ToolUnavailableError: An idempotent call stayed in doubt past its retry budget (the attempt ends).
@@ -569,9 +594,73 @@ class RunContext:
             ValueError: ``args`` is larger than `RunOptions.max_result_bytes` (when awaited).
         """
         allowed = self.tools_offered if offered is None else tuple(offered)
-        return self._tracked(self._tool(self._next_ordinal(), name, dict(args or {}), allowed))
+        return self._tool(self._next_ordinal(), name, dict(args or {}), allowed)
 
     async def _tool(self, ordinal: int, name: str, args: dict[str, Any], allowed: Sequence[str]) -> Any:
+        """A call, after its approval when its tool needs one: the approval wait is not counted as in flight."""
+        gate = self._approval_gate(ordinal, name, args, allowed)
+        if gate is not None:
+            if fault_enabled("tool_runs_before_approval"):
+                # Fault switch (issue 16 item 5; tests/fault_switches.toml): the call is prepared and the tool runs
+                # before its approval is canonical (asked for only afterwards), so an unapproved tool runs.
+                await self._tracked(self._call_tool(ordinal, name, args, allowed))
+            await self._suspend(gate)
+        return await self._tracked(self._call_tool(ordinal, name, args, allowed))
+
+    def _approval_gate(
+        self, ordinal: int, name: str, args: dict[str, Any], allowed: Sequence[str]
+    ) -> WaitRequested | None:
+        """Decide whether a call must wait for a person first (issue 16 item 5); return the request, or None.
+
+        None when the call goes on to `_call_tool`: nothing is recorded at its ordinal and its tool needs no approval
+        for these arguments (or is not offered, or unknown: `_call_tool` refuses it), or its approval is recorded and
+        approved, or something is recorded at its ordinal (replayed there, a policy's denial included), or the policy
+        denies it (`_call_tool` records the denial).
+
+        Raises:
+            ToolApprovalDeniedError: The call's approval is recorded and denied (by a person or its deadline).
+            RunSuspended: The call's approval is recorded and still open (a run is Ready only once it is decided).
+            ReplayDivergenceError: The recorded approval is for another tool or other arguments.
+        """
+        if self._recorded(ordinal) is not None or (allowed and name not in allowed):
+            return None
+        try:
+            spec = self._tools.get(name)
+        except UnknownToolError:
+            return None  # `_call_tool` raises it
+        if not spec.gated:
+            return None
+        call_id = f"{self.run_id}#{ordinal}"
+        approval_id = approval_id_for(self.run_id, call_id=call_id)
+        args_json = canonical_json(args)
+        requested = self._journal.tool_approvals.get(approval_id)
+        if requested is not None:
+            details = json.loads(requested.details_json or "{}")
+            if details.get("tool") != name or details.get("args_digest") != arguments_digest(args_json):
+                actual = f"tool {name!r} with arguments {json_digest(args_json)[:12]}"
+                recorded = f"an approval of tool {details.get('tool')!r} with arguments {details.get('args_digest')}"
+                raise ReplayDivergenceError(ordinal, recorded, actual)
+            decided = self._journal.waits.get(approval_id)
+            if decided is None:
+                raise RunSuspended(f"approval {approval_id} is still open")
+            decision = ApprovalDecision.of(decided)
+            if not decision.approved:
+                raise ToolApprovalDeniedError(name, call_id, decision.by, decision.reason)
+            return None
+        if spec.approval_verdict(args) is not ApprovalVerdict.ASK:
+            return None
+        description = (spec.fn.__doc__ or "").strip().split("\n", 1)[0]
+        return WaitRequested(
+            submission_id=self.submission_id,
+            attempt_id=self.attempt_id,
+            wait_id=approval_id,
+            kind=WaitKind.APPROVAL,
+            name=name,
+            ordinal=ordinal,
+            details_json=approval_details(name, description, args_json, tool=name),
+        )
+
+    async def _call_tool(self, ordinal: int, name: str, args: dict[str, Any], allowed: Sequence[str]) -> Any:
         args_json = canonical_json(args)
         size = len(args_json.encode())
         if size > self._options.max_result_bytes:
@@ -588,6 +677,8 @@ class RunContext:
             if rec.args_digest != digest:
                 raise ReplayDivergenceError(ordinal, _describe(rec), actual)
             if isinstance(rec, ToolCallRefused):
+                if rec.reason.startswith(f"{APPROVAL_DENIED}:"):
+                    raise ToolApprovalDeniedError(name, call_id, POLICY_DENIER, rec.reason)
                 raise ToolRefusedError(name, call_id, "not_offered", rec.reason, non_retryable=True)
             settled = self._journal.settled.get(call_id)
             if settled is not None:
@@ -614,6 +705,27 @@ class RunContext:
             )
             raise ToolRefusedError(name, call_id, "not_offered", reason, non_retryable=True)
         spec = self._tools.get(name)
+        if (
+            rec is None
+            and spec.approval_policy is not None
+            and approval_id_for(self.run_id, call_id=call_id) not in self._journal.tool_approvals
+            and spec.approval_verdict(args) is ApprovalVerdict.DENY
+        ):
+            # Denied by the tool's approval policy: recorded, never paused, never run (issue 16 item 5).
+            reason = f"{APPROVAL_DENIED}: the approval policy of tool {name!r} denies these arguments"
+            await self._pipeline.record(
+                [
+                    ToolCallRefused(
+                        submission_id=self.submission_id,
+                        attempt_id=self.attempt_id,
+                        call_id=call_id,
+                        tool=name,
+                        args_digest=digest,
+                        reason=reason,
+                    )
+                ]
+            )
+            raise ToolApprovalDeniedError(name, call_id, POLICY_DENIER, reason)
         prepared = ToolCallPrepared(
             submission_id=self.submission_id,
             run_id=self.run_id,

@@ -6,6 +6,7 @@ from settled._errors import ErrorCategory, SettledError
 from settled.processors import RunFailedError
 
 __all__ = [
+    "APPROVAL_DENIED",
     "ReplayDivergenceError",
     "RunCancelledError",
     "RunSuspended",
@@ -19,6 +20,11 @@ __all__ = [
     "UnsafeToolsError",
     "WaitExpiredError",
 ]
+
+
+#: The error type of a denied call (`ToolApprovalDeniedError`), and the reason prefix of a ``ToolCallRefused`` that
+#: records a denial by a tool's approval policy.
+APPROVAL_DENIED = "approval_denied"
 
 
 class ReplayDivergenceError(RunFailedError):
@@ -167,7 +173,7 @@ class ToolApprovalDeniedError(RunFailedError):
     def __init__(self, tool: str, call_id: str, by: str | None, reason: str | None) -> None:
         who = "nobody before its deadline" if by is None else by
         why = "" if reason is None else f": {reason}"
-        super().__init__("approval_denied", f"call {call_id} of tool {tool!r} was denied by {who}{why}")
+        super().__init__(APPROVAL_DENIED, f"call {call_id} of tool {tool!r} was denied by {who}{why}")
         self.tool = tool
         self.call_id = call_id
         self.by = by

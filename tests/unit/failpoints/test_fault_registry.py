@@ -24,6 +24,7 @@ EXPECTED_SWITCHES = {
     "signal_honoured_before_canonical",
     "sdk_retries_on",
     "approval_digest_unchecked",
+    "tool_runs_before_approval",
 }
 
 
