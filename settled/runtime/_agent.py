@@ -4,7 +4,10 @@ Each run: the prompt is the conversation's history (earlier settled submissions,
 submission's input as a user message; the model is called (`RunContext.model`: its completed response is canonical
 before any tool it declares is prepared); the declared tool calls run in declaration order — in parallel only when
 every one of them is parallel-safe — a call to a tool not offered for the turn is refused (``ToolCallRefused``) and
-answered to the model as an error; the results go back to the model; the loop ends when the model answers without
+answered to the model as an error; a denied call of a tool that needs approval is answered with `denial_result`
+(who denied it and why, do not retry: a result, not an error; issue 16 item 5); a call waiting for its approval ends
+the attempt once the batch's calls before it settled (parallel-safe siblings: all of them), and the run resumes from
+the declaration once it is decided; the results go back to the model; the loop ends when the model answers without
 tool calls, and that answer is the reply.
 
 Re-entry replays everything recorded (responses, tool results), so a committed response whose tool batch has no
