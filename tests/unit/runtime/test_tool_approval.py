@@ -342,3 +342,34 @@ def test_a_model_receives_structured_denials_and_the_turn_goes_on() -> None:
     shown = [(m.call_id, json.loads(m.text)) for m in history_messages([turn]) if m.role == "tool"]
     assert shown == expected
     assert not [e for e in rec2.events if isinstance(e, (ToolCallPrepared, ToolCallSettled))]
+
+
+def _parallel_script(request: ModelRequest) -> list[ScriptStep]:
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    if sum(1 for m in request.messages[last_user:] if m.role == "assistant") == 0:
+        calls = (
+            declared_call("c1", "slow_lookup", {"n": 1}),
+            declared_call("c2", "refund", {"cents": 12000}),
+            declared_call("c3", "lookup", {"n": 3}),
+        )
+        return [ModelResponse("", calls, model="m1")]
+    return [ModelResponse("done", model="m1")]
+
+
+def test_a_models_parallel_batch_settles_its_other_calls_before_it_waits_and_never_runs_them_again() -> None:
+    calls: list[str] = []
+    provider = ScriptedProvider(_parallel_script)
+    app = _app(ModelAgent(provider, model="m1"), calls)
+    rec = Recorder()
+    with pytest.raises(RunCancelledError, match="waits for approval 'refund'"):
+        run(app, attempt(rec))
+    assert sorted(calls) == ["lookup 3", "slow_lookup 1"]
+    kinds = [type(e).__name__ for e in rec.events]
+    assert kinds[-1] == "WaitRequested" and kinds.count("ToolCallSettled") == 2, kinds
+    [request] = rec.of(WaitRequested)
+    assert request.ordinal == 2  # the response at 0, the batch's calls at 1, 2, 3
+    rec2 = Recorder()
+    assert run(app, attempt(rec2, [*rec.events, _decided(request, approved=True)], n=2)) == canonical_json("done")
+    assert sorted(calls) == ["lookup 3", "refund 12000", "slow_lookup 1"]
+    tool_messages = [(m.call_id, m.text) for m in provider.prompts[-1].messages if m.role == "tool"]
+    assert tool_messages == [("c1", '"found 1 slowly"'), ("c2", '"refunded"'), ("c3", '"found 3"')]
