@@ -617,6 +617,15 @@ class RunContext:
         approved, or something is recorded at its ordinal (replayed there, a policy's denial included), or the policy
         denies it (`_call_tool` records the denial).
 
+        Args:
+            ordinal: The call's callsite ordinal.
+            name: The tool's name.
+            args: The call's arguments.
+            allowed: The tools offered for the call (empty: all).
+
+        Returns:
+            The approval request to hand over (the call waits for it), or None.
+
         Raises:
             ToolApprovalDeniedError: The call's approval is recorded and denied (by a person or its deadline).
             RunSuspended: The call's approval is recorded and still open (a run is Ready only once it is decided).
