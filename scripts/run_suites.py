@@ -49,7 +49,8 @@ SUITES = [
     Suite("unit", 120, (_pytest("tests/unit"),), junit=True),
     # 720 s, +180 s for issue 25's hostile-input tests (contract, fuzz run, projection quarantine, re-claim rewind,
     # oversized records, tool results across a broker outage: ~140 s here on a quiet machine).
-    Suite("integration", 900, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +30 s for `settled doctor` (tests/integration/test_doctor.py, ~25 s here, a private broker included).
+    Suite("integration", 930, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);

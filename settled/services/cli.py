@@ -7,6 +7,7 @@ import typer
 from settled.services._cli_client import abort, approve, deny, settlements_app, signal, submit
 from settled.services._cli_demo import demo_app
 from settled.services._cli_dev import dev_app
+from settled.services._cli_doctor import doctor
 from settled.services._cli_projections import projections_app
 from settled.services._cli_quarantine import quarantine_app
 from settled.services._cli_runs import conversations_app, runs_app, submissions_app, unknown_app
@@ -24,6 +25,7 @@ app.command("abort")(abort)
 app.command("signal")(signal)
 app.command("approve")(approve)
 app.command("deny")(deny)
+app.command("doctor")(doctor)
 app.add_typer(settlements_app, name="settlements")
 app.add_typer(projections_app, name="projections")
 app.add_typer(runs_app, name="runs")
