@@ -54,8 +54,9 @@ SUITES = [
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
-    # +45 s for its tools that need approval (tests/integration/engine/test_engine_tool_approvals.py, ~38 s here).
-    Suite("engine", 590, (_pytest("tests/integration/engine"),), junit=True),
+    # +45 s for its tools that need approval (tests/integration/engine/test_engine_tool_approvals.py, ~38 s here);
+    # +15 s for the metrics test (tests/integration/engine/test_engine_metrics.py, ~6 s here).
+    Suite("engine", 605, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
     # (the settled-bfcl example, examples/bfcl).

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
             and graceful releases get their restore and revoke bounds on top. 0 disables the watchdog.
         clock_offset_s: Seconds added to a worker's clock (its decisions, wait deadlines and their sweeper,
             ``ctx.now()``), for tests of deadlines that must not sleep: every worker process reads it. Default 0.
+        metrics_port: The port of the Prometheus ``/metrics`` endpoint of ``settled worker`` and ``settled projections
+            run`` (docs/architecture.md, "Metrics"); unset: not served; 0: a port the OS chooses (logged).
+        metrics_host: The address that endpoint binds. Default ``127.0.0.1`` (this host only).
     """
 
     model_config = SettingsConfigDict(
@@ -120,6 +123,8 @@ class Settings(BaseSettings):
     revoke_grace_s: float = Field(default=5.0, ge=0.0)
     worker_turn_watchdog_s: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     clock_offset_s: float = Field(default=0.0, allow_inf_nan=False)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @model_validator(mode="after")
     def _transactions_end_before_sessions(self) -> Settings:

@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
+from settled._metrics import WorkerMetrics
 from settled._settings import Settings
 from settled.processors._batch_probe import failing_batch_last_offset, probe_consumer_config
 from settled.processors._conductor import HeldSettlement, ResumeGate
@@ -221,6 +222,7 @@ class Worker(Generic[S]):
         codec: The record codec (single-object encoding unless a registry is configured).
         conductor_factory: Builds what runs beside each claimed partition's owner (attempts); ``None`` for a loop
             that only decides inputs.
+        metrics: Where checkpoint commit durations are observed (``SETTLED_METRICS_PORT``); None observes nothing.
     """
 
     settings: Settings
@@ -230,6 +232,7 @@ class Worker(Generic[S]):
     worker_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     codec: Codec = field(default_factory=Codec)
     conductor_factory: Callable[[PartitionOwner[S]], PartitionConductor] | None = None
+    metrics: WorkerMetrics | None = None
     conductors: dict[int, PartitionConductor] = field(default_factory=dict, init=False)
     owners: dict[int, PartitionOwner[S]] = field(default_factory=dict, init=False)
     _to_claim: set[int] = field(default_factory=set, init=False)
@@ -520,7 +523,9 @@ class Worker(Generic[S]):
     def _checkpoint(self, owner: PartitionOwner[S]) -> None:
         try:
             with self._phase(f"checkpoint of partition {owner.partition}"):
-                owner.checkpoint()
+                started_s = time.perf_counter()
+                if owner.checkpoint() and self.metrics is not None:
+                    self.metrics.commit_duration_seconds.observe(time.perf_counter() - started_s)
         except ProducerFencedError:
             # Either a newer owner took the partition (then the group revokes it from us at a coming poll) or the
             # coordinator aborted our own transaction for running past transaction.timeout.ms (then the partition

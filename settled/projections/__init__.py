@@ -23,6 +23,7 @@ Never imports `settled.processors`: the worker and the projections are independe
 
 from settled.projections._bulk import RebuildWorkerError, ReplayTimings
 from settled.projections._fastdecode import FastBatchDecoder
+from settled.projections._metrics import ProjectionMetrics
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
 from settled.projections._queries import ProjectionReader, ReadYourWritesTimeoutError
 from settled.projections._rebuild import (
@@ -86,6 +87,7 @@ __all__ = [
     "Migration",
     "OffsetConflictError",
     "ProjectionLayoutError",
+    "ProjectionMetrics",
     "ProjectionNames",
     "ProjectionReader",
     "ProjectionState",

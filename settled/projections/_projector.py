@@ -53,10 +53,12 @@ from settled._faults import fault_enabled
 from settled._settings import Settings
 from settled.producers import admin_config, consume_promptly, reader_config
 from settled.projections._fastdecode import FastBatchDecoder
+from settled.projections._metrics import ProjectionMetrics
 from settled.projections._rows import ProjectionState, RowSet, project_batch
 from settled.projections._schema import ProjectionNames, check_layout, migrate
 from settled.projections._sqlstate import ErrorKind, classify, describe
 from settled.projections._store import OffsetConflictError, ProjectionWriter, QuarantinedRecord
+from settled.projections._tables import SETTLEMENTS
 from settled.schemas import Codec, LogBatch
 
 __all__ = ["ChunkApplied", "Projector", "ProjectorConfig"]
@@ -164,12 +166,15 @@ class Projector:
         config: How it runs.
         codec: Decodes the log's batches.
         on_chunk: Called after each committed chunk.
+        metrics: Where committed settlements and the partitions' lag are counted (``settled projections run`` with
+            ``SETTLED_METRICS_PORT``); None counts nothing.
     """
 
     settings: Settings
     config: ProjectorConfig
     codec: Codec = field(default_factory=Codec)
     on_chunk: Callable[[ChunkApplied], None] | None = None
+    metrics: ProjectionMetrics | None = None
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _parts: dict[int, _Part] = field(default_factory=dict, init=False)
     _conn: Conn | None = field(default=None, init=False)
@@ -183,6 +188,7 @@ class Projector:
     quarantined: int = field(default=0, init=False)
     """Records this process entered in the quarantine table (module doc)."""
     _transient_failures: int = field(default=0, init=False)
+    _next_lag_s: float = field(default=0.0, init=False)  # monotonic time of the next lag reading
 
     @property
     def topic(self) -> str:
@@ -340,7 +346,18 @@ class Projector:
             # partition) gets these records again from its new position: applying them now would fold them twice.
             if part is not None and p not in self._repositioned:
                 done += self._apply(part, recs)
+        if self.metrics is not None and now >= self._next_lag_s:
+            self._next_lag_s = now + _LAG_INTERVAL_S
+            self._read_lag(consumer, self.metrics)
         return done
+
+    def _read_lag(self, consumer: Consumer, metrics: ProjectionMetrics) -> None:
+        """Set each held partition's lag: the end of the log (as last fetched) minus the consumer's position."""
+        tps = [TopicPartition(self.topic, p) for p in sorted(self._parts)]
+        for tp in consumer.position(tps):
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:  # both known: the partition was fetched from at least once
+                metrics.lag(tp.partition, high - tp.offset)
 
     def _apply(self, part: _Part, recs: list[Message]) -> int:
         p = part.partition
@@ -384,6 +401,8 @@ class Projector:
         part.state = state.commit()
         part.pos = next_offset
         self._transient_failures = 0
+        if self.metrics is not None:
+            self.metrics.settled(_outcomes(rows))
         if self.on_chunk is not None:
             self.on_chunk(ChunkApplied(p, len(rest), rows.events, sent, next_offset))
         return len(recs)
@@ -402,6 +421,7 @@ class Projector:
             batch = self._decode(p, msg)
             rows = RowSet()
             state = project_batch(part.state.working(), batch, offset, rows)
+            stored_rows = True
             try:
                 try:
                     sent = self._write(p, part.pos, offset, offset + 1, rows)
@@ -409,6 +429,7 @@ class Projector:
                     if not self._rows_refused(p, exc):
                         return done
                     sent = self._quarantine(p, part.pos, offset, batch, rows, exc)
+                    stored_rows = False
             except OffsetConflictError as conflict:
                 self._conflict(part, conflict)
                 return done
@@ -421,6 +442,8 @@ class Projector:
             part.state = state.commit()
             part.pos = offset + 1
             self._transient_failures = 0
+            if self.metrics is not None and stored_rows:
+                self.metrics.settled(_outcomes(rows))
             done += 1
             if self.on_chunk is not None:
                 self.on_chunk(ChunkApplied(p, 1, rows.events, sent, offset + 1))
@@ -686,6 +709,20 @@ class Projector:
         if self._consumer is None:
             raise RuntimeError("the projector is not open")
         return self._consumer
+
+
+#: How often the projector reads its partitions' lag for the metrics, in seconds.
+_LAG_INTERVAL_S = 1.0
+_SETTLEMENT_OUTCOME_I = SETTLEMENTS.columns.index("outcome")
+
+
+def _outcomes(rows: RowSet) -> dict[str, int]:
+    """Outcome → settlements among ``rows`` (a chunk's rows, as written)."""
+    out: dict[str, int] = {}
+    for row in rows.tables[SETTLEMENTS.name].values():
+        outcome = str(row[_SETTLEMENT_OUTCOME_I])
+        out[outcome] = out.get(outcome, 0) + 1
+    return out
 
 
 def _offset(msg: Message) -> int:

@@ -27,8 +27,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from settled._metrics import serve_metrics
 from settled._settings import Settings
 from settled.projections import (
+    ProjectionMetrics,
     ProjectionNames,
     Projector,
     ProjectorConfig,
@@ -113,11 +115,18 @@ def run_command(
     settings = projection_settings()
     names = projection_names(settings, schema)
     configure_logging("INFO")
+    log = logging.getLogger("settled.projections")
+    metrics = None
+    if settings.metrics_port is not None:
+        metrics = ProjectionMetrics(dsn=settings.postgres_dsn, schema=names.live)
+        served = serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
+        log.info("metrics served", extra={"url": f"http://{settings.metrics_host}:{served.port}/metrics"})
     projector = Projector(
         settings,
         ProjectorConfig(
             names=names, partitions=_parse_partitions(partitions), advisory_lock=advisory_lock, max_records=max_records
         ),
+        metrics=metrics,
     )
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -125,7 +134,6 @@ def run_command(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    log = logging.getLogger("settled.projections")
     log.info("projector starting", extra={"schema": names.live, "topic": settings.topic("log")})
     try:
         projector.run()

@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from settled._metrics import WorkerMetrics, serve_metrics
 from settled._settings import Settings
 from settled.processors import Conductor, LedgerDecider, PartitionOwner, Worker, WorkerConfig, load_public_key
 from settled.protocol import PartitionState
@@ -27,7 +28,12 @@ _log = logging.getLogger(__name__)
 
 
 def build_worker(
-    settings: Settings, app: App, *, config: WorkerConfig | None = None, worker_id: str | None = None
+    settings: Settings,
+    app: App,
+    *,
+    config: WorkerConfig | None = None,
+    worker_id: str | None = None,
+    metrics: WorkerMetrics | None = None,
 ) -> Worker[PartitionState]:
     """Assemble a worker: the ledger decider and a conductor running ``app``'s agent on each owned partition.
 
@@ -36,6 +42,7 @@ def build_worker(
         app: The agent and its limits.
         config: Loop tuning.
         worker_id: This process's id (default: a random one).
+        metrics: Where the worker's metrics are kept (None: none are).
 
     Returns:
         The worker (not yet running).
@@ -82,6 +89,7 @@ def build_worker(
         decider_factory=decider,
         config=config or WorkerConfig(),
         conductor_factory=conductor,
+        metrics=metrics,
         **extra,
     )
     holder.append(worker)
@@ -120,7 +128,13 @@ def worker_command(
     configure_logging(log_level)
     with exits_on_error():  # set-up errors by category (an app that does not load: exit 2); run()'s are unhandled
         loaded = load_app(app)
-        worker = build_worker(resolve_settings(), loaded, worker_id=worker_id or None)
+        settings = resolve_settings()
+        metrics = None
+        if settings.metrics_port is not None:
+            metrics = WorkerMetrics()
+            served = serve_metrics(metrics.registry, settings.metrics_host, settings.metrics_port)
+            _log.info("metrics served", extra={"url": f"http://{settings.metrics_host}:{served.port}/metrics"})
+        worker = build_worker(settings, loaded, worker_id=worker_id or None, metrics=metrics)
     worker.install_signal_handlers()
     try:
         worker.run()

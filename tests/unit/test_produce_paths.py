@@ -17,6 +17,7 @@ ALLOWED = {
     "producers/_appender.py": "the transactional appender: log, receipts, settlements, quarantine",
     "services/_cli_demo.py": "the demo's own non-authoritative topic (still transactional)",
     "client/_inbox.py": "the client's idempotent inbox producer (proposals, commands): not authoritative",
+    "services/_doctor.py": "settled doctor's clock probes to its own scratch topic <namespace>.doctor: read by nobody",
 }
 
 
