@@ -45,7 +45,8 @@ from settled.client._errors import (
 )
 from settled.client._inbox import InboxProducer
 from settled.client._receipts import ReceiptsReader, ReceiptWaiter
-from settled.client._settlements import SettlementStream, read_settlement
+from settled.client._settlements import SettlementStream
+from settled.client._waits import SettlementsReader
 from settled.schemas import (
     AbortRequested,
     CanonicalJsonError,
@@ -194,6 +195,7 @@ class Client:
         self._producer = InboxProducer(settings, delivery_timeout_s=delivery_timeout_s, overrides=producer_overrides)
         self._reader = ReceiptsReader(settings, self._codec)
         self._reader_lock = threading.Lock()
+        self._settlements = SettlementsReader(settings, self._codec)
         self._closed = False
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -219,6 +221,7 @@ class Client:
         if left:
             _log.warning("inbox records undelivered at close", extra={"records": left})
         self._reader.close(timeout_s)
+        self._settlements.close(timeout_s)
 
     @property
     def producer_replacements(self) -> int:
@@ -758,8 +761,9 @@ class Client:
     def wait(self, receipt: Receipt, timeout_s: float | None = None) -> SettlementRecord:
         """Return the settlement of the submission a receipt admitted (docs/design.md §4).
 
-        Reads the conversation's partition of ``settled.settlements`` from the receipt's ``decided_at`` (less
-        ``settlement_lookback_s``), found with ``offsets_for_times``, until the submission's settlement.
+        Every wait of a client is served by one shared background reader of ``settled.settlements``
+        (`settled.client._waits`), which reads the conversation's partition from the receipt's ``decided_at`` (less
+        ``settlement_lookback_s``) at the latest; a settlement read before the wait began is kept for it.
 
         Args:
             receipt: An ``admitted`` or ``duplicate`` submission receipt (for a duplicate, the original submission's
@@ -782,13 +786,10 @@ class Client:
                 "(or duplicate) submission settles"
             )
         submission_id = receipt.original_submission_id or receipt.request_id
-        return read_settlement(
-            self.settings,
-            self._codec,
-            receipt.conversation_id,
-            submission_id,
-            receipt.decided_at - self._lookback,
-            self._timeout(timeout_s),
+        if self._closed:
+            raise ClientError("the client is closed")
+        return self._settlements.wait(
+            receipt.conversation_id, submission_id, receipt.decided_at - self._lookback, self._timeout(timeout_s)
         )
 
     def settlements(
