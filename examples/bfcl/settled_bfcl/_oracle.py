@@ -12,7 +12,7 @@ instance with ``!=``; private attributes (``_random``, ``_current_dir``, ...) ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,19 +69,24 @@ class OracleRun:
         return tuple(c.output for c in self.calls if c.call.turn_index == turn_index)
 
 
-def run_oracle(entry: Entry) -> OracleRun:
+def run_oracle(entry: Entry, skip: Collection[str] = frozenset()) -> OracleRun:
     """Execute an entry's ground truth on a fresh world.
 
-    Every call runs, offered in its turn or not (:attr:`GroundTruthCall.offered`), as BFCL's checker does.
+    Every call runs, offered in its turn or not (:attr:`GroundTruthCall.offered`), as BFCL's checker does, except
+    the calls named in ``skip``: the reference run of a conversation whose operator denied them
+    (`settled_bfcl._approvals`).
 
     Args:
         entry: The entry.
+        skip: Call ids that never run (denied); they are left out of the result.
 
     Returns:
         Each call's output and the final world.
     """
     world = entry.world()
-    calls = tuple(OracleCall(call, world.execute(call.method, call.arguments)) for call in entry.calls)
+    calls = tuple(
+        OracleCall(call, world.execute(call.method, call.arguments)) for call in entry.calls if call.call_id not in skip
+    )
     return OracleRun(entry_id=entry.id, calls=calls, world=world)
 
 

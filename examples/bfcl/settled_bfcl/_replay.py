@@ -13,6 +13,10 @@ owner) is still the right next step. The history is checked against the plan: a 
 unexpected call id, a user message that is not the turn's, or a final text already given raise
 :class:`ReplayHistoryError` naming the message.
 
+A structured denial (`settled_bfcl._approvals.denial_result`, given instead of a result when an operator denies a
+gated call) counts as that call's answer: the model goes on with the plan, and the turn's final text names the
+denied calls (:func:`final_reply_text`).
+
 Arguments reach the caller as the corpus's JSON values (an int stays an int and a float a float: ``15.0`` is not
 ``15`` for BFCL's backends), in a fresh dict each time.
 
@@ -37,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
 
+from settled_bfcl._approvals import parse_denial
 from settled_bfcl._backends import JsonValue
 from settled_bfcl._corpus import Corpus, Entry, GroundTruthCall, ToolDoc, Turn
 from settled_bfcl._errors import BfclError
@@ -238,15 +243,18 @@ class TurnScript:
         return (*(ModelResponse(tool_calls=chunk) for chunk in self.chunks), ModelResponse(text=self.final_text))
 
 
-def final_reply_text(entry: Entry, turn_index: int) -> str:
+def final_reply_text(entry: Entry, turn_index: int, denied: Sequence[str] = ()) -> str:
     """Return the replay model's final text for a turn (deterministic; names the entry and the turn).
 
     Args:
         entry: The entry.
         turn_index: Zero-based turn index.
+        denied: The turn's calls whose result was a structured denial (`settled_bfcl._approvals.parse_denial`), in
+            call order: the text names them, so the reply shows the model read each denial.
 
     Returns:
-        E.g. ``"multi_turn_base_0 turn 1: done (2 tool calls)."``.
+        E.g. ``"multi_turn_base_0 turn 1: done (2 tool calls)."``, or with denials
+        ``"multi_turn_base_0 turn 1: done (2 tool calls; denied: multi_turn_base_0/t1/c0)."``.
 
     Raises:
         ReplayError: The turn index is out of range.
@@ -254,7 +262,8 @@ def final_reply_text(entry: Entry, turn_index: int) -> str:
     turn = _turn(entry, turn_index)
     if turn.calls:
         count = len(turn.calls)
-        return f"{entry.id} turn {turn_index}: done ({count} tool call{'s' if count != 1 else ''})."
+        refused = f"; denied: {', '.join(denied)}" if denied else ""
+        return f"{entry.id} turn {turn_index}: done ({count} tool call{'s' if count != 1 else ''}{refused})."
     if turn.held_out:
         return f"{entry.id} turn {turn_index}: none of the offered tools can do this."
     return f"{entry.id} turn {turn_index}: nothing to call; please tell me more."
@@ -535,6 +544,7 @@ class ReplayModel:
         planned = script.calls
         called = 0
         answered = 0
+        denied: list[str] = []
         for index in range(start + 1, len(history)):
             message = history[index]
             if isinstance(message, AssistantToolCalls):
@@ -556,6 +566,8 @@ class ReplayModel:
                     raise ReplayHistoryError(
                         f"{where}: history[{index}] is a result for call {message.call_id!r}; expected {want}"
                     )
+                if message.is_error and parse_denial(message.content) is not None:
+                    denied.append(message.call_id)  # a denial is an answer: the plan goes on (_approvals docstring)
                 answered += 1
             elif isinstance(message, AssistantText):
                 raise ReplayHistoryError(
@@ -564,7 +576,7 @@ class ReplayModel:
             else:
                 raise ReplayHistoryError(f"{where}: history[{index}] is not a message: {_describe(message)}")
         if answered == len(planned):
-            return ModelResponse(text=script.final_text)
+            return ModelResponse(text=final_reply_text(entry, turn_index, denied) if denied else script.final_text)
         offset = 0
         for chunk in script.chunks:
             if offset + len(chunk) > answered:

@@ -12,7 +12,12 @@ in-memory world (:func:`~settled_bfcl.run_oracle`) and checks, naming the call i
   text; see :func:`result_matches`);
 * **replies** -- exactly one final reply per turn, in turn order (and, by default, the replay model's text);
 * **settlements** -- exactly one settlement per submission, in order, each ``completed``;
-* **refusals** -- the refused calls are exactly the adversarial mode's calls of not-offered tools.
+* **refusals** -- the refused calls are exactly the adversarial mode's calls of not-offered tools;
+* **approvals** (a run with ``--approvals``, judged with its seed) -- every call of a state-changing method got
+  exactly one decision and it is the operator's seeded rule's (`settled_bfcl._approvals`), no read-only call was
+  gated; the reference run is then the ground truth with the denied calls skipped, so the checks above require each
+  approved call to have run once and each denied call never, and the turn's reply must name its denied calls (the
+  replay model read the structured denial).
 
 End state alone misses a duplicate in about 36% of base conversations (research §3); the ledger and the tool results
 close that gap. Reading the canonical log is the caller's job (:class:`ConversationLog`); the judge reads worlds and
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,14 @@ from pydantic import TypeAdapter
 from rich.table import Table
 
 from settled.schemas import CanonicalJsonError, SettlementOutcome, canonical_json
+from settled_bfcl._approvals import (
+    APPROVER_KEY_ID,
+    approval_granted,
+    approval_reason,
+    denial_result,
+    expected_decisions,
+    needs_approval,
+)
 from settled_bfcl._backends import JsonValue, World
 from settled_bfcl._client import ToolServerClient
 from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, GroundTruthCall, load_corpus
@@ -101,6 +114,8 @@ class VerdictCheck(enum.StrEnum):
     """Exactly one settlement per submission, completed."""
     REFUSALS = "refusals"
     """Refused calls are exactly the expected adversarial ones."""
+    APPROVALS = "approvals"
+    """Every gated call decided once, as the operator's seeded rule says; no read-only call gated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +152,8 @@ class ConversationLog:
         settlements: ``(turn_index, outcome)`` of every settlement, in log order (outcome as in
             :class:`~settled.schemas.SettlementOutcome`, e.g. ``"completed"``).
         refused_calls: Call ids the runtime refused (``ToolCallRefused``), in log order.
+        approvals: ``(call_id, approved)`` of every decided approval of a call (``WaitResolved`` of an approval
+            wait), in log order.
     """
 
     conversation_id: str
@@ -145,6 +162,7 @@ class ConversationLog:
     replies: Sequence[tuple[int, str]] = ()
     settlements: Sequence[tuple[int, str]] = ()
     refused_calls: Sequence[str] = ()
+    approvals: Sequence[tuple[str, bool]] = ()
 
     def __post_init__(self) -> None:
         """Freeze the sequences into tuples (lists are accepted)."""
@@ -152,6 +170,7 @@ class ConversationLog:
         object.__setattr__(self, "replies", tuple((int(t), str(r)) for t, r in self.replies))
         object.__setattr__(self, "settlements", tuple((int(t), str(o)) for t, o in self.settlements))
         object.__setattr__(self, "refused_calls", tuple(str(c) for c in self.refused_calls))
+        object.__setattr__(self, "approvals", tuple((str(c), bool(a)) for c, a in self.approvals))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +188,8 @@ class ConversationVerdict:
         duplicate_executions: Executions beyond the first of a ground-truth call id.
         unexpected_executions: Executions of anything that is not a ground-truth call id.
         refused_calls: Calls the runtime refused.
+        approvals: Gated calls approved (as the log records the decisions).
+        denials: Gated calls denied.
     """
 
     conversation_id: str
@@ -181,6 +202,8 @@ class ConversationVerdict:
     duplicate_executions: int = 0
     unexpected_executions: int = 0
     refused_calls: int = 0
+    approvals: int = 0
+    denials: int = 0
 
     @property
     def passed(self) -> bool:
@@ -269,9 +292,12 @@ def _check_state(world: World, oracle: OracleRun) -> list[VerdictReason]:
 
 
 def _check_ledger(
-    entry: Entry, oracle: OracleRun, ledger: Sequence[LedgerRecord]
+    entry: Entry, oracle: OracleRun, ledger: Sequence[LedgerRecord], denied: Collection[str] = frozenset()
 ) -> tuple[list[VerdictReason], int, int, int]:
-    """Return (reasons, executions, duplicate executions, unexpected executions)."""
+    """Return (reasons, executions, duplicate executions, unexpected executions).
+
+    The expected calls are the reference run's (``oracle``: the ground truth less the ``denied`` calls).
+    """
     reasons: list[VerdictReason] = []
     runs: list[tuple[ExecutionRecord, str]] = []
     for record in ledger:
@@ -286,7 +312,8 @@ def _check_ledger(
             )
         runs += [(execution, record.idempotency_key) for execution in record.executions]
     runs.sort(key=lambda run: run[0].seq)
-    expected = {call.call_id: call for call in entry.calls}
+    reference = tuple(c.call for c in oracle.calls)
+    expected = {call.call_id: call for call in reference}
     outputs = oracle.outputs
     by_call: dict[str, list[tuple[ExecutionRecord, str]]] = defaultdict(list)
     unexpected = 0
@@ -295,16 +322,17 @@ def _check_ledger(
             by_call[execution.call_id].append((execution, key))
             continue
         unexpected += 1
+        why = "a call the operator denied" if execution.call_id in denied else f"not a ground-truth call of {entry.id}"
         reasons.append(
             VerdictReason(
                 VerdictCheck.LEDGER,
                 f"unexpected execution #{execution.seq} of {_call_text(execution.method, execution.arguments)} "
-                f"under key {key!r} with call id {execution.call_id!r}: not a ground-truth call of {entry.id}",
+                f"under key {key!r} with call id {execution.call_id!r}: {why}",
                 call_id=execution.call_id,
             )
         )
     duplicates = 0
-    for call in entry.calls:
+    for call in reference:
         executed = by_call.get(call.call_id, [])
         if not executed:
             reasons.append(
@@ -350,7 +378,7 @@ def _check_ledger(
                 )
             )
     order = list(dict.fromkeys(e.call_id for e, _ in runs if e.call_id in expected))
-    due = [call.call_id for call in entry.calls if call.call_id in by_call]
+    due = [call.call_id for call in reference if call.call_id in by_call]
     for got, want in zip(order, due, strict=True):
         if got != want:
             reasons.append(
@@ -365,9 +393,12 @@ def _check_ledger(
     return reasons, len(runs), duplicates, unexpected
 
 
-def _check_tool_results(entry: Entry, oracle: OracleRun, recorded: Sequence[tuple[str, str]]) -> list[VerdictReason]:
+def _check_tool_results(
+    entry: Entry, oracle: OracleRun, recorded: Sequence[tuple[str, str]], denied: Collection[str] = frozenset()
+) -> list[VerdictReason]:
     reasons: list[VerdictReason] = []
-    expected = {call.call_id: call for call in entry.calls}
+    reference = tuple(c.call for c in oracle.calls)
+    expected = {call.call_id: call for call in reference}
     outputs = oracle.outputs
     counts = Counter(call_id for call_id, _ in recorded)
     first: dict[str, str] = {}
@@ -375,10 +406,11 @@ def _check_tool_results(entry: Entry, oracle: OracleRun, recorded: Sequence[tupl
         first.setdefault(call_id, result)
     for call_id, count in counts.items():
         if call_id not in expected:
+            what = "a call the operator denied" if call_id in denied else f"not a ground-truth call of {entry.id}"
             reasons.append(
                 VerdictReason(
                     VerdictCheck.TOOL_RESULTS,
-                    f"the log records a result for {call_id}, which is not a ground-truth call of {entry.id}",
+                    f"the log records a result for {call_id}, which is {what}",
                     call_id=call_id,
                 )
             )
@@ -391,7 +423,7 @@ def _check_tool_results(entry: Entry, oracle: OracleRun, recorded: Sequence[tupl
                     turn_index=expected[call_id].turn_index,
                 )
             )
-    for call in entry.calls:
+    for call in reference:
         if call.call_id not in first:
             reasons.append(
                 VerdictReason(
@@ -412,7 +444,7 @@ def _check_tool_results(entry: Entry, oracle: OracleRun, recorded: Sequence[tupl
                 )
             )
     order = [call_id for call_id in first if call_id in expected]
-    due = [call.call_id for call in entry.calls if call.call_id in first]
+    due = [call.call_id for call in reference if call.call_id in first]
     for got, want in zip(order, due, strict=True):
         if got != want:
             reasons.append(
@@ -454,7 +486,9 @@ def _check_per_turn(
     return reasons
 
 
-def _check_replies(entry: Entry, replies: Sequence[tuple[int, str]], check_text: bool) -> list[VerdictReason]:
+def _check_replies(
+    entry: Entry, replies: Sequence[tuple[int, str]], check_text: bool, denied: Collection[str] = frozenset()
+) -> list[VerdictReason]:
     reasons = _check_per_turn(entry, VerdictCheck.REPLIES, "final reply", "final replies", replies)
     if check_text:
         seen: set[int] = set()
@@ -462,7 +496,7 @@ def _check_replies(entry: Entry, replies: Sequence[tuple[int, str]], check_text:
             if turn in seen or not 0 <= turn < len(entry.turns):
                 continue
             seen.add(turn)
-            want = final_reply_text(entry, turn)
+            want = final_reply_text(entry, turn, [c.call_id for c in entry.turns[turn].calls if c.call_id in denied])
             if not result_matches(reply, want):
                 reasons.append(
                     VerdictReason(
@@ -516,6 +550,49 @@ def _check_refusals(entry: Entry, refused: Sequence[str], adversarial: bool) -> 
     return reasons
 
 
+def _check_approvals(
+    entry: Entry, decisions: Sequence[tuple[str, bool]], expected: Mapping[str, bool]
+) -> list[VerdictReason]:
+    """Each gated call decided exactly once, as the rule says; nothing else gated."""
+    reasons: list[VerdictReason] = []
+    counts = Counter(call_id for call_id, _ in decisions)
+    given: dict[str, bool] = {}
+    for call_id, approved in decisions:
+        given.setdefault(call_id, approved)
+    for call_id, count in counts.items():
+        if call_id not in expected:
+            reasons.append(
+                VerdictReason(
+                    VerdictCheck.APPROVALS,
+                    f"{call_id} was gated, but it is not a ground-truth call of a state-changing method of {entry.id}",
+                    call_id=call_id,
+                )
+            )
+        elif count > 1:
+            reasons.append(
+                VerdictReason(VerdictCheck.APPROVALS, f"{call_id} was decided {count} times", call_id=call_id)
+            )
+    for call_id, approved in expected.items():
+        word = "approve" if approved else "deny"
+        if call_id not in given:
+            reasons.append(
+                VerdictReason(
+                    VerdictCheck.APPROVALS,
+                    f"{call_id} ({entry.call(call_id).method}) has no decision; the rule says {word}",
+                    call_id=call_id,
+                )
+            )
+        elif given[call_id] != approved:
+            reasons.append(
+                VerdictReason(
+                    VerdictCheck.APPROVALS,
+                    f"{call_id} was {'approved' if given[call_id] else 'denied'}; the rule says {word}",
+                    call_id=call_id,
+                )
+            )
+    return reasons
+
+
 def judge_conversation(
     entry: Entry,
     log: ConversationLog,
@@ -525,6 +602,7 @@ def judge_conversation(
     oracle: OracleRun | None = None,
     adversarial: bool = False,
     check_reply_text: bool = True,
+    approvals_seed: int | None = None,
 ) -> ConversationVerdict:
     """Judge one conversation (the checks in the module docstring).
 
@@ -533,46 +611,66 @@ def judge_conversation(
         log: What the canonical log records for it.
         world: The tool server's final world for it (None when the server holds none: a failure).
         ledger: The tool server's ledger for it (:meth:`ToolServerStore.ledger`).
-        oracle: The oracle's run of the entry; run here when None.
+        oracle: The reference run of the entry (`run_oracle`, with the denied calls skipped under approvals); run
+            here when None.
         adversarial: The run used the replay model's adversarial mode (its not-offered calls must be refused).
         check_reply_text: Also require each final reply to be the replay model's text (:func:`final_reply_text`).
+        approvals_seed: The seed of a run with ``--approvals``: its state-changing calls were gated and decided by
+            the operator's rule with this seed (`settled_bfcl._approvals.expected_decisions`); None: no approvals.
 
     Returns:
         The verdict.
 
     Raises:
-        VerdictError: The log is for another entry.
+        VerdictError: The log is for another entry, or the given oracle run is for another entry or another set
+            of denied calls.
     """
     if log.entry_id != entry.id:
         raise VerdictError(
             f"conversation {log.conversation_id!r}: log.entry_id {log.entry_id!r} is not the entry {entry.id!r}"
         )
+    expected = expected_decisions(entry, approvals_seed) if approvals_seed is not None else {}
+    denied = frozenset(call_id for call_id, approved in expected.items() if not approved)
     if oracle is None:
-        oracle = run_oracle(entry)
+        oracle = run_oracle(entry, skip=denied)
     elif oracle.entry_id != entry.id:
         raise VerdictError(f"oracle run of {oracle.entry_id!r} given for entry {entry.id!r}")
+    elif {c.call.call_id for c in oracle.calls} != {c.call_id for c in entry.calls} - denied:
+        raise VerdictError(f"the oracle run given for {entry.id!r} does not skip exactly the denied calls")
     reasons: list[VerdictReason] = []
     if world is None:
         reasons.append(VerdictReason(VerdictCheck.WORLD, f"the tool server holds no world for {log.conversation_id!r}"))
     else:
         reasons += _check_state(world, oracle)
-    ledger_reasons, executions, duplicates, unexpected = _check_ledger(entry, oracle, ledger)
+    ledger_reasons, executions, duplicates, unexpected = _check_ledger(entry, oracle, ledger, denied)
     reasons += ledger_reasons
-    reasons += _check_tool_results(entry, oracle, log.tool_results)
-    reasons += _check_replies(entry, log.replies, check_reply_text)
+    reasons += _check_tool_results(entry, oracle, log.tool_results, denied)
+    reasons += _check_replies(entry, log.replies, check_reply_text, denied)
     reasons += _check_settlements(entry, log.settlements)
     reasons += _check_refusals(entry, log.refused_calls, adversarial)
+    if approvals_seed is not None:
+        reasons += _check_approvals(entry, log.approvals, expected)
+    elif log.approvals:
+        reasons.append(
+            VerdictReason(
+                VerdictCheck.APPROVALS,
+                f"{len(log.approvals)} calls were gated in a run without approvals",
+                call_id=log.approvals[0][0],
+            )
+        )
     return ConversationVerdict(
         conversation_id=log.conversation_id,
         entry_id=entry.id,
         reasons=tuple(reasons),
         submissions=len(entry.turns),
         settlements=len(log.settlements),
-        tool_calls=len(entry.calls),
+        tool_calls=len(oracle.calls),
         executions=executions,
         duplicate_executions=duplicates,
         unexpected_executions=unexpected,
         refused_calls=len(log.refused_calls),
+        approvals=sum(1 for _, approved in log.approvals if approved),
+        denials=sum(1 for _, approved in log.approvals if not approved),
     )
 
 
@@ -583,6 +681,7 @@ def judge_store(
     *,
     adversarial: bool = False,
     check_reply_text: bool = True,
+    approvals_seed: int | None = None,
 ) -> tuple[ConversationVerdict, ...]:
     """Judge conversations against the worlds and ledger in a tool server's SQLite file, in this process.
 
@@ -594,6 +693,7 @@ def judge_store(
         logs: One log per conversation.
         adversarial: See :func:`judge_conversation`.
         check_reply_text: See :func:`judge_conversation`.
+        approvals_seed: See :func:`judge_conversation`.
 
     Returns:
         One verdict per log, in order.
@@ -615,7 +715,13 @@ def judge_store(
             ledger = store.ledger(log.conversation_id) if held else []
             verdicts.append(
                 judge_conversation(
-                    entry, log, world=world, ledger=ledger, adversarial=adversarial, check_reply_text=check_reply_text
+                    entry,
+                    log,
+                    world=world,
+                    ledger=ledger,
+                    adversarial=adversarial,
+                    check_reply_text=check_reply_text,
+                    approvals_seed=approvals_seed,
                 )
             )
         return tuple(verdicts)
@@ -632,6 +738,7 @@ class _JudgeRequest:
     logs: tuple[ConversationLog, ...]
     adversarial: bool
     check_reply_text: bool
+    approvals_seed: int | None = None
 
 
 _REQUEST = TypeAdapter(_JudgeRequest)
@@ -659,6 +766,7 @@ def _judge_child(request_path: str, result_path: str) -> None:
         request.logs,
         adversarial=request.adversarial,
         check_reply_text=request.check_reply_text,
+        approvals_seed=request.approvals_seed,
     )
     Path(result_path).write_bytes(_VERDICTS.dump_json(verdicts))
 
@@ -669,6 +777,7 @@ def judge_in_fresh_process(
     *,
     adversarial: bool = False,
     check_reply_text: bool = True,
+    approvals_seed: int | None = None,
     timeout_s: float = 600.0,
 ) -> tuple[ConversationVerdict, ...]:
     """Judge conversations in a new Python interpreter (issue 8: "computed in a fresh process").
@@ -681,6 +790,7 @@ def judge_in_fresh_process(
         logs: One log per conversation.
         adversarial: See :func:`judge_conversation`.
         check_reply_text: See :func:`judge_conversation`.
+        approvals_seed: See :func:`judge_conversation`.
         timeout_s: How long the child may take.
 
     Returns:
@@ -692,7 +802,7 @@ def judge_in_fresh_process(
     """
     for log in logs:
         _category_of(log.entry_id)
-    request = _JudgeRequest(str(Path(store_path).resolve()), tuple(logs), adversarial, check_reply_text)
+    request = _JudgeRequest(str(Path(store_path).resolve()), tuple(logs), adversarial, check_reply_text, approvals_seed)
     with tempfile.TemporaryDirectory(prefix="settled-bfcl-verdict-") as folder:
         request_path = Path(folder) / "request.json"
         result_path = Path(folder) / "verdicts.json"
@@ -756,8 +866,8 @@ class VerdictSummary:
 def render_summary(summary: VerdictSummary) -> Table:
     """Render the verdict table (issue 8, Build item 4).
 
-    Rows: conversations passed/failed, submissions settled, tool calls, duplicate executions, Unknowns
-    raised/resolved, elapsed time and seed.
+    Rows: conversations passed/failed, submissions settled, tool calls, duplicate executions, approvals
+    approved/denied (when the run gated calls), Unknowns raised/resolved, elapsed time and seed.
 
     Args:
         summary: The run's verdicts and counters.
@@ -782,6 +892,11 @@ def render_summary(summary: VerdictSummary) -> Table:
     table.add_row("duplicate executions", str(sum(v.duplicate_executions for v in verdicts)))
     table.add_row("unexpected executions", str(sum(v.unexpected_executions for v in verdicts)))
     table.add_row("refused calls", str(sum(v.refused_calls for v in verdicts)))
+    if any(v.approvals or v.denials for v in verdicts):
+        table.add_row(
+            "approvals: approved / denied",
+            f"{sum(v.approvals for v in verdicts)} / {sum(v.denials for v in verdicts)}",
+        )
     table.add_row("Unknowns raised / resolved", f"{summary.unknowns_raised} / {summary.unknowns_resolved}")
     table.add_row("elapsed", f"{summary.elapsed_s:.1f} s")
     table.add_row("seed", "-" if summary.seed is None else str(summary.seed))
@@ -829,6 +944,10 @@ class FaultKind(enum.StrEnum):
     """The call is lost: never executed and never recorded (the model is told it ran)."""
     REORDER = "reorder"
     """The call and the next call of its turn run, and are recorded, in swapped order."""
+    DENIED_RUNS = "denied_runs"
+    """(Approvals) The call is denied, the model is given the denial, but the call runs anyway (recorded)."""
+    DENIAL_HIDDEN = "denial_hidden"
+    """(Approvals) The call is denied and never runs, but the model is given a plain result instead of the denial."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -870,13 +989,16 @@ def simulate_conversation(
     owner_epoch: int = 1,
     faults: Iterable[SimulationFault] = (),
     raw_results: bool = False,
+    approvals_seed: int | None = None,
 ) -> ConversationLog:
     """Run one conversation end to end without Kafka: a minimal in-process "runtime" loop.
 
     Per turn: the history starts with the user message; the replay model is asked for a response; each tool call
     it makes runs on the tool server with idempotency key ``<conversation>:<call_id>`` and the owner epoch (a call
     of a tool the turn does not offer is refused and answered with an error, nothing runs); results go back into
-    the history until the model answers in text, which ends the turn with a ``completed`` settlement.
+    the history until the model answers in text, which ends the turn with a ``completed`` settlement. With
+    ``approvals_seed``, each call of a state-changing method is first decided by the operator's rule: a denied one
+    never runs and the model is given `settled_bfcl._approvals.denial_result`.
 
     Args:
         entry: The entry to run.
@@ -886,18 +1008,29 @@ def simulate_conversation(
         owner_epoch: The epoch every call carries.
         faults: Faults to inject (at most one per call).
         raw_results: Record raw output strings in the log instead of their canonical JSON text.
+        approvals_seed: Gate the state-changing calls and decide them by the operator's rule with this seed.
 
     Returns:
         The log the run would leave, for :func:`judge_store`.
 
     Raises:
-        VerdictError: A fault names no call of the entry, or a turn does not end.
+        VerdictError: A fault names no call of the entry (or an approvals fault a call that is not denied), or a
+            turn does not end.
         ReplayError: The model maps the conversation to another entry.
     """
     cid = entry.id if conversation_id is None else conversation_id
     if model.entry(cid).id != entry.id:
         raise ReplayError(f"the replay model maps conversation {cid!r} to {model.entry(cid).id!r}, not {entry.id!r}")
     by_call = _faults_by_call(entry, faults)
+    denied = (
+        {c for c, approved in expected_decisions(entry, approvals_seed).items() if not approved}
+        if approvals_seed is not None
+        else set()
+    )
+    for call_id, kind in by_call.items():
+        if kind in (FaultKind.DENIED_RUNS, FaultKind.DENIAL_HIDDEN) and call_id not in denied:
+            raise VerdictError(f"fault {kind.value}: {call_id!r} is not denied with approvals_seed {approvals_seed}")
+    approvals: list[tuple[str, bool]] = []
     client.create_conversation_for_entry(cid, entry)
     results: list[tuple[str, str]] = []
     replies: list[tuple[int, str]] = []
@@ -955,7 +1088,23 @@ def simulate_conversation(
                     text = f"tool {call.tool_name!r} is not offered in this turn; nothing was executed"
                     history.append(ToolResultMessage(call.call_id, text, is_error=True))
                     continue
+                if approvals_seed is not None and needs_approval(call.tool_name):
+                    approved = approval_granted(approvals_seed, call.call_id)
+                    approvals.append((call.call_id, approved))
+                    if not approved:
+                        fault = by_call.get(call.call_id)
+                        if fault is FaultKind.DENIED_RUNS:
+                            run(call, turn.calls)
+                        if fault is FaultKind.DENIAL_HIDDEN:
+                            history.append(ToolResultMessage(call.call_id, "(denied, not told)"))
+                        else:
+                            reason = approval_reason(approvals_seed, approved=False)
+                            text = denial_result(call.tool_name, APPROVER_KEY_ID, reason)
+                            history.append(ToolResultMessage(call.call_id, text, is_error=True))
+                        continue
                 history.append(ToolResultMessage(call.call_id, run(call, turn.calls)))
         else:
             raise VerdictError(f"{cid} turn {turn.index}: the model did not end the turn")
-    return ConversationLog(cid, entry.id, tuple(results), tuple(replies), tuple(settlements), tuple(refused))
+    return ConversationLog(
+        cid, entry.id, tuple(results), tuple(replies), tuple(settlements), tuple(refused), tuple(approvals)
+    )

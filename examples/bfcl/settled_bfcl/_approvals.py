@@ -1,0 +1,275 @@
+"""Approvals in the BFCL job (issue 16 item 8): which calls are gated, the operator's seeded rule, the denial.
+
+* **The gate.** With ``--approvals`` every call of a state-changing BFCL method (`STATE_CHANGING_METHODS`: it can
+  change its backend's state, public or session, e.g. ``cd``, a login, ``place_order``) waits for a person's
+  decision before it runs; read-only methods (every other one, e.g. ``ls``, ``get_stock_info``, all of ``MathAPI``)
+  are never gated. ``examples/bfcl/tests/test_approvals.py`` checks the list against every ground-truth call of the
+  corpus: no call of a read-only method changes anything BFCL's state checker compares.
+* **The request** (`approval_request`) is titled with the method and shows the model's call id, the method and its
+  arguments as canonical JSON; `approval_subject` reads them back from a ``WaitRequested`` record's details.
+* **The operator's rule** (`approval_granted`): a seeded, per-call coin that denies about `DENY_FRACTION` of the
+  gated calls, a function of the run's seed and the model's call id only, so the operator (a separate actor that
+  signs ``Client.approve`` / ``Client.deny``) and the verdict (`expected_decisions`) agree without talking.
+* **The denial** (`denial_result`) is what the model is given instead of the tool's output: a JSON object naming
+  the tool, who denied (the signing key id), the reason and ``"retry": false``. `parse_denial` recognises it.
+
+**What the replay model does after a denial.** It carries on with the turn's plan: the denied call counts as
+answered, the next planned call comes next, and the turn's final text names the denied call ids
+(`settled_bfcl.final_reply_text`), which is how the verdict sees that the model read the structured denial. So the
+reference run of a conversation is its ground truth with the denied calls skipped (`settled_bfcl.run_oracle` with
+``skip``): the same calls in the same order, minus the denied ones, on a fresh world.
+
+Interim (until the tool-level gate of issue 16 item 5 lands): `settled_bfcl._app.BfclAgent` asks with
+``ctx.approve`` inside its tool dispatch, after reserving the batch's tool ordinals, and gives the model
+`denial_result` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from settled.schemas import canonical_json
+from settled_bfcl._backends import JsonValue
+from settled_bfcl._corpus import Entry
+
+__all__ = [
+    "APPROVER_KEY_ID",
+    "DENY_FRACTION",
+    "STATE_CHANGING_METHODS",
+    "Denial",
+    "approval_granted",
+    "approval_reason",
+    "approval_request",
+    "approval_subject",
+    "denial_result",
+    "denied_calls",
+    "expected_decisions",
+    "needs_approval",
+    "parse_denial",
+]
+
+#: The key id the demo's operator signs ``DecideApproval`` with (``App.approver_keys``).
+APPROVER_KEY_ID = "bfcl-approver"
+#: The share of gated calls the operator's rule denies (about one in four).
+DENY_FRACTION = 0.25
+
+#: Every BFCL method that can change its backend's state (public attributes, or the session: login, working folder).
+STATE_CHANGING_METHODS: frozenset[str] = frozenset(
+    {
+        # GorillaFileSystem
+        "cd",
+        "cp",
+        "echo",  # writes a file when given file_name
+        "mkdir",
+        "mv",
+        "rm",
+        "rmdir",
+        "touch",
+        # MessageAPI
+        "add_contact",
+        "delete_message",
+        "message_login",
+        "send_message",
+        # TicketAPI
+        "close_ticket",
+        "create_ticket",
+        "edit_ticket",
+        "logout",
+        "resolve_ticket",
+        "ticket_login",
+        # TradingBot
+        "add_to_watchlist",
+        "cancel_order",
+        "fund_account",
+        "place_order",
+        "remove_stock_from_watchlist",
+        "trading_login",
+        "trading_logout",
+        "withdraw_funds",
+        # TravelAPI
+        "authenticate_travel",
+        "book_flight",
+        "cancel_booking",
+        "purchase_insurance",
+        "register_credit_card",
+        "set_budget_limit",
+        # TwitterAPI
+        "authenticate_twitter",
+        "comment",
+        "follow_user",
+        "mention",
+        "post_tweet",
+        "retweet",
+        "unfollow_user",
+        # VehicleControlAPI
+        "activateParkingBrake",
+        "adjustClimateControl",
+        "fillFuelTank",
+        "lockDoors",
+        "pressBrakePedal",
+        "releaseBrakePedal",
+        "setCruiseControl",
+        "setHeadlights",
+        "set_navigation",
+        "startEngine",
+    }
+)
+
+_DENIAL_KEY = "approval_denied"
+
+
+def needs_approval(method: str) -> bool:
+    """Tell whether a call of ``method`` waits for approval under ``--approvals``.
+
+    Args:
+        method: The BFCL method (the tool's name).
+
+    Returns:
+        True for a state-changing method.
+    """
+    return method in STATE_CHANGING_METHODS
+
+
+def approval_granted(seed: int, call_id: str) -> bool:
+    """The operator's rule: approve or deny one gated call, from the run's seed and the model's call id alone.
+
+    Args:
+        seed: The run's seed (logged by the demo).
+        call_id: The model's call id (``<entry>/t<k>/c<j>``).
+
+    Returns:
+        True to approve; False (about `DENY_FRACTION` of calls) to deny.
+    """
+    # A string seed is hashed with SHA-512 by random.seed (version 2): the same in every process.
+    return random.Random(f"settled-bfcl-approvals:{seed}:{call_id}").random() >= DENY_FRACTION
+
+
+def approval_reason(seed: int, approved: bool) -> str:
+    """Return the reason the operator gives with its decision.
+
+    Args:
+        seed: The run's seed.
+        approved: The decision.
+
+    Returns:
+        E.g. ``"bfcl operator rule (seed 7): deny"``.
+    """
+    return f"bfcl operator rule (seed {seed}): {'approve' if approved else 'deny'}"
+
+
+def expected_decisions(entry: Entry, seed: int) -> dict[str, bool]:
+    """Return the decision the operator's rule gives each gated ground-truth call of an entry.
+
+    Args:
+        entry: The entry.
+        seed: The run's seed.
+
+    Returns:
+        Model call id to approved, for every call of a state-changing method, in ground-truth order.
+    """
+    return {call.call_id: approval_granted(seed, call.call_id) for call in entry.calls if needs_approval(call.method)}
+
+
+def denied_calls(entry: Entry, seed: int) -> frozenset[str]:
+    """Return the ground-truth calls of an entry the operator's rule denies.
+
+    Args:
+        entry: The entry.
+        seed: The run's seed.
+
+    Returns:
+        Their model call ids.
+    """
+    return frozenset(call_id for call_id, approved in expected_decisions(entry, seed).items() if not approved)
+
+
+def approval_request(call_id: str, method: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
+    """Return the title and the description of a gated call's approval request.
+
+    Args:
+        call_id: The model's call id.
+        method: The BFCL method.
+        arguments: The model's arguments.
+
+    Returns:
+        ``(title, description)``: the method, and canonical JSON of ``{"arguments", "call_id", "method"}``.
+    """
+    return method, canonical_json({"arguments": dict(arguments), "call_id": call_id, "method": method})
+
+
+def approval_subject(details_json: str | None) -> tuple[str, str] | None:
+    """Read the model's call id and the method back from an approval request's details (``WaitRequested``).
+
+    Args:
+        details_json: The request's ``details_json`` (`settled.protocol.approval_details`'s shape).
+
+    Returns:
+        ``(call_id, method)``, or None when the request is not one of `approval_request`'s.
+    """
+    if details_json is None:
+        return None
+    try:
+        details = json.loads(details_json)
+        description = json.loads(details["description"]) if isinstance(details, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(description, dict):
+        return None
+    call_id, method = description.get("call_id"), description.get("method")
+    if not isinstance(call_id, str) or not isinstance(method, str):
+        return None
+    return call_id, method
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A structured denial, as the model reads it.
+
+    Attributes:
+        tool: The tool whose call was denied.
+        by: Who denied (the signing key id), or None for an expiry.
+        reason: Why.
+    """
+
+    tool: str
+    by: str | None
+    reason: str | None
+
+
+def denial_result(tool: str, by: str | None, reason: str | None) -> str:
+    """Return the tool result the model gets for a denied call.
+
+    Args:
+        tool: The tool.
+        by: Who denied (the signing key id), None for an expiry.
+        reason: Why.
+
+    Returns:
+        Canonical JSON ``{"approval_denied": {"by", "reason", "retry": false, "tool"}}``.
+    """
+    body: dict[str, JsonValue] = {"by": by, "reason": reason, "retry": False, "tool": tool}
+    return canonical_json({_DENIAL_KEY: body})
+
+
+def parse_denial(text: str) -> Denial | None:
+    """Recognise a `denial_result`.
+
+    Args:
+        text: A tool result as the model sees it.
+
+    Returns:
+        The denial, or None when the text is not one.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    body = value.get(_DENIAL_KEY) if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(body, dict) or not isinstance(body.get("tool"), str) or body.get("retry") is not False:
+        return None
+    by, reason = body.get("by"), body.get("reason")
+    return Denial(body["tool"], by if isinstance(by, str) else None, reason if isinstance(reason, str) else None)
