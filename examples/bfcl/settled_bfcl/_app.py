@@ -15,6 +15,11 @@ Issue 8, Build item 4; docs/design.md §9. Workers load it with ``settled worker
 * **Number types.** settled stores arguments as RFC 8785 canonical JSON, which writes ``15.0`` as ``15``; BFCL's
   backends tell them apart. The tool restores the ground truth's JSON number types by call id when the received
   arguments are canonically equal to the ground truth's, so the tool server sees the corpus's original values.
+* **Approvals** (``--approvals``, issue 16 item 8): every call of a state-changing method
+  (`settled_bfcl._approvals.STATE_CHANGING_METHODS`) waits for a signed decision before it runs; the operator's key
+  is the app's only ``approver_keys`` entry. A denied call never runs and the model gets settled's structured denial
+  (`settled.runtime.denial_result`) as its result. Interim, until the tool-level gate (issue 16 item 5) lands:
+  `BfclAgent` asks with ``ctx.approve`` in its own dispatch (see its docstring).
 * **Idempotency.** A method is declared ``idempotent`` unless its class is named in the ``no_idempotency`` setting
   (the tool server's ``--no-idempotency``): then a call interrupted in doubt is Unknown (DUR-009) and waits for a
   signed ``ResolveUnknown`` (the demo's operator step). A transport error (no answer) is raised as
@@ -50,8 +55,10 @@ from settled.runtime import (
     ToolCallError,
     ToolTransportError,
     declared_call,
+    denial_result,
 )
 from settled.schemas import CanonicalJsonError, DeclaredToolCall, canonical_json
+from settled_bfcl._approvals import APPROVER_KEY_ID, approval_request, needs_approval
 from settled_bfcl._backends import BACKEND_CLASSES, JsonValue, method_index
 from settled_bfcl._client import ToolServerClient
 from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, load_corpus
@@ -70,6 +77,8 @@ from settled_bfcl._replay import Message as ReplayMessage
 __all__ = [
     "APP_REFERENCE",
     "ENV_ADVERSARIAL",
+    "ENV_APPROVALS",
+    "ENV_APPROVER_KEY",
     "ENV_MODE",
     "ENV_NO_IDEMPOTENCY",
     "ENV_RESOLVER_KEY",
@@ -101,6 +110,11 @@ ENV_NO_IDEMPOTENCY = "SETTLED_BFCL_NO_IDEMPOTENCY"
 ENV_RESOLVER_KEY = "SETTLED_BFCL_RESOLVER_KEY"
 #: The key id the operator signs with.
 RESOLVER_KEY_ID = "bfcl-operator"
+#: ``1`` to gate every state-changing call behind an approval (``--approvals``; default off).
+ENV_APPROVALS = "SETTLED_BFCL_APPROVALS"
+#: Base64 of the approver's raw 32-byte Ed25519 public key, allowed to sign ``DecideApproval`` (key id
+#: `settled_bfcl._approvals.APPROVER_KEY_ID`).
+ENV_APPROVER_KEY = "SETTLED_BFCL_APPROVER_KEY"
 
 _PROVIDER_NAME = "bfcl-replay"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -200,6 +214,8 @@ class BfclAppConfig:
         adversarial: The replay model's adversarial mode.
         non_idempotent_classes: Backend classes whose methods are declared not idempotent.
         resolver_key_b64: The operator's Ed25519 public key (base64), or empty for none.
+        approvals: Gate every state-changing call behind an approval.
+        approver_key_b64: The approver's Ed25519 public key (base64); required with ``approvals``.
         tool_timeout_s: ``timeout_s`` of every tool.
         retry_budget_s: How long an in-doubt idempotent call is retried within one attempt (a tool-server restart
             must fit in it).
@@ -214,6 +230,8 @@ class BfclAppConfig:
     adversarial: bool = False
     non_idempotent_classes: frozenset[str] = field(default_factory=frozenset)
     resolver_key_b64: str = ""
+    approvals: bool = False
+    approver_key_b64: str = ""
     tool_timeout_s: float = 20.0
     retry_budget_s: float = 90.0
     http_timeout_s: float = 15.0
@@ -224,10 +242,13 @@ class BfclAppConfig:
         """Check the values.
 
         Raises:
-            ValueError: An unknown backend class, an empty URL, or a timeout that is not positive.
+            ValueError: An unknown backend class, an empty URL, a timeout that is not positive, or approvals without
+                an approver key.
         """
         if not self.toolserver_url:
             raise ValueError(f"{ENV_TOOLSERVER_URL} is empty: the BFCL app needs the tool server's URL")
+        if self.approvals and not self.approver_key_b64:
+            raise ValueError(f"{ENV_APPROVALS}=1 needs {ENV_APPROVER_KEY}: nobody could decide an approval")
         unknown = sorted(self.non_idempotent_classes - set(BACKEND_CLASSES))
         if unknown:
             raise ValueError(f"non_idempotent_classes: unknown backend classes {unknown}; known: {BACKEND_CLASSES}")
@@ -268,6 +289,8 @@ class BfclAppConfig:
             adversarial=env.get(ENV_ADVERSARIAL, "").strip().lower() in _TRUE,
             non_idempotent_classes=classes,
             resolver_key_b64=env.get(ENV_RESOLVER_KEY, ""),
+            approvals=env.get(ENV_APPROVALS, "").strip().lower() in _TRUE,
+            approver_key_b64=env.get(ENV_APPROVER_KEY, ""),
         )
 
     def env(self) -> dict[str, str]:
@@ -283,6 +306,8 @@ class BfclAppConfig:
             ENV_ADVERSARIAL: "1" if self.adversarial else "0",
             ENV_NO_IDEMPOTENCY: ",".join(sorted(self.non_idempotent_classes)),
             ENV_RESOLVER_KEY: self.resolver_key_b64,
+            ENV_APPROVALS: "1" if self.approvals else "0",
+            ENV_APPROVER_KEY: self.approver_key_b64,
         }
 
 
@@ -386,28 +411,62 @@ class BfclAgent(ModelAgent):
 
     The tool server's ledger records the model's call id (``<entry>/t<k>/c<j>``), which a tool function cannot see
     otherwise; everything else is `ModelAgent`'s loop (calls run one at a time, in declaration order).
+
+    With ``approvals`` (interim, until the tool-level gate of issue 16 item 5 lands) each call of a state-changing
+    method offered in the turn first waits on ``ctx.approve`` (`settled_bfcl._approvals.approval_request`); a denied
+    call never runs and the model gets `settled.runtime.denial_result` as its result. The batch's tool ordinals are
+    reserved first, in declaration order, so call ``i`` of the response at ordinal ``r`` keeps ordinal ``r + 1 + i``
+    (the history's mapping); the approvals take the ordinals after them. A denied call's reserved ordinal stays
+    unused, so `settled.runtime.history_messages` shows later turns that batch only up to the denial (the replay
+    model reads only the current turn).
+
+    Args:
+        provider: The model provider.
+        model: The model name.
+        max_turns: Model calls per run before the run fails.
+        approvals: Gate state-changing calls behind ``ctx.approve``.
     """
+
+    def __init__(self, provider: ReplayProvider, *, model: str, max_turns: int, approvals: bool = False) -> None:
+        super().__init__(provider, model=model, max_turns=max_turns)
+        self.approvals = approvals
 
     async def _run_calls(
         self, ctx: RunContext, calls: Sequence[DeclaredToolCall], offered: Sequence[str]
     ) -> list[Message]:
         turn = TurnInput.parse(ctx.input_json)
-        out: list[Message] = []
-        for call in calls:
+        planned = []
+        for call in calls:  # ctx.tool takes its ordinal when called: reserve them all in declaration order
+            arguments = json.loads(call.args_json)
             args = {
                 "conversation_id": ctx.conversation_id,
                 "entry_id": turn.entry_id,
                 "call_id": call.call_id,
-                "arguments": json.loads(call.args_json),
+                "arguments": arguments,
             }
-            try:
-                result = await ctx.tool(call.tool, args, offered=offered)
-            except ToolCallError as exc:  # an application error or a refusal: the model sees it (docs/design.md §5)
-                out.append(
-                    Message("tool", f"error: {exc.error_type}: {exc.message}", call_id=call.call_id, is_error=True)
-                )
-                continue
-            out.append(Message("tool", canonical_json(result), call_id=call.call_id))
+            planned.append((call, arguments, ctx.tool(call.tool, args, offered=offered)))
+        out: list[Message] = []
+        try:
+            for call, arguments, pending in planned:
+                if self.approvals and needs_approval(call.tool) and call.tool in offered:
+                    title, description = approval_request(call.call_id, call.tool, arguments)
+                    decision = await ctx.approve(title, description)
+                    if not decision.approved:
+                        pending.close()  # never awaited: the denied call never runs
+                        denial = denial_result(call.tool, decision.by, decision.reason)
+                        out.append(Message("tool", canonical_json(denial), call_id=call.call_id))
+                        continue
+                try:
+                    result = await pending
+                except ToolCallError as exc:  # an application error or a refusal: the model sees it (design.md §5)
+                    out.append(
+                        Message("tool", f"error: {exc.error_type}: {exc.message}", call_id=call.call_id, is_error=True)
+                    )
+                    continue
+                out.append(Message("tool", canonical_json(result), call_id=call.call_id))
+        finally:
+            for _, _, pending in planned:
+                pending.close()  # the ones not reached (the run suspended on an approval): no effect, no warning
         return out
 
 
@@ -476,10 +535,14 @@ def build_app(config: BfclAppConfig) -> App:
     """
     provider = ReplayProvider(config.mode, seed=config.seed, adversarial=config.adversarial)
     keys = {RESOLVER_KEY_ID: config.resolver_key_b64} if config.resolver_key_b64 else {}
+    approvers = {APPROVER_KEY_ID: config.approver_key_b64} if config.approvals else {}
     app = App(
-        agent=BfclAgent(provider, model=f"{_PROVIDER_NAME}-{config.mode.value}", max_turns=32),
+        agent=BfclAgent(
+            provider, model=f"{_PROVIDER_NAME}-{config.mode.value}", max_turns=32, approvals=config.approvals
+        ),
         max_attempts=config.max_attempts,
         resolver_keys=keys,
+        approver_keys=approvers,
         concurrency=config.concurrency,
         options=RunOptions(abort_grace_s=2.0, delta_flush_every=0),
     )

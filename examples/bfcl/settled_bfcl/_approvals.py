@@ -10,8 +10,8 @@
 * **The operator's rule** (`approval_granted`): a seeded, per-call coin that denies about `DENY_FRACTION` of the
   gated calls, a function of the run's seed and the model's call id only, so the operator (a separate actor that
   signs ``Client.approve`` / ``Client.deny``) and the verdict (`expected_decisions`) agree without talking.
-* **The denial** (`denial_result`) is what the model is given instead of the tool's output: a JSON object naming
-  the tool, who denied (the signing key id), the reason and ``"retry": false``. `parse_denial` recognises it.
+* **The denial** is settled's structured denial (`settled.runtime.denial_result`: the tool, who denied, the reason,
+  ``"retry": false``), given to the model as the call's result; `parse_denial` recognises its canonical JSON.
 
 **What the replay model does after a denial.** It carries on with the turn's plan: the denied call counts as
 answered, the next planned call comes next, and the turn's final text names the denied call ids
@@ -21,7 +21,7 @@ reference run of a conversation is its ground truth with the denied calls skippe
 
 Interim (until the tool-level gate of issue 16 item 5 lands): `settled_bfcl._app.BfclAgent` asks with
 ``ctx.approve`` inside its tool dispatch, after reserving the batch's tool ordinals, and gives the model
-`denial_result` itself.
+``denial_result`` itself.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from settled.schemas import canonical_json
-from settled_bfcl._backends import JsonValue
 from settled_bfcl._corpus import Entry
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
     "approval_reason",
     "approval_request",
     "approval_subject",
-    "denial_result",
     "denied_calls",
     "expected_decisions",
     "needs_approval",
@@ -118,8 +116,6 @@ STATE_CHANGING_METHODS: frozenset[str] = frozenset(
         "startEngine",
     }
 )
-
-_DENIAL_KEY = "approval_denied"
 
 
 def needs_approval(method: str) -> bool:
@@ -240,26 +236,11 @@ class Denial:
     reason: str | None
 
 
-def denial_result(tool: str, by: str | None, reason: str | None) -> str:
-    """Return the tool result the model gets for a denied call.
-
-    Args:
-        tool: The tool.
-        by: Who denied (the signing key id), None for an expiry.
-        reason: Why.
-
-    Returns:
-        Canonical JSON ``{"approval_denied": {"by", "reason", "retry": false, "tool"}}``.
-    """
-    body: dict[str, JsonValue] = {"by": by, "reason": reason, "retry": False, "tool": tool}
-    return canonical_json({_DENIAL_KEY: body})
-
-
 def parse_denial(text: str) -> Denial | None:
-    """Recognise a `denial_result`.
+    """Recognise settled's structured denial (`settled.runtime.denial_result`) in a tool result.
 
     Args:
-        text: A tool result as the model sees it.
+        text: A tool result as the model sees it (JSON text).
 
     Returns:
         The denial, or None when the text is not one.
@@ -268,8 +249,9 @@ def parse_denial(text: str) -> Denial | None:
         value = json.loads(text)
     except ValueError:
         return None
-    body = value.get(_DENIAL_KEY) if isinstance(value, dict) and len(value) == 1 else None
-    if not isinstance(body, dict) or not isinstance(body.get("tool"), str) or body.get("retry") is not False:
+    if not isinstance(value, dict) or value.get("denied") is not True or value.get("retry") is not False:
         return None
-    by, reason = body.get("by"), body.get("reason")
-    return Denial(body["tool"], by if isinstance(by, str) else None, reason if isinstance(reason, str) else None)
+    tool, by, reason = value.get("tool"), value.get("by"), value.get("reason")
+    if not isinstance(tool, str):
+        return None
+    return Denial(tool, by if isinstance(by, str) else None, reason if isinstance(reason, str) else None)

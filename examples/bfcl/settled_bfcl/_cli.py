@@ -1,10 +1,10 @@
 """``settled demo bfcl``: the BFCL main job's command line, found by ``settled demo`` through an entry point.
 
 ``settled demo [bfcl] [--conversations N] [--category base|miss_func] [--chaos] [--seed S] [--workers 2]
-[--no-dedup] [--no-idempotency TradingBot,TravelAPI] [--adversarial] ...``: BFCL multi-turn conversations run
-durably through the real stack and judged in a fresh process (`settled_bfcl._demo`); exit code 0 only when every
-conversation passes, 2 on bad options. This package declares it in the ``settled.demo`` entry-point group
-(``examples/bfcl/pyproject.toml``); ``settled`` itself holds no BFCL code.
+[--no-dedup] [--no-idempotency TradingBot,TravelAPI] [--adversarial] [--approvals] ...``: BFCL multi-turn
+conversations run durably through the real stack and judged in a fresh process (`settled_bfcl._demo`); exit code 0
+only when every conversation passes, 2 on bad options. This package declares it in the ``settled.demo`` entry-point
+group (``examples/bfcl/pyproject.toml``); ``settled`` itself holds no BFCL code.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ def bfcl(
         "", "--no-idempotency", help="Backend classes that are not idempotent, e.g. TradingBot,TravelAPI."
     ),
     adversarial: bool = typer.Option(False, "--adversarial", help="The model calls a not-offered tool (miss_func)."),
+    approvals: bool = typer.Option(
+        False, "--approvals", help="State-changing calls wait for an approver, who decides by a seeded rule."
+    ),
     mode: str = typer.Option("random_chunks", "--mode", help="Replay mode: one_call, batch or random_chunks."),
     kills: int | None = typer.Option(None, "--kills", min=0, help="Worker kills under --chaos (default: N/8, >= 3)."),
     in_flight: int | None = typer.Option(
@@ -89,6 +92,7 @@ def bfcl(
             dedup=not no_dedup,
             no_idempotency=frozenset(part.strip() for part in no_idempotency.split(",") if part.strip()),
             adversarial=adversarial,
+            approvals=approvals,
             mode=replay_mode,
             kills=kills,
             in_flight=in_flight,

@@ -15,11 +15,16 @@ Issue 8, Build item 4; docs/design.md §9. `run_demo` does the whole job:
    ``max_attempts`` attempts, so no submission's attempts are killed ``max_attempts`` times; plus one broker restart
    (when the demo manages the broker: the dev stack's, or one the caller passes) and one tool-server restart
    (SIGKILL, then start on the same file).
-5. The operator step: every Unknown call (``ToolCallUnknown`` in the log) is looked up in the tool server's ledger
+5. ``--approvals``: every call of a state-changing method waits for a person's decision (`settled_bfcl._approvals`);
+   the approver, a separate actor with its own client and signing key, reads each approval request from the log and
+   approves or denies it with a signed ``Client.approve`` / ``Client.deny`` by the operator's seeded rule (the run's
+   seed); chaos then also kills at ``engine.after_wait_commit``.
+6. The operator step: every Unknown call (``ToolCallUnknown`` in the log) is looked up in the tool server's ledger
    under its idempotency key; executed → a signed ``ResolveUnknown`` carrying the recorded output
    (``call_outcome``), never executed → ``safe_to_retry`` (docs/design.md §4, §5).
-6. The canonical log is read into `ConversationLog` values, judged in a fresh process against an independent oracle
-   run (`judge_in_fresh_process`), and the projection's view of each conversation is compared with the log.
+7. The canonical log is read into `ConversationLog` values, judged in a fresh process against an independent oracle
+   run (`judge_in_fresh_process`; under ``--approvals`` the reference run skips the denied calls and the decisions
+   must be the rule's), and the projection's view of each conversation is compared with the log.
 
 The run passes when every conversation passes, no submission is lost or dead-lettered (settled ``failed``), and
 the projection matches the log.
@@ -57,6 +62,7 @@ from rich.table import Table
 from settled._settings import Settings
 from settled.client import (
     NO_RESULT,
+    ApprovalOutcomeUnknownError,
     BrokerUnavailableError,
     Client,
     ClientError,
@@ -84,6 +90,10 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
 )
 from settled.services._devstack import DevStack, KafkaBroker, StackError
 from settled.testing import (
@@ -95,6 +105,13 @@ from settled.testing import (
     choose_schedule,
 )
 from settled_bfcl._app import APP_REFERENCE, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
+from settled_bfcl._approvals import (
+    APPROVER_KEY_ID,
+    approval_granted,
+    approval_reason,
+    approval_subject,
+    parse_denial,
+)
 from settled_bfcl._backends import BACKEND_CLASSES
 from settled_bfcl._client import ToolServerClient, ToolServerProcess
 from settled_bfcl._corpus import Entry, load_corpus
@@ -108,6 +125,7 @@ from settled_bfcl._verdict import (
 )
 
 __all__ = [
+    "APPROVAL_KILL_POINTS",
     "KILL_POINTS",
     "TOOL_APPLIED_POINT",
     "DemoError",
@@ -132,6 +150,8 @@ KILL_POINTS: tuple[str, ...] = (
     "appender.before_commit",
     "appender.after_commit",
 )
+#: Under ``--approvals`` chaos also kills right after an approval request commits (issue 16's new boundary).
+APPROVAL_KILL_POINTS: tuple[str, ...] = (*KILL_POINTS, "engine.after_wait_commit")
 #: "Tool applied, settlement not committed": every chaos schedule holds at least one kill here (issue 8).
 TOOL_APPLIED_POINT = "engine.tool_returned"
 
@@ -165,6 +185,7 @@ class DemoOptions:
         work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
         warm_start: Before the first submission, wait until the workers have claimed every log partition and each
             worker owns some (``examples/bfcl/bench/bfcl.py`` times the steady state, not the workers' start-up).
+        approvals: Gate every state-changing call behind an approval, decided by the approver's seeded rule.
     """
 
     category: str = "base"
@@ -183,6 +204,7 @@ class DemoOptions:
     timeout_s: float = 1800.0
     work_dir: Path | None = None
     warm_start: bool = False
+    approvals: bool = False
 
     def __post_init__(self) -> None:
         """Check the options.
@@ -282,17 +304,18 @@ class DemoResult:
         )
 
 
-def chaos_schedule(seed: int, kills: int) -> tuple[ScheduledKill, ...]:
+def chaos_schedule(seed: int, kills: int, points: Sequence[str] = KILL_POINTS) -> tuple[ScheduledKill, ...]:
     """Return the chaos run's kills, drawn from the seed (`choose_schedule`), one at ``engine.tool_returned`` at least.
 
     Args:
         seed: The run's seed.
         kills: How many kills.
+        points: The failpoints to draw from (`KILL_POINTS`, or `APPROVAL_KILL_POINTS` under ``--approvals``).
 
     Returns:
         The kills, in the order they are armed.
     """
-    schedule = list(choose_schedule(seed, KILL_POINTS, kills, max_hit=3))
+    schedule = list(choose_schedule(seed, points, kills, max_hit=3))
     if schedule and all(kill.name != TOOL_APPLIED_POINT for kill in schedule):
         schedule[0] = ScheduledKill(TOOL_APPLIED_POINT, schedule[0].hit)
     return tuple(schedule)
@@ -312,6 +335,11 @@ class _LogTail:
         self._thread = threading.Thread(target=self._run, name="bfcl-log-tail", daemon=True)
         self.error: BaseException | None = None
         self.unsettled_attempts: dict[str, int] = {}
+        # Attempts that ended by waiting (an approval request): not charged to max_attempts (docs/architecture.md).
+        self._suspended_attempts: dict[str, set[str]] = defaultdict(set)
+        # Approval waits: wait id -> (conversation, submission, details_json); open ones until their WaitResolved.
+        self.approval_requests: dict[str, tuple[str, str, str | None]] = {}
+        self._open_approvals: set[str] = set()
         self.settled: set[str] = set()
         self.unknowns: dict[tuple[str, str], tuple[str, str]] = {}  # (submission, call) -> (conversation, reason)
         self.resolved: set[tuple[str, str]] = set()
@@ -366,6 +394,15 @@ class _LogTail:
                 elif isinstance(e, Settlement):
                     self.settled.add(e.submission_id)
                     self.unsettled_attempts.pop(e.submission_id, None)
+                    self._suspended_attempts.pop(e.submission_id, None)
+                elif isinstance(e, WaitRequested):
+                    if e.submission_id not in self.settled:
+                        self._suspended_attempts[e.submission_id].add(e.attempt_id)
+                    if e.kind is WaitKind.APPROVAL and e.wait_id not in self.approval_requests:
+                        self.approval_requests[e.wait_id] = (conversation_id, e.submission_id, e.details_json)
+                        self._open_approvals.add(e.wait_id)
+                elif isinstance(e, WaitResolved):
+                    self._open_approvals.discard(e.wait_id)
                 elif isinstance(e, ToolCallPrepared):
                     self.prepared.setdefault((e.submission_id, e.call_id), e)
                 elif isinstance(e, ToolCallUnknown):
@@ -380,9 +417,19 @@ class _LogTail:
                     self.rejected_commands[e.command_id] = f"{e.reason.value}: {e.detail}"
 
     def max_unsettled_attempts(self) -> int:
-        """The most attempts any admitted, unsettled submission has started."""
+        """The most charged attempts of any admitted, unsettled submission: started, less those that ended waiting."""
         with self._lock:
-            return max(self.unsettled_attempts.values(), default=0)
+            return max(
+                (n - len(self._suspended_attempts.get(sub, ())) for sub, n in self.unsettled_attempts.items()),
+                default=0,
+            )
+
+    def pending_approvals(self) -> list[tuple[str, str, str, str | None]]:
+        """Approvals requested and not yet decided: (conversation, submission, wait id, details_json)."""
+        with self._lock:
+            return [
+                (*self.approval_requests[w][:2], w, self.approval_requests[w][2]) for w in sorted(self._open_approvals)
+            ]
 
     def claims(self) -> dict[int, str]:
         """Each claimed log partition's latest owner (worker id)."""
@@ -466,7 +513,10 @@ def conversation_logs(
     results of ``call_outcome`` resolutions, named by the model's call id (the BFCL agent puts it in the tool's
     arguments; a refused call is named through its model response: call ``i`` of the response at ordinal ``r`` is
     settled's call ``<submission>#<r + 1 + i>``). Replies and settlements come from ``Settlement`` events, each
-    named by the turn of its submission's input.
+    named by the turn of its submission's input. Approvals (``--approvals``) are the ``WaitResolved`` records of
+    approval waits, named by the model's call id the request shows (`approval_subject`): approved when delivered
+    with ``"approved": true``, denied otherwise (a denial, or an expiry). A result that is a structured denial is
+    not a tool result (nothing ran).
 
     Args:
         events_by_conversation: Each conversation's events in log order.
@@ -483,8 +533,19 @@ def conversation_logs(
         replies: list[tuple[int, str]] = []
         settlements: list[tuple[int, str]] = []
         refused: list[str] = []
+        approval_calls: dict[str, str] = {}  # approval wait id -> the model's call id
+        approvals: list[tuple[str, bool]] = []
         for e in events_by_conversation.get(cid, ()):
-            if isinstance(e, SubmissionAdmitted):
+            if isinstance(e, WaitRequested) and e.kind is WaitKind.APPROVAL:
+                subject = approval_subject(e.details_json)
+                approval_calls[e.wait_id] = subject[0] if subject is not None else e.wait_id
+            elif isinstance(e, WaitResolved) and e.wait_id in approval_calls:
+                payload = json.loads(e.payload_json) if e.payload_json is not None else None
+                approved = (
+                    e.outcome is WaitOutcome.DELIVERED and isinstance(payload, dict) and payload.get("approved") is True
+                )
+                approvals.append((approval_calls[e.wait_id], approved))
+            elif isinstance(e, SubmissionAdmitted):
                 turns[e.submission_id] = TurnInput.parse(e.input_json).turn
             elif isinstance(e, ModelResponseCompleted):
                 for i, call in enumerate(e.tool_calls):
@@ -497,7 +558,7 @@ def conversation_logs(
                 name = model_ids.get(e.call_id, e.call_id)
                 if e.error is not None:
                     results.append((name, f"error: {e.error.type}: {e.error.message}"))
-                else:
+                elif parse_denial(e.result_json or "null") is None:
                     results.append((name, e.result_json or "null"))
             elif isinstance(e, UnknownResolved) and e.kind is ResolutionKind.CALL_OUTCOME:
                 results.append((model_ids.get(e.call_id, e.call_id), e.result_json or "null"))
@@ -508,7 +569,7 @@ def conversation_logs(
                 settlements.append((turn, e.outcome.value))
                 if e.outcome is SettlementOutcome.COMPLETED and e.reply_json is not None:
                     replies.append((turn, e.reply_json))
-        out.append(ConversationLog(cid, entry_id, results, replies, settlements, refused))
+        out.append(ConversationLog(cid, entry_id, results, replies, settlements, refused, approvals))
     return out
 
 
@@ -725,6 +786,102 @@ class _Operator:
             )
             self._sent[(sub, call)] = (future, time.monotonic())
             self.kinds[(sub, call)] = kind.value
+
+
+class _Approver:
+    """The person at the approval queue (``--approvals``): decides each approval request by the seeded rule.
+
+    A separate actor: its own `Client` (principal ``bfcl-approver``) and its own Ed25519 key, which the workers know
+    as `APPROVER_KEY_ID` (``App.approver_keys``). It reads the requests from the log (`_LogTail`), shows itself the
+    model's call id and method (`approval_subject`), and signs ``Client.approve`` or ``Client.deny`` bound to the
+    request's argument digest, with the reason `approval_reason`. Decisions go out from a small pool: one with no
+    reply in time (`ApprovalOutcomeUnknownError`) is sent again under the same command id (a duplicate if it was
+    applied); one rejected or refused for want of a broker is sent again as a new command a second later; one
+    applied whose request still shows open 30 s later is sent again (the tail reads the decision shortly).
+    """
+
+    _RESEND_APPLIED_S = 30.0
+    _RETRY_REJECTED_S = 1.0
+
+    def __init__(self, settings: Settings, codec: Codec, tail: _LogTail, seed: int, key: Ed25519PrivateKey) -> None:
+        self._tail = tail
+        self._seed = seed
+        self._key = key
+        self._client = Client(settings, principal="bfcl-approver", codec=codec, default_timeout_s=30.0)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bfcl-approve")
+        self._sent: dict[str, tuple[Future[Receipt], float]] = {}
+        self.decisions: dict[str, bool] = {}  # wait id -> approved, as sent
+        self.rejections: list[str] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bfcl-approver", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close(10)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.25):
+                self.step()
+        except BaseException as exc:  # noqa: BLE001 - reported by the run (DemoError), never swallowed
+            self.error = exc
+
+    def _due(self, wait_id: str) -> tuple[bool, str | None]:
+        """Whether the decision on ``wait_id`` is due now, and the command id to send it under (None: a new one)."""
+        sent = self._sent.get(wait_id)
+        if sent is None:
+            return True, None
+        future, at = sent
+        if not future.done():
+            return False, None
+        exc = future.exception()
+        if exc is None:  # applied (or a duplicate): the tail reads the decision shortly
+            return time.monotonic() - at >= self._RESEND_APPLIED_S, None
+        if isinstance(exc, ApprovalOutcomeUnknownError):
+            return True, exc.command_id
+        if isinstance(exc, ClientError):  # rejected (its reason is kept), or no broker during its restart
+            if time.monotonic() - at < self._RETRY_REJECTED_S:
+                return False, None
+            self.rejections.append(f"{wait_id}: {exc}")
+            return True, None
+        raise exc
+
+    def step(self) -> None:
+        """Decide every open approval request once (again when the decision was rejected or got no answer).
+
+        Raises:
+            DemoError: A request that is not the BFCL app's (no call id and method in its details).
+        """
+        for cid, sub, wait_id, details_json in self._tail.pending_approvals():
+            due, command_id = self._due(wait_id)
+            if not due:
+                continue
+            subject = approval_subject(details_json)
+            if subject is None:
+                raise DemoError(f"approval {wait_id} of {cid}: its details name no BFCL call: {details_json!r}")
+            call_id, _ = subject
+            approved = approval_granted(self._seed, call_id)
+            digest = json.loads(details_json or "{}")["args_digest"]
+            decide = self._client.approve if approved else self._client.deny
+            future = self._pool.submit(
+                decide,
+                cid,
+                sub,
+                wait_id,
+                args_digest=digest,
+                signing_key=self._key,
+                key_id=APPROVER_KEY_ID,
+                reason=approval_reason(self._seed, approved),
+                command_id=command_id,
+            )
+            self._sent[wait_id] = (future, time.monotonic())
+            self.decisions[wait_id] = approved
 
 
 # --- chaos ---------------------------------------------------------------------------------------------------------
@@ -1090,6 +1247,8 @@ def run_demo(
 
     key = Ed25519PrivateKey.generate()
     public_b64 = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+    approver_key = Ed25519PrivateKey.generate()  # the approver's own key, not the Unknown operator's
+    approver_b64 = base64.b64encode(approver_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
     toolserver = ToolServerProcess(
         work_dir / "toolserver.sqlite",
         dedup=options.dedup,
@@ -1100,6 +1259,7 @@ def run_demo(
     projector: _Projector | None = None
     tail = _LogTail(s, codec)
     operator: _Operator | None = None
+    approver: _Approver | None = None
     stop = threading.Event()
     kills = unexpected = watchdog_exits = 0
     chaos: _Chaos | None = None
@@ -1116,6 +1276,8 @@ def run_demo(
             adversarial=options.adversarial,
             non_idempotent_classes=options.no_idempotency,
             resolver_key_b64=public_b64,
+            approvals=options.approvals,
+            approver_key_b64=approver_b64 if options.approvals else "",
         )
         env = _child_env(s, config)
         projector = _Projector(env, work_dir)
@@ -1126,11 +1288,15 @@ def run_demo(
         tail.start()
         operator = _Operator(s, codec, tail, toolserver.base_url, key)
         operator.start()
+        if options.approvals:
+            approver = _Approver(s, codec, tail, seed, approver_key)
+            approver.start()
+            say(f"approvals: every state-changing call waits for the approver's seeded rule (seed {seed})")
         if options.warm_start:
             _wait_for_workers(slots, tail, s.partitions, min(120.0, max(deadline - time.monotonic(), 1.0)), say)
         if options.chaos:
             count = options.kills if options.kills is not None else max(3, round(len(entries) / 8))
-            schedule = chaos_schedule(seed, count)
+            schedule = chaos_schedule(seed, count, APPROVAL_KILL_POINTS if options.approvals else KILL_POINTS)
             say(f"chaos schedule (seed {seed}): {'; '.join(k.spec for k in schedule)}")
             chaos = _Chaos(
                 schedule,
@@ -1182,14 +1348,15 @@ def run_demo(
                         raise DemoError(f"reading the log failed: {tail.error!r}") from tail.error
                     if operator.error is not None:
                         raise DemoError(f"the operator step failed: {operator.error!r}") from operator.error
+                    if approver is not None and approver.error is not None:
+                        raise DemoError(f"the approver failed: {approver.error!r}") from approver.error
                     if chaos is not None:
                         chaos.step(driver.settled)
                     resolved = sum(1 for k in operator.kinds if k in tail.resolved)
-                    progress.update(
-                        task,
-                        completed=driver.settled,
-                        status=f"kills {kills}/{len(schedule)} Unknowns {resolved}/{len(tail.unknowns)}",
-                    )
+                    status = f"kills {kills}/{len(schedule)} Unknowns {resolved}/{len(tail.unknowns)}"
+                    if approver is not None:
+                        status += f" approvals {len(approver.decisions)}/{len(tail.approval_requests)}"
+                    progress.update(task, completed=driver.settled, status=status)
                     time.sleep(0.2)
             finally:
                 stop.set()
@@ -1212,10 +1379,14 @@ def run_demo(
             projector.stop()
         if operator is not None:
             operator.stop()
+        if approver is not None:
+            approver.stop()
         tail.stop()
         toolserver.stop()
     say("judging in a fresh process")
-    verdicts = judge_in_fresh_process(toolserver.db_path, logs, adversarial=options.adversarial)
+    verdicts = judge_in_fresh_process(
+        toolserver.db_path, logs, adversarial=options.adversarial, approvals_seed=seed if options.approvals else None
+    )
     settlements = [(turn, outcome) for log in logs for turn, outcome in log.settlements]
     dead = sum(1 for _, outcome in settlements if outcome == SettlementOutcome.FAILED.value)
     settled_turns = {(log.conversation_id, turn) for log in logs for turn, _ in log.settlements}
@@ -1227,7 +1398,9 @@ def run_demo(
         elapsed_s=elapsed,
         unknowns_raised=len(unknowns),
         unknowns_resolved=sum(1 for u in unknowns if u.resolved),
-        title=f"BFCL {options.category}: settled demo bfcl" + (" --chaos" if options.chaos else ""),
+        title=f"BFCL {options.category}: settled demo bfcl"
+        + (" --approvals" if options.approvals else "")
+        + (" --chaos" if options.chaos else ""),
         extra={
             "lost submissions": str(lost),
             "dead letters (settled failed)": str(dead),
@@ -1241,6 +1414,12 @@ def run_demo(
             "tool-server restarts": str(chaos.toolserver_restarts if chaos is not None else 0),
             "unexpected worker exits": str(unexpected),
             "turn-watchdog restarts": str(watchdog_exits),
+            "approval requests / decisions sent": (
+                f"{len(tail.approval_requests)} / {len(approver.decisions)} ({len(approver.rejections)} resent after a "
+                "rejection or no broker)"
+                if approver is not None
+                else "- (no --approvals)"
+            ),
             "tool-server dedup": "on" if options.dedup else "OFF (negative control)",
             "not idempotent": ", ".join(sorted(options.no_idempotency)) or "-",
             "replay mode": options.mode.value + (" + adversarial" if options.adversarial else ""),

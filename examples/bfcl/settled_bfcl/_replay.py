@@ -13,9 +13,9 @@ owner) is still the right next step. The history is checked against the plan: a 
 unexpected call id, a user message that is not the turn's, or a final text already given raise
 :class:`ReplayHistoryError` naming the message.
 
-A structured denial (`settled_bfcl._approvals.denial_result`, given instead of a result when an operator denies a
-gated call) counts as that call's answer: the model goes on with the plan, and the turn's final text names the
-denied calls (:func:`final_reply_text`).
+A structured denial (`settled.runtime.denial_result`, given as the result when an operator denies a gated call)
+counts as that call's answer: the model goes on with the plan, and the turn's final text names the denied calls
+(:func:`final_reply_text`).
 
 Arguments reach the caller as the corpus's JSON values (an int stays an int and a float a float: ``15.0`` is not
 ``15`` for BFCL's backends), in a fresh dict each time.
@@ -566,7 +566,7 @@ class ReplayModel:
                     raise ReplayHistoryError(
                         f"{where}: history[{index}] is a result for call {message.call_id!r}; expected {want}"
                     )
-                if message.is_error and parse_denial(message.content) is not None:
+                if parse_denial(message.content) is not None:
                     denied.append(message.call_id)  # a denial is an answer: the plan goes on (_approvals docstring)
                 answered += 1
             elif isinstance(message, AssistantText):

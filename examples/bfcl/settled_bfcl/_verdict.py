@@ -44,12 +44,12 @@ from typing import Any
 from pydantic import TypeAdapter
 from rich.table import Table
 
+from settled.runtime import denial_result
 from settled.schemas import CanonicalJsonError, SettlementOutcome, canonical_json
 from settled_bfcl._approvals import (
     APPROVER_KEY_ID,
     approval_granted,
     approval_reason,
-    denial_result,
     expected_decisions,
     needs_approval,
 )
@@ -1099,8 +1099,8 @@ def simulate_conversation(
                             history.append(ToolResultMessage(call.call_id, "(denied, not told)"))
                         else:
                             reason = approval_reason(approvals_seed, approved=False)
-                            text = denial_result(call.tool_name, APPROVER_KEY_ID, reason)
-                            history.append(ToolResultMessage(call.call_id, text, is_error=True))
+                            text = canonical_json(denial_result(call.tool_name, APPROVER_KEY_ID, reason))
+                            history.append(ToolResultMessage(call.call_id, text))
                         continue
                 history.append(ToolResultMessage(call.call_id, run(call, turn.calls)))
         else:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from settled.runtime import denial_result
+from settled.schemas import canonical_json
 from settled_bfcl import (
     CATEGORIES,
     Corpus,
@@ -41,7 +43,6 @@ from settled_bfcl._approvals import (
     approval_granted,
     approval_request,
     approval_subject,
-    denial_result,
     denied_calls,
     expected_decisions,
     needs_approval,
@@ -98,9 +99,9 @@ def test_the_request_and_the_denial_read_back() -> None:
     shown = json.dumps({"description": description, "title": title, "tool": None})
     assert approval_subject(shown) == ("e/t0/c1", "mkdir")
     assert approval_subject(None) is None and approval_subject('{"description": "plain words"}') is None
-    denial = parse_denial(denial_result("mkdir", "bfcl-approver", "no"))
+    denial = parse_denial(canonical_json(denial_result("mkdir", "bfcl-approver", "no")))
     assert denial is not None and (denial.tool, denial.by, denial.reason) == ("mkdir", "bfcl-approver", "no")
-    assert parse_denial('"ok"') is None and parse_denial('{"approval_denied": {"tool": "x"}}') is None
+    assert parse_denial('"ok"') is None and parse_denial('{"denied": true, "tool": "x"}') is None
 
 
 def test_the_replay_model_goes_on_after_a_denial_and_names_it_in_its_final_text(base_corpus: Corpus) -> None:
@@ -110,7 +111,8 @@ def test_the_replay_model_goes_on_after_a_denial_and_names_it_in_its_final_text(
     first, second = turn.calls[0], turn.calls[1]
     history: list[UserMessage | AssistantToolCalls | ToolResultMessage] = [UserMessage(turn.user_text)]
     response = model.respond(entry.id, turn.index, history)
-    history += [response.as_message(), ToolResultMessage(first.call_id, denial_result(first.method, "k", "no"), True)]
+    denial = canonical_json(denial_result(first.method, "k", "no"))
+    history += [response.as_message(), ToolResultMessage(first.call_id, denial)]
     response = model.respond(entry.id, turn.index, history)
     assert [c.call_id for c in response.tool_calls] == [second.call_id], "the plan goes on after the denial"
     for call in turn.calls[1:]:

@@ -7,6 +7,11 @@
   log.
 * miss_func with the adversarial model: the model's call of the held-out tool is refused and nothing runs; the
   holdout turn's empty ground truth ends with the model's text and a completed settlement.
+* ``--approvals --chaos`` (issue 16 item 8): base conversations whose state-changing calls wait for the approver's
+  seeded decisions, with worker kills drawn from the approval kill points (``engine.after_wait_commit`` among them):
+  every conversation passes the verdict against the reference run with the denied calls skipped, each gated call
+  decided once as the rule says, approved calls run once, denied ones never, and the model's replies name the
+  denials it was given.
 
 The full runs (200 conversations, with and without ``--chaos``, the dedup-off control, ``--no-idempotency``) are
 README commands.
@@ -47,7 +52,9 @@ from settled_bfcl import (
     replayable_entries,
 )
 from settled_bfcl._app import BfclAppConfig, ReplayProvider, _original_arguments, build_app, turn_input
+from settled_bfcl._approvals import expected_decisions
 from settled_bfcl._demo import (
+    APPROVAL_KILL_POINTS,
     KILL_POINTS,
     TOOL_APPLIED_POINT,
     DemoOptions,
@@ -140,6 +147,46 @@ def test_miss_func_refuses_the_adversarial_call_and_the_holdout_turn_ends_in_tex
     assert sum(v.refused_calls for v in verdicts) == len(adversarial), context
     assert sum(v.unexpected_executions for v in verdicts) == 0, context
     assert result.settled == result.submissions == sum(len(entry.turns) for entry in entries), context
+
+
+@pytest.mark.integration
+def test_base_conversations_with_approvals_pass_under_seeded_kills(
+    settings: Settings, demo_namespace: str, tmp_path: Path
+) -> None:
+    count = 12
+    entries = replayable_entries(load_corpus("base"))[:count]
+    expected = [approved for entry in entries for approved in expected_decisions(entry, SEED).values()]
+    assert expected.count(False) >= 3, "the slice's seed denies some calls"
+    options = DemoOptions(
+        category="base",
+        conversations=count,
+        chaos=True,
+        approvals=True,
+        seed=SEED,
+        kills=3,
+        in_flight=4,
+        broker_restart=False,  # the session's shared broker
+        toolserver_restart=False,  # the 30-conversation slice restarts it; this one times the approvals
+        work_dir=tmp_path / "demo",
+        timeout_s=170.0,
+    )
+    log = io.StringIO()
+    s = settings.model_copy(update={"partitions": 6})
+    result = run_demo(options, s, namespace=demo_namespace, console=Console(file=log, width=160))
+    report = _report(result)
+    context = f"{report}\n{log.getvalue()[-4000:]}"
+    verdicts = result.summary.verdicts
+    assert len(verdicts) == count and result.summary.all_passed, context
+    assert sum(v.approvals for v in verdicts) == expected.count(True), context
+    assert sum(v.denials for v in verdicts) == expected.count(False), context
+    assert sum(v.duplicate_executions + v.unexpected_executions for v in verdicts) == 0, context
+    assert all(v.executions == v.tool_calls for v in verdicts), context
+    assert (result.lost_submissions, result.dead_letters, result.projection_mismatches) == (0, 0, ()), context
+    assert result.settled == result.submissions, context
+    assert all(spec.split("=")[0] in APPROVAL_KILL_POINTS for spec in result.schedule), result.schedule
+    assert result.kills >= 2, f"only {result.kills} of the scheduled kills fired: {result.schedule}\n{context}"
+    assert "approvals: approved / denied" in report, report
+    assert result.passed, context
 
 
 # --- the pure parts, without Kafka ----------------------------------------------------------------------------------
