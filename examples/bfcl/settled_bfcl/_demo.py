@@ -128,6 +128,7 @@ __all__ = [
     "APPROVAL_KILL_POINTS",
     "KILL_POINTS",
     "TOOL_APPLIED_POINT",
+    "WAIT_COMMITTED_POINT",
     "DemoError",
     "DemoOptions",
     "DemoResult",
@@ -150,8 +151,10 @@ KILL_POINTS: tuple[str, ...] = (
     "appender.before_commit",
     "appender.after_commit",
 )
+#: "Approval requested, the run suspended": under ``--approvals`` a schedule of two kills or more holds one here.
+WAIT_COMMITTED_POINT = "engine.after_wait_commit"
 #: Under ``--approvals`` chaos also kills right after an approval request commits (issue 16's new boundary).
-APPROVAL_KILL_POINTS: tuple[str, ...] = (*KILL_POINTS, "engine.after_wait_commit")
+APPROVAL_KILL_POINTS: tuple[str, ...] = (*KILL_POINTS, WAIT_COMMITTED_POINT)
 #: "Tool applied, settlement not committed": every chaos schedule holds at least one kill here (issue 8).
 TOOL_APPLIED_POINT = "engine.tool_returned"
 
@@ -307,6 +310,9 @@ class DemoResult:
 def chaos_schedule(seed: int, kills: int, points: Sequence[str] = KILL_POINTS) -> tuple[ScheduledKill, ...]:
     """Return the chaos run's kills, drawn from the seed (`choose_schedule`), one at ``engine.tool_returned`` at least.
 
+    When ``points`` holds `WAIT_COMMITTED_POINT` (``--approvals``) and there are two kills or more, one of them is
+    there too (if none was drawn there, the last kill that is not the only one at ``engine.tool_returned`` moves).
+
     Args:
         seed: The run's seed.
         kills: How many kills.
@@ -318,6 +324,10 @@ def chaos_schedule(seed: int, kills: int, points: Sequence[str] = KILL_POINTS) -
     schedule = list(choose_schedule(seed, points, kills, max_hit=3))
     if schedule and all(kill.name != TOOL_APPLIED_POINT for kill in schedule):
         schedule[0] = ScheduledKill(TOOL_APPLIED_POINT, schedule[0].hit)
+    if WAIT_COMMITTED_POINT in points and len(schedule) >= 2 and all(k.name != WAIT_COMMITTED_POINT for k in schedule):
+        applied = [i for i, kill in enumerate(schedule) if kill.name == TOOL_APPLIED_POINT]
+        last = max(i for i in range(len(schedule)) if applied != [i])  # never the only tool-applied kill
+        schedule[last] = ScheduledKill(WAIT_COMMITTED_POINT, schedule[last].hit)
     return tuple(schedule)
 
 

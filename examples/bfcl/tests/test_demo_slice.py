@@ -57,6 +57,7 @@ from settled_bfcl._demo import (
     APPROVAL_KILL_POINTS,
     KILL_POINTS,
     TOOL_APPLIED_POINT,
+    WAIT_COMMITTED_POINT,
     DemoOptions,
     DemoResult,
     chaos_schedule,
@@ -184,6 +185,8 @@ def test_base_conversations_with_approvals_pass_under_seeded_kills(
     assert (result.lost_submissions, result.dead_letters, result.projection_mismatches) == (0, 0, ()), context
     assert result.settled == result.submissions, context
     assert all(spec.split("=")[0] in APPROVAL_KILL_POINTS for spec in result.schedule), result.schedule
+    assert any(spec.startswith(f"{WAIT_COMMITTED_POINT}=") for spec in result.schedule), result.schedule
+    assert f"killed at {WAIT_COMMITTED_POINT}=" in log.getvalue(), f"no kill after an approval request\n{context}"
     assert result.kills >= 2, f"only {result.kills} of the scheduled kills fired: {result.schedule}\n{context}"
     assert "approvals: approved / denied" in report, report
     assert result.passed, context
@@ -232,6 +235,10 @@ def test_the_chaos_schedule_replays_from_its_seed_and_always_kills_once_after_a_
         assert any(kill.name == TOOL_APPLIED_POINT for kill in schedule)
         assert all(kill.name in KILL_POINTS and 1 <= kill.hit <= 3 for kill in schedule)
     assert chaos_schedule(1, 0) == ()
+    for seed in range(40):
+        approvals = chaos_schedule(seed, 3, APPROVAL_KILL_POINTS)
+        assert {TOOL_APPLIED_POINT, WAIT_COMMITTED_POINT} <= {kill.name for kill in approvals}, approvals
+        assert WAIT_COMMITTED_POINT not in {kill.name for kill in chaos_schedule(seed, 3)}
 
 
 def test_the_app_configuration_names_the_bad_variable() -> None:
