@@ -903,9 +903,10 @@ class _Chaos:
     The faults are due at fractions of the submissions settled (kill j of K at 60% * j / K, the tool-server restart
     at 40%, the broker restart at 25%) and go in due order, one at a time. A kill or the broker restart waits until
     the previous fault is over (the armed worker died, and a second passed: longer than the log tail's lag) and
-    every unsettled submission is on its first attempt. A kill then ends at most one attempt of each submission:
-    one a previous kill interrupted is resumed as attempt 2, and once that attempt is seen the gate stays shut until
-    it settles, so no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls
+    every unsettled submission is on its first charged attempt (`_LogTail.max_unsettled_attempts`: an attempt that
+    ended waiting for an approval is not charged). A kill then ends at most one attempt of each submission: one a
+    previous kill interrupted is resumed as charged attempt 2, and once that attempt is seen the gate stays shut
+    until it settles, so no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls
     behind goes as soon as the gate opens. The tool-server restart ends no attempt and skips the gate.
     """
 
