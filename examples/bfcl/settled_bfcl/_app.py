@@ -17,9 +17,9 @@ Issue 8, Build item 4; docs/design.md §9. Workers load it with ``settled worker
   arguments are canonically equal to the ground truth's, so the tool server sees the corpus's original values.
 * **Approvals** (``--approvals``, issue 16 item 8): every call of a state-changing method
   (`settled_bfcl._approvals.STATE_CHANGING_METHODS`) waits for a signed decision before it runs; the operator's key
-  is the app's only ``approver_keys`` entry. A denied call never runs and the model gets settled's structured denial
-  (`settled.runtime.denial_result`) as its result. Interim, until the tool-level gate (issue 16 item 5) lands:
-  `BfclAgent` asks with ``ctx.approve`` in its own dispatch (see its docstring).
+  is the app's only ``approver_keys`` entry. Those tools are registered with ``needs_approval=True`` (issue 16 item
+  5): ``ctx.tool`` pauses before the call is prepared; a denied call never runs (`ToolApprovalDeniedError`) and the
+  model gets settled's structured denial (`settled.runtime.denial_result`) as its result.
 * **Idempotency.** A method is declared ``idempotent`` unless its class is named in the ``no_idempotency`` setting
   (the tool server's ``--no-idempotency``): then a call interrupted in doubt is Unknown (DUR-009) and waits for a
   signed ``ResolveUnknown`` (the demo's operator step). A transport error (no answer) is raised as
@@ -51,6 +51,7 @@ from settled.runtime import (
     ProviderError,
     RunContext,
     RunOptions,
+    ToolApprovalDeniedError,
     ToolCall,
     ToolCallError,
     ToolTransportError,
@@ -58,7 +59,7 @@ from settled.runtime import (
     denial_result,
 )
 from settled.schemas import CanonicalJsonError, DeclaredToolCall, canonical_json
-from settled_bfcl._approvals import APPROVER_KEY_ID, approval_request, needs_approval
+from settled_bfcl._approvals import APPROVER_KEY_ID, needs_approval
 from settled_bfcl._backends import BACKEND_CLASSES, JsonValue, method_index
 from settled_bfcl._client import ToolServerClient
 from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, load_corpus
@@ -410,63 +411,35 @@ class BfclAgent(ModelAgent):
     """`ModelAgent` whose tool calls carry the conversation, the entry and the model's call id to the tool.
 
     The tool server's ledger records the model's call id (``<entry>/t<k>/c<j>``), which a tool function cannot see
-    otherwise; everything else is `ModelAgent`'s loop (calls run one at a time, in declaration order).
-
-    With ``approvals`` (interim, until the tool-level gate of issue 16 item 5 lands) each call of a state-changing
-    method offered in the turn first waits on ``ctx.approve`` (`settled_bfcl._approvals.approval_request`); a denied
-    call never runs and the model gets `settled.runtime.denial_result` as its result. The batch's tool ordinals are
-    reserved first, in declaration order, so call ``i`` of the response at ordinal ``r`` keeps ordinal ``r + 1 + i``
-    (the history's mapping); the approvals take the ordinals after them. A denied call's reserved ordinal stays
-    unused, so `settled.runtime.history_messages` shows later turns that batch only up to the denial (the replay
-    model reads only the current turn).
-
-    Args:
-        provider: The model provider.
-        model: The model name.
-        max_turns: Model calls per run before the run fails.
-        approvals: Gate state-changing calls behind ``ctx.approve``.
+    otherwise; everything else is `ModelAgent`'s loop (calls run one at a time, in declaration order). A denied call
+    (``--approvals``: `ToolApprovalDeniedError`, the tool never ran) is answered with settled's structured denial,
+    as `ModelAgent` does.
     """
-
-    def __init__(self, provider: ReplayProvider, *, model: str, max_turns: int, approvals: bool = False) -> None:
-        super().__init__(provider, model=model, max_turns=max_turns)
-        self.approvals = approvals
 
     async def _run_calls(
         self, ctx: RunContext, calls: Sequence[DeclaredToolCall], offered: Sequence[str]
     ) -> list[Message]:
         turn = TurnInput.parse(ctx.input_json)
-        planned = []
-        for call in calls:  # ctx.tool takes its ordinal when called: reserve them all in declaration order
-            arguments = json.loads(call.args_json)
+        out: list[Message] = []
+        for call in calls:
             args = {
                 "conversation_id": ctx.conversation_id,
                 "entry_id": turn.entry_id,
                 "call_id": call.call_id,
-                "arguments": arguments,
+                "arguments": json.loads(call.args_json),
             }
-            planned.append((call, arguments, ctx.tool(call.tool, args, offered=offered)))
-        out: list[Message] = []
-        try:
-            for call, arguments, pending in planned:
-                if self.approvals and needs_approval(call.tool) and call.tool in offered:
-                    title, description = approval_request(call.call_id, call.tool, arguments)
-                    decision = await ctx.approve(title, description)
-                    if not decision.approved:
-                        pending.close()  # never awaited: the denied call never runs
-                        denial = denial_result(call.tool, decision.by, decision.reason)
-                        out.append(Message("tool", canonical_json(denial), call_id=call.call_id))
-                        continue
-                try:
-                    result = await pending
-                except ToolCallError as exc:  # an application error or a refusal: the model sees it (design.md §5)
-                    out.append(
-                        Message("tool", f"error: {exc.error_type}: {exc.message}", call_id=call.call_id, is_error=True)
-                    )
-                    continue
-                out.append(Message("tool", canonical_json(result), call_id=call.call_id))
-        finally:
-            for _, _, pending in planned:
-                pending.close()  # the ones not reached (the run suspended on an approval): no effect, no warning
+            try:
+                result = await ctx.tool(call.tool, args, offered=offered)
+            except ToolApprovalDeniedError as exc:  # not an error: the model is told who said no (issue 16 item 5)
+                denial = denial_result(exc.tool, exc.by, exc.reason)
+                out.append(Message("tool", canonical_json(denial), call_id=call.call_id))
+                continue
+            except ToolCallError as exc:  # an application error or a refusal: the model sees it (docs/design.md §5)
+                out.append(
+                    Message("tool", f"error: {exc.error_type}: {exc.message}", call_id=call.call_id, is_error=True)
+                )
+                continue
+            out.append(Message("tool", canonical_json(result), call_id=call.call_id))
         return out
 
 
@@ -537,9 +510,7 @@ def build_app(config: BfclAppConfig) -> App:
     keys = {RESOLVER_KEY_ID: config.resolver_key_b64} if config.resolver_key_b64 else {}
     approvers = {APPROVER_KEY_ID: config.approver_key_b64} if config.approvals else {}
     app = App(
-        agent=BfclAgent(
-            provider, model=f"{_PROVIDER_NAME}-{config.mode.value}", max_turns=32, approvals=config.approvals
-        ),
+        agent=BfclAgent(provider, model=f"{_PROVIDER_NAME}-{config.mode.value}", max_turns=32),
         max_attempts=config.max_attempts,
         resolver_keys=keys,
         approver_keys=approvers,
@@ -557,6 +528,7 @@ def build_app(config: BfclAppConfig) -> App:
             fn,
             name=spec.name,
             idempotent=spec.class_name not in config.non_idempotent_classes,
+            needs_approval=config.approvals and needs_approval(spec.name),
             timeout_s=config.tool_timeout_s,
             retry_budget_s=config.retry_budget_s,
         )

@@ -5,8 +5,9 @@
   decision before it runs; read-only methods (every other one, e.g. ``ls``, ``get_stock_info``, all of ``MathAPI``)
   are never gated. ``examples/bfcl/tests/test_approvals.py`` checks the list against every ground-truth call of the
   corpus: no call of a read-only method changes anything BFCL's state checker compares.
-* **The request** (`approval_request`) is titled with the method and shows the model's call id, the method and its
-  arguments as canonical JSON; `approval_subject` reads them back from a ``WaitRequested`` record's details.
+* **The request** is settled's for a tool that needs approval (``needs_approval=True``, issue 16 item 5): its
+  details name the tool and carry the call's canonical arguments, which the BFCL agent makes hold the model's call
+  id (`settled_bfcl._app.BfclAgent`); `approval_subject` reads both back from a ``WaitRequested`` record.
 * **The operator's rule** (`approval_granted`): a seeded, per-call coin that denies about `DENY_FRACTION` of the
   gated calls, a function of the run's seed and the model's call id only, so the operator (a separate actor that
   signs ``Client.approve`` / ``Client.deny``) and the verdict (`expected_decisions`) agree without talking.
@@ -18,21 +19,14 @@ answered, the next planned call comes next, and the turn's final text names the 
 (`settled_bfcl.final_reply_text`), which is how the verdict sees that the model read the structured denial. So the
 reference run of a conversation is its ground truth with the denied calls skipped (`settled_bfcl.run_oracle` with
 ``skip``): the same calls in the same order, minus the denied ones, on a fresh world.
-
-Interim (until the tool-level gate of issue 16 item 5 lands): `settled_bfcl._app.BfclAgent` asks with
-``ctx.approve`` inside its tool dispatch, after reserving the batch's tool ordinals, and gives the model
-``denial_result`` itself.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from settled.schemas import canonical_json
 from settled_bfcl._corpus import Entry
 
 __all__ = [
@@ -42,7 +36,6 @@ __all__ = [
     "Denial",
     "approval_granted",
     "approval_reason",
-    "approval_request",
     "approval_subject",
     "denied_calls",
     "expected_decisions",
@@ -183,39 +176,25 @@ def denied_calls(entry: Entry, seed: int) -> frozenset[str]:
     return frozenset(call_id for call_id, approved in expected_decisions(entry, seed).items() if not approved)
 
 
-def approval_request(call_id: str, method: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
-    """Return the title and the description of a gated call's approval request.
-
-    Args:
-        call_id: The model's call id.
-        method: The BFCL method.
-        arguments: The model's arguments.
-
-    Returns:
-        ``(title, description)``: the method, and canonical JSON of ``{"arguments", "call_id", "method"}``.
-    """
-    return method, canonical_json({"arguments": dict(arguments), "call_id": call_id, "method": method})
-
-
 def approval_subject(details_json: str | None) -> tuple[str, str] | None:
-    """Read the model's call id and the method back from an approval request's details (``WaitRequested``).
+    """Read the model's call id and the method back from a gated call's approval request (``WaitRequested``).
 
     Args:
-        details_json: The request's ``details_json`` (`settled.protocol.approval_details`'s shape).
+        details_json: The request's ``details_json`` (`settled.protocol.approval_details`: ``tool`` and the call's
+            canonical ``args_json``, which the BFCL agent gives a ``call_id``).
 
     Returns:
-        ``(call_id, method)``, or None when the request is not one of `approval_request`'s.
+        ``(call_id, method)``, or None when the request is not a BFCL tool call's.
     """
     if details_json is None:
         return None
     try:
         details = json.loads(details_json)
-        description = json.loads(details["description"]) if isinstance(details, dict) else None
+        args = json.loads(details["args_json"]) if isinstance(details, dict) else None
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(description, dict):
-        return None
-    call_id, method = description.get("call_id"), description.get("method")
+    method = details.get("tool") if isinstance(details, dict) else None
+    call_id = args.get("call_id") if isinstance(args, dict) else None
     if not isinstance(call_id, str) or not isinstance(method, str):
         return None
     return call_id, method

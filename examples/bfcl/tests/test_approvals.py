@@ -7,14 +7,17 @@ in-test runtime loop that gates the state-changing calls with the operator's rul
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from settled.protocol import approval_details
 from settled.runtime import denial_result
 from settled.schemas import canonical_json
 from settled_bfcl import (
@@ -37,11 +40,12 @@ from settled_bfcl import (
     run_oracle,
     simulate_conversation,
 )
+from settled_bfcl._app import BfclAppConfig, build_app
 from settled_bfcl._approvals import (
+    APPROVER_KEY_ID,
     DENY_FRACTION,
     STATE_CHANGING_METHODS,
     approval_granted,
-    approval_request,
     approval_subject,
     denied_calls,
     expected_decisions,
@@ -94,10 +98,10 @@ def test_the_operators_rule_is_a_function_of_the_seed_and_the_call_and_denies_ab
 
 
 def test_the_request_and_the_denial_read_back() -> None:
-    title, description = approval_request("e/t0/c1", "mkdir", {"dir_name": "x"})
-    assert title == "mkdir"
-    shown = json.dumps({"description": description, "title": title, "tool": None})
-    assert approval_subject(shown) == ("e/t0/c1", "mkdir")
+    args = {"arguments": {"dir_name": "x"}, "call_id": "e/t0/c1", "conversation_id": "e", "entry_id": "e"}
+    details = approval_details("mkdir", "BFCL GorillaFileSystem.mkdir", canonical_json(args), tool="mkdir")
+    assert approval_subject(details) == ("e/t0/c1", "mkdir")
+    assert approval_subject(approval_details("refund", "", "{}", tool=None)) is None
     assert approval_subject(None) is None and approval_subject('{"description": "plain words"}') is None
     denial = parse_denial(canonical_json(denial_result("mkdir", "bfcl-approver", "no")))
     assert denial is not None and (denial.tool, denial.by, denial.reason) == ("mkdir", "bfcl-approver", "no")
@@ -209,3 +213,17 @@ def test_decisions_other_than_the_rules_or_judged_as_a_run_without_approvals_fai
     assert VerdictCheck.APPROVALS in checks, checks
     _, checks, _, _ = _run(client, base_corpus, "multi_turn_base_2", judge_seed=None)
     assert VerdictCheck.APPROVALS in checks and VerdictCheck.LEDGER in checks, checks
+
+
+def test_the_app_gates_exactly_the_state_changing_tools_and_needs_the_approvers_key() -> None:
+    key = base64.b64encode(
+        Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    ).decode()
+    config = BfclAppConfig(toolserver_url="http://127.0.0.1:1", approvals=True, approver_key_b64=key)
+    assert BfclAppConfig.from_env(config.env()) == config
+    app = build_app(config)
+    assert {spec.name for spec in app.tools if spec.gated} == STATE_CHANGING_METHODS
+    assert dict(app.approver_keys) == {APPROVER_KEY_ID: key}
+    assert not any(spec.gated for spec in build_app(BfclAppConfig(toolserver_url="http://127.0.0.1:1")).tools)
+    with pytest.raises(ValueError, match="SETTLED_BFCL_APPROVER_KEY"):
+        BfclAppConfig(toolserver_url="http://127.0.0.1:1", approvals=True)
