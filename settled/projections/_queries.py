@@ -356,6 +356,19 @@ class ProjectionReader:
         rows = self.receipts(request_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return rows[0] if rows else None
 
+    def settlement(self, submission_id: str, *, conversation_id: str) -> Row | None:
+        """Return a submission's projected settlement (its terminal outcome, reply and error), if settled.
+
+        Args:
+            submission_id: The submission.
+            conversation_id: Its conversation.
+
+        Returns:
+            The ``settlements`` row, or None when not settled (or not projected yet).
+        """
+        rows = self._by_id("settlements", "submission_id", submission_id, conversation_id)
+        return rows[0] if rows else None
+
     def runs(
         self,
         *,
