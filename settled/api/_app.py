@@ -36,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, JsonValue
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
@@ -342,6 +343,19 @@ def create_app(
     @app.exception_handler(SettledError)
     async def _on_settled_error(request: Request, exc: SettledError) -> JSONResponse:
         return problem_of_error(exc).response(request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        category = ErrorCategory.NOT_FOUND if exc.status_code == 404 else ErrorCategory.BAD_INPUT
+        problem = Problem(
+            category,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            kind="no_route" if exc.status_code == 404 else "http",
+            status=exc.status_code,
+            title=str(exc.detail),
+            headers=exc.headers,
+        )
+        return problem.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
