@@ -318,6 +318,7 @@ def create_app(
         owned.append(reader.close)
     if tokens is None:
         tokens = TokenStore(config.settings.postgres_dsn, config.tokens_schema)
+        owned.append(tokens.close)
     the_client, the_reader, the_tokens = client, reader, tokens
 
     @asynccontextmanager

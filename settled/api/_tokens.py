@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
 from settled import protocol
 from settled._errors import BadInputError, ErrorCategory, SettledError
@@ -145,7 +147,7 @@ def parse_scopes(names: list[str] | tuple[str, ...]) -> frozenset[Scope]:
 
 
 class TokenStore:
-    """The tokens table (thread-safe: one short connection per call).
+    """The tokens table (thread-safe; `authenticate` uses a small connection pool, the rest one connection per call).
 
     Attributes:
         dsn: The PostgreSQL connection string.
@@ -161,6 +163,29 @@ class TokenStore:
         """
         self.dsn = dsn
         self.schema = schema
+        self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
+        self._pool_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the pool `authenticate` opened, if any."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def _pooled(self) -> ConnectionPool[psycopg.Connection[dict[str, Any]]]:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=8,
+                    timeout=10.0,
+                    kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": 5},
+                    connection_class=psycopg.Connection[dict[str, Any]],
+                    open=True,
+                )
+            return self._pool
 
     def _connect(self) -> psycopg.Connection[dict[str, Any]]:
         return psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5)
@@ -260,7 +285,7 @@ class TokenStore:
         Returns:
             Its principal, or None when no live token has that digest.
         """
-        with self._connect() as conn:
+        with self._pooled().connection() as conn:
             row = conn.execute(
                 sql.SQL(
                     "SELECT token_id, principal, scopes FROM {} WHERE token_sha256 = %s AND revoked_at IS NULL"
