@@ -14,7 +14,11 @@ Routes (all under ``/v1``; each needs ``Authorization: Bearer <token>`` with the
   API's approver key), abort (``submit``), resolve an Unknown (``resolve``; signed with the API's resolver key). The
   ``Idempotency-Key`` header is the command id (a new UUID when absent).
 
-The principal of everything the API publishes is the token's, never the body's.
+The principal of everything the API publishes is the token's, never the body's; with a signing key
+(``settled api --signing-key``) the API signs each record (`settled.protocol.api_signing_bytes`, Kafka headers) so
+that the partition owner checks the conversation's access: a conversation is its opener's (the principal of its first
+submission) and an ``admin`` token's. A target the caller may not see answers exactly like a missing one (404), on
+reads (filtered here from the projection) and commands (rejected ``unknown_target`` by the owner) alike.
 Errors are RFC 9457 problem details (`settled.api._problems`).
 """
 
@@ -42,9 +46,10 @@ from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.api._problems import PROBLEM_MEDIA_TYPE, Problem, problem_of_error
 from settled.api._tokens import Principal, Scope, TokenStore
-from settled.client import NO_RESULT, Client, CommandRejectedError
+from settled.client import NO_RESULT, Client, CommandRejectedError, SubmissionRejectedError
 from settled.projections import ProjectionReader
 from settled.projections._schema import ProjectionNames
+from settled.protocol import ACCESS_ALL, ACCESS_OWNER
 from settled.schemas import Receipt
 
 __all__ = ["ApiConfig", "ReceiptOut", "create_app"]
@@ -67,6 +72,10 @@ class ApiConfig:
         approver_key_id: Its key id in the workers' ``App.approver_keys``.
         resolver_key: The API's Ed25519 key signing resolutions of Unknowns (None: resolutions answer 503).
         resolver_key_id: Its key id in the workers' ``App.resolver_keys``.
+        signing_key: The API's Ed25519 key signing every record it publishes (Kafka headers), so that the partition
+            owner trusts the token's principal and checks the conversation's access (None: unsigned records, which
+            the owner trusts as from any inbox writer; reads are still filtered here).
+        signing_key_id: Its key id in the workers' ``App.api_keys``.
     """
 
     settings: Settings
@@ -78,6 +87,8 @@ class ApiConfig:
     approver_key_id: str = ""
     resolver_key: Ed25519PrivateKey | None = None
     resolver_key_id: str = ""
+    signing_key: Ed25519PrivateKey | None = None
+    signing_key_id: str = ""
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -310,16 +321,41 @@ def create_app(
         The FastAPI application.
     """
     owned: list[Callable[[], None]] = []
+    admin_client = client
     if client is None:
-        client = Client(config.settings, default_timeout_s=config.submit_timeout_s)
+        signer = config.signing_key
+        client = Client(
+            config.settings,
+            default_timeout_s=config.submit_timeout_s,
+            api_signer=None if signer is None else (config.signing_key_id, signer, ACCESS_OWNER),
+        )
         owned.append(client.close)
+        admin_client = client
+        if signer is not None:  # an admin token's records are signed with access "all"
+            admin_client = Client(
+                config.settings,
+                default_timeout_s=config.submit_timeout_s,
+                api_signer=(config.signing_key_id, signer, ACCESS_ALL),
+            )
+            owned.append(admin_client.close)
     if reader is None:
         reader = ProjectionReader(config.settings.postgres_dsn, config.names, pool_size=8)
         owned.append(reader.close)
     if tokens is None:
         tokens = TokenStore(config.settings.postgres_dsn, config.tokens_schema)
         owned.append(tokens.close)
-    the_client, the_reader, the_tokens = client, reader, tokens
+    the_reader, the_tokens = reader, tokens
+    owner_client, all_client = client, admin_client if admin_client is not None else client
+
+    def client_of(principal: Principal) -> Client:
+        return all_client if Scope.ADMIN in principal.scopes else owner_client
+
+    def visible(cid: str, principal: Principal) -> bool:
+        """Whether the caller may see the conversation: an admin, its opener, or nobody opened it yet."""
+        if Scope.ADMIN in principal.scopes:
+            return True
+        owner = the_reader.conversation_owner(cid)
+        return owner is None or owner == principal.name
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -418,9 +454,13 @@ def create_app(
     ) -> ReceiptOut:
         key = key_of(idempotency_key)
         try:
-            receipt = the_client.submit(
+            receipt = client_of(principal).submit(
                 cid, body.input, idempotency_key=key, principal=principal.name, tools_offered=body.tools_offered
             )
+        except SubmissionRejectedError as exc:
+            if exc.reason_code == "unauthorized":  # another principal's conversation: as if there were none
+                raise not_found("conversation", "conversation_id", cid) from exc
+            raise
         except ValueError as exc:
             if isinstance(exc, SettledError):
                 raise
@@ -431,10 +471,10 @@ def create_app(
 
     @app.get("/v1/conversations/{cid}/submissions/{sid}", summary="A submission's ledger row")
     def get_submission(
-        cid: Cid, sid: str, _p: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+        cid: Cid, sid: str, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> dict[str, Any]:
         wait_after(cid, after, after_timeout_s)
-        row = the_reader.submission(sid, conversation_id=cid)
+        row = the_reader.submission(sid, conversation_id=cid) if visible(cid, principal) else None
         if row is None:
             raise not_found("submission", "submission_id", sid)
         return dict(_rows(row))
@@ -447,12 +487,14 @@ def create_app(
     async def get_settlement(
         cid: Cid,
         sid: str,
-        _p: Reader,
+        principal: Reader,
         wait_s: Annotated[float, Query(ge=0, description="Long poll: wait up to this long for it, in seconds.")] = 0,
         after: After = None,
         after_timeout_s: AfterTimeout = 10.0,
     ) -> SettlementOut:
         await run_in_threadpool(wait_after, cid, after, after_timeout_s)
+        if not await run_in_threadpool(visible, cid, principal):
+            raise not_found("submission", "submission_id", sid)
         deadline = time.monotonic() + min(wait_s, config.max_wait_s)
         pause_s = 0.02
         while True:
@@ -473,7 +515,7 @@ def create_app(
 
     @app.get("/v1/runs", summary="Runs by status")
     def list_runs(
-        _p: Reader,
+        principal: Reader,
         status: Annotated[Literal["all", "incomplete"], Query(description="`incomplete`: not settled yet.")] = "all",
         conversation_id: Annotated[str | None, Query(description="Only this conversation's runs.")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -489,33 +531,39 @@ def create_app(
                 )
             wait_after(conversation_id, after, after_timeout_s)
         rows = the_reader.runs(incomplete=status == "incomplete", conversation_id=conversation_id, limit=limit)
-        return list(_rows(rows))
+        seen: dict[str, bool] = {}
+        for cid in {str(r["conversation_id"]) for r in rows}:
+            seen[cid] = visible(cid, principal)
+        mine = [r for r in rows if seen[str(r["conversation_id"])]]
+        return list(_rows(mine))
 
     @app.get("/v1/conversations/{cid}/runs/{rid}", summary="One run with its attempts and tool calls")
     def get_run(
-        cid: Cid, rid: str, _p: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+        cid: Cid, rid: str, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> dict[str, Any]:
         wait_after(cid, after, after_timeout_s)
-        row = the_reader.run(rid, conversation_id=cid)
+        row = the_reader.run(rid, conversation_id=cid) if visible(cid, principal) else None
         if row is None:
             raise not_found("run", "run_id", rid)
         return dict(_rows(row))
 
     @app.get("/v1/conversations/{cid}", summary="A conversation's state and transcript")
     def get_conversation(
-        cid: Cid, _p: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+        cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> dict[str, Any]:
         wait_after(cid, after, after_timeout_s)
-        row = the_reader.conversation(cid)
+        row = the_reader.conversation(cid) if visible(cid, principal) else None
         if row is None:
             raise not_found("conversation", "conversation_id", cid)
         return dict(_rows(row))
 
     @app.get("/v1/conversations/{cid}/unknowns", summary="A conversation's open Unknown tool calls")
     def list_unknowns(
-        cid: Cid, _p: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+        cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> list[dict[str, Any]]:
         wait_after(cid, after, after_timeout_s)
+        if not visible(cid, principal):
+            return []  # as for a conversation with no Unknown
         rows = [r for r in the_reader.unknown_obligations() if r["conversation_id"] == cid]
         return list(_rows(rows))
 
@@ -527,7 +575,7 @@ def create_app(
     ) -> ReceiptOut:
         key = key_of(idempotency_key)
         return command_answer(
-            lambda: the_client.signal(cid, rid, name, body.payload, signal_id=key, principal=principal.name),
+            lambda: client_of(principal).signal(cid, rid, name, body.payload, signal_id=key, principal=principal.name),
             key,
             rid,
         )
@@ -541,7 +589,7 @@ def create_app(
                 field="approver_key",
             )
         return command_answer(
-            lambda: the_client.decide_approval(
+            lambda: client_of(principal).decide_approval(
                 cid,
                 rid,
                 aid,
@@ -583,7 +631,7 @@ def create_app(
     def abort(cid: Cid, sid: str, body: AbortIn, principal: Submitter, idempotency_key: KeyHeader = None) -> ReceiptOut:
         key = key_of(idempotency_key)
         return command_answer(
-            lambda: the_client.abort(cid, sid, reason=body.reason, principal=principal.name, command_id=key),
+            lambda: client_of(principal).abort(cid, sid, reason=body.reason, principal=principal.name, command_id=key),
             key,
             sid,
         )
@@ -611,7 +659,7 @@ def create_app(
         key = key_of(idempotency_key)
         result = body.result if "result" in body.model_fields_set else NO_RESULT
         return command_answer(
-            lambda: the_client.resolve_unknown(
+            lambda: client_of(principal).resolve_unknown(
                 cid,
                 sid,
                 call_id,

@@ -86,6 +86,10 @@ def api_command(
     approver_key_id: str = typer.Option("api", "--approver-key-id", help="Its id in App.approver_keys."),
     resolver_key: str | None = typer.Option(None, "--resolver-key", help="Private key file signing resolutions."),
     resolver_key_id: str = typer.Option("api", "--resolver-key-id", help="Its id in App.resolver_keys."),
+    signing_key: str | None = typer.Option(
+        None, "--signing-key", help="Private key file signing every record (access checked by the workers)."
+    ),
+    signing_key_id: str = typer.Option("api", "--signing-key-id", help="Its id in App.api_keys."),
     log_level: str = typer.Option("INFO", "--log-level", help="Log level."),
     openapi: bool = typer.Option(False, "--openapi", help="Print the OpenAPI document and exit."),
 ) -> None:
@@ -112,5 +116,7 @@ def api_command(
         approver_key_id=approver_key_id,
         resolver_key=None if resolver_key is None else load_signing_key(resolver_key),
         resolver_key_id=resolver_key_id,
+        signing_key=None if signing_key is None else load_signing_key(signing_key),
+        signing_key_id=signing_key_id,
     )
     serve(config, host=host, port=port, log_level=log_level.lower())

@@ -15,11 +15,12 @@ from settled.api import Scope, TokenStore, default_tokens_schema
 from settled.projections._schema import ProjectionNames
 from settled.testing import ApiProcess, WorkerProcess
 from tests.conftest import Provisioned
+from tests.integration.api.api_app import API_KEY_ID
 from tests.integration.engine.engine_app import APPROVER_KEY_ID, RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, WORLD_ENV
 from tests.integration.helpers import fresh_projection, projecting
 
 ROOT = Path(__file__).resolve().parents[3]
-ENGINE_APP = "tests.integration.engine.engine_app:app"
+API_APP = "tests.integration.api.api_app:app"
 
 
 @pytest.fixture
@@ -66,6 +67,10 @@ def start_api(topics: Settings, names: ProjectionNames, key_file: Path, tmp_path
                 str(key_file),
                 "--resolver-key-id",
                 RESOLVER_KEY_ID,
+                "--signing-key",
+                str(key_file),
+                "--signing-key-id",
+                API_KEY_ID,
                 *args,
             ),
         )
@@ -115,7 +120,7 @@ def spawn_worker(topics: Settings, tmp_path: Path) -> Iterator[SpawnWorker]:
     def spawn(name: str, *, failpoints: str = "") -> WorkerProcess:
         proc = WorkerProcess.start(
             topics,
-            app=ENGINE_APP,
+            app=API_APP,
             log_path=tmp_path / f"{name}.log",
             worker_id=name,
             control=control,

@@ -40,14 +40,15 @@ def test_a_signal_and_an_approval_over_http_are_consumed_once(
     spawn_worker("w1")
     api = start_api()
     refund = {"approve": "refund", "description": "order o-7", "then": {"tool": "charge_once", "args": {"amount": 5}}}
-    with http(api, token("alice", "submit", "read")) as alice, http(api, token("sue", "approve")) as sue:
+    # Two tokens of alice's (the conversation's opener): one to submit and read, one to approve and signal.
+    with http(api, token("alice", "submit", "read")) as alice, http(api, token("alice", "approve")) as approver:
         sub = alice.post(SUBMIT.format(cid="c-cmd"), json={"input": plan({"signal": "go"}, refund)}).json()
         sid = sub["submission_id"]
         _wait_request(topics, sid, WaitKind.SIGNAL)
         path = f"/v1/conversations/c-cmd/runs/{sid}/signals/go"
-        sent = sue.post(path, json={"payload": {"cents": 250}}, headers={"Idempotency-Key": "sig-1"})
+        sent = approver.post(path, json={"payload": {"cents": 250}}, headers={"Idempotency-Key": "sig-1"})
         assert sent.status_code == 200 and sent.json()["outcome"] == "applied", sent.text
-        again = sue.post(path, json={"payload": {"cents": 250}}, headers={"Idempotency-Key": "sig-1"})
+        again = approver.post(path, json={"payload": {"cents": 250}}, headers={"Idempotency-Key": "sig-1"})
         assert again.status_code == 200 and again.json()["outcome"] == "duplicate", again.text
         # A reader cannot approve: 403 naming the scope.
         request = _wait_request(topics, sid, WaitKind.APPROVAL)
@@ -55,9 +56,10 @@ def test_a_signal_and_an_approval_over_http_are_consumed_once(
         approve = f"/v1/conversations/c-cmd/runs/{sid}/approvals/{quote(request.wait_id, safe='')}/approve"
         refused = alice.post(approve, json={"args_digest": digest}, headers={"Idempotency-Key": "ap-x"})
         assert refused.status_code == 403 and refused.json()["value"] == "approve", refused.text
-        ok = sue.post(approve, json={"args_digest": digest, "reason": "fine"}, headers={"Idempotency-Key": "ap-1"})
+        decision = {"args_digest": digest, "reason": "fine"}
+        ok = approver.post(approve, json=decision, headers={"Idempotency-Key": "ap-1"})
         assert ok.status_code == 200 and ok.json()["outcome"] == "applied", ok.text
-        dup = sue.post(approve, json={"args_digest": digest, "reason": "fine"}, headers={"Idempotency-Key": "ap-1"})
+        dup = approver.post(approve, json=decision, headers={"Idempotency-Key": "ap-1"})
         assert dup.status_code == 200 and dup.json()["outcome"] == "duplicate", dup.text
         done = alice.get(f"/v1/conversations/c-cmd/submissions/{sid}/settlement", params={"wait_s": 60}).json()
         assert done["settled"] and done["settlement"]["outcome"] == "completed", done
@@ -68,7 +70,7 @@ def test_a_signal_and_an_approval_over_http_are_consumed_once(
     resolved = [e for e in events_of(topics, sid) if isinstance(e, WaitResolved)]
     assert sorted(e.source_id or "" for e in resolved) == ["ap-1", "sig-1"]  # each delivered once
     delivered = json.loads(resolved[-1].payload_json or "null")
-    assert delivered["principal"] == "sue"  # the token's principal, signed by the API's key
+    assert delivered["principal"] == "alice"  # the token's principal, signed by the API's key
 
 
 def test_an_abort_racing_the_final_append_returns_the_winner(

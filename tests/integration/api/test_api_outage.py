@@ -41,7 +41,7 @@ def test_broker_stopped_answers_504_naming_the_key_and_the_same_request_after_th
     schema = f"p_{uuid.uuid4().hex[:12]}"
     bearer = TokenStore(postgres_dsn, f"{schema}__tokens").create("alice", frozenset({Scope.SUBMIT}))[1]
     env = {WORLD_ENV: str(tmp_path / "world.sqlite")}
-    app = "tests.integration.engine.engine_app:app"
+    app = "tests.integration.api.api_app:app"
     worker = WorkerProcess.start(s, app=app, log_path=tmp_path / "w.log", worker_id="w", env=env, cwd=ROOT)
     api = ApiProcess.start(s, schema=schema, log_path=tmp_path / "api.log", args=("--submit-timeout-s", "3"))
     url = "/v1/conversations/c-out/submissions"
