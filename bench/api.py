@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -106,7 +107,7 @@ def main() -> int:
     provision_topics(settings, Codec(), datetime.now(UTC))
     schema = f"bench_api_{uuid.uuid4().hex[:10]}"
     token = TokenStore(dsn, f"{schema}__tokens").create("bench", frozenset({Scope.SUBMIT}))[1]
-    logs = Path(f"/tmp/{settings.namespace}")
+    logs = Path(tempfile.gettempdir()) / settings.namespace
     env = {"SETTLED_PARTITIONS": str(PARTITIONS)}
     worker = WorkerProcess.start(settings, app=ECHO_APP, log_path=logs / "worker.log", worker_id="bench", env=env)
     api = ApiProcess.start(settings, schema=schema, log_path=logs / "api.log", env=env)
