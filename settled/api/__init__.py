@@ -4,7 +4,7 @@
   digests in a PostgreSQL table of their own, outside the projections (``settled tokens create|list|revoke``).
 * `ApiConfig`, `create_app` (`_app`, needs the ``http`` extra: FastAPI): the routes; `serve` runs them under uvicorn
   (``settled api``); `openapi_document` is the OpenAPI document committed as ``docs/openapi.json``.
-* `Problem`, `STATUS_OF_CATEGORY` (`_problems`): errors as RFC 9457 problem details, one status per
+* `ProblemError`, `STATUS_OF_CATEGORY` (`_problems`): errors as RFC 9457 problem details, one status per
   `settled.ErrorCategory`.
 
 Only this package imports FastAPI, uvicorn and httpx; the command line imports it only when an ``api`` command runs.

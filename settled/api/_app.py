@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
-from settled.api._problems import PROBLEM_MEDIA_TYPE, Problem, problem_of_error
+from settled.api._problems import PROBLEM_MEDIA_TYPE, ProblemError, problem_of_error
 from settled.api._tokens import Principal, Scope, TokenStore
 from settled.client import NO_RESULT, Client, CommandRejectedError, SubmissionRejectedError
 from settled.projections import ProjectionReader
@@ -233,7 +233,7 @@ def needs(scope: Scope) -> Callable[..., Principal]:
     ) -> Principal:
         challenge = {"WWW-Authenticate": 'Bearer realm="settled"'}
         if credentials is None:
-            raise Problem(
+            raise ProblemError(
                 ErrorCategory.BAD_INPUT,
                 "Authorization: a bearer token is required",
                 kind="unauthenticated",
@@ -245,7 +245,7 @@ def needs(scope: Scope) -> Callable[..., Principal]:
         tokens: TokenStore = request.app.state.tokens
         principal = tokens.authenticate(credentials.credentials)
         if principal is None:
-            raise Problem(
+            raise ProblemError(
                 ErrorCategory.BAD_INPUT,
                 "Authorization: the bearer token is unknown or revoked",
                 kind="unauthenticated",
@@ -255,7 +255,7 @@ def needs(scope: Scope) -> Callable[..., Principal]:
                 field="Authorization",
             )
         if not principal.allows(scope):
-            raise Problem(
+            raise ProblemError(
                 ErrorCategory.REJECTED,
                 f"the token of principal {principal.name!r} lacks scope {scope.value!r} "
                 f"(it has {', '.join(sorted(s.value for s in principal.scopes))})",
@@ -373,8 +373,8 @@ def create_app(
     )
     app.state.tokens = the_tokens
 
-    @app.exception_handler(Problem)
-    async def _on_problem(request: Request, exc: Problem) -> JSONResponse:
+    @app.exception_handler(ProblemError)
+    async def _on_problem(request: Request, exc: ProblemError) -> JSONResponse:
         return exc.response(request.url.path)
 
     @app.exception_handler(SettledError)
@@ -384,7 +384,7 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         category = ErrorCategory.NOT_FOUND if exc.status_code == 404 else ErrorCategory.BAD_INPUT
-        problem = Problem(
+        problem = ProblemError(
             category,
             f"{request.method} {request.url.path}: {exc.detail}",
             kind="no_route" if exc.status_code == 404 else "http",
@@ -400,7 +400,7 @@ def create_app(
         first = errors[0] if errors else {}
         field = ".".join(str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path"))
         value = first.get("input")
-        problem = Problem(
+        problem = ProblemError(
             ErrorCategory.BAD_INPUT,
             f"{field or 'request'}: {first.get('msg', 'invalid')}, got {value!r}",
             field=field or None,
@@ -412,8 +412,8 @@ def create_app(
     def key_of(header: str | None) -> str:
         return header if header is not None else str(uuid.uuid4())
 
-    def bad_value(exc: ValueError) -> Problem:
-        return Problem(ErrorCategory.BAD_INPUT, str(exc))
+    def bad_value(exc: ValueError) -> ProblemError:
+        return ProblemError(ErrorCategory.BAD_INPUT, str(exc))
 
     def wait_after(cid: str, after: str | None, timeout_s: float) -> None:
         if after is None:
@@ -422,8 +422,8 @@ def create_app(
         # ProjectionReader.wait_for reads only the receipt's conversation and request id.
         the_reader.wait_for(Receipt.model_construct(conversation_id=cid, request_id=after), bounded)
 
-    def not_found(what: str, field: str, value: str) -> Problem:
-        return Problem(ErrorCategory.NOT_FOUND, f"{field} {value!r}: no such {what}", field=field, value=value)
+    def not_found(what: str, field: str, value: str) -> ProblemError:
+        return ProblemError(ErrorCategory.NOT_FOUND, f"{field} {value!r}: no such {what}", field=field, value=value)
 
     def command_answer(call: Callable[[], Receipt], key: str, target: str) -> ReceiptOut:
         try:
@@ -524,7 +524,7 @@ def create_app(
     ) -> list[dict[str, Any]]:
         if after is not None:
             if conversation_id is None:
-                raise Problem(
+                raise ProblemError(
                     ErrorCategory.BAD_INPUT,
                     f"after {after!r} needs conversation_id: a request id is unique within its conversation",
                     field="conversation_id",
@@ -583,7 +583,7 @@ def create_app(
     def decide(cid: str, rid: str, aid: str, body: DecisionIn, principal: Principal, key: str, approved: bool) -> Any:
         signing_key = config.approver_key
         if signing_key is None:
-            raise Problem(
+            raise ProblemError(
                 ErrorCategory.UNAVAILABLE,
                 "this API has no approver key (settled api --approver-key): it cannot sign approval decisions",
                 field="approver_key",
@@ -651,7 +651,7 @@ def create_app(
     ) -> ReceiptOut:
         signing_key = config.resolver_key
         if signing_key is None:
-            raise Problem(
+            raise ProblemError(
                 ErrorCategory.UNAVAILABLE,
                 "this API has no resolver key (settled api --resolver-key): it cannot sign resolutions",
                 field="resolver_key",

@@ -1,7 +1,7 @@
 """Errors as RFC 9457 problem details (``application/problem+json``), one status per `ErrorCategory`.
 
-Every error the API answers with is a `Problem`: ``type`` (a stable URN per kind), ``title``, ``status``, ``detail``
-(the message, naming the field and the value), and where known the extension members ``category`` (the
+Every error the API answers with is a `ProblemError`: ``type`` (a stable URN per kind), ``title``, ``status``,
+``detail`` (the message, naming the field and the value), and where known the extension members ``category`` (the
 `settled.ErrorCategory`), ``field``, ``value``, ``idempotency_key`` / ``command_id`` (what to send again with) and
 ``receipt`` (a rejection's receipt: a command's rejection is still its answer).
 """
@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from settled._errors import ErrorCategory, SettledError
 
-__all__ = ["PROBLEM_MEDIA_TYPE", "STATUS_OF_CATEGORY", "Problem", "problem_of_error"]
+__all__ = ["PROBLEM_MEDIA_TYPE", "STATUS_OF_CATEGORY", "ProblemError", "problem_of_error"]
 
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 
@@ -43,11 +43,13 @@ _TITLES: Final[Mapping[ErrorCategory, str]] = {
 }
 
 
-class Problem(Exception):
+class ProblemError(SettledError):
     """An error answered as an RFC 9457 problem detail.
 
+    The class's `category` is a default for the error taxonomy; each problem's own is `problem_category`.
+
     Attributes:
-        category: What went wrong from the caller's side.
+        problem_category: What went wrong from the caller's side (gives the default status, kind and title).
         status: The HTTP status.
         kind: The last part of the ``type`` URN (``urn:settled:problem:<kind>``).
         title: A short, fixed summary of the kind.
@@ -55,6 +57,8 @@ class Problem(Exception):
         extensions: Further members (``field``, ``value``, ``idempotency_key``, ``receipt``, ...).
         headers: Response headers (``WWW-Authenticate``, ``Retry-After``).
     """
+
+    category = ErrorCategory.BAD_INPUT
 
     def __init__(
         self,
@@ -79,7 +83,7 @@ class Problem(Exception):
             **extensions: Further members; ``None`` values are left out.
         """
         super().__init__(detail)
-        self.category = category
+        self.problem_category = category
         self.status = status if status is not None else STATUS_OF_CATEGORY[category]
         self.kind = kind if kind is not None else category.value
         self.title = title if title is not None else _TITLES[category]
@@ -102,7 +106,7 @@ class Problem(Exception):
             "status": self.status,
             "detail": self.detail,
             "instance": instance,
-            "category": self.category.value,
+            "category": self.problem_category.value,
             **self.extensions,
         }
 
@@ -120,21 +124,21 @@ class Problem(Exception):
         )
 
 
-def problem_of_error(error: SettledError | Problem) -> Problem:
+def problem_of_error(error: SettledError) -> ProblemError:
     """The problem for any settled error: its category's status, and what the error names.
 
     Args:
         error: The error (a client error carries ``receipt``, ``idempotency_key``, ``command_id``, ``field``).
 
     Returns:
-        The problem.
+        The problem (``error`` itself when it is one).
     """
-    if isinstance(error, Problem):
+    if isinstance(error, ProblemError):
         return error
     receipt = getattr(error, "receipt", None)
     kind = getattr(error, "reason_code", None) or error.category.value
     headers = {"Retry-After": "1"} if error.category in (ErrorCategory.UNAVAILABLE, ErrorCategory.PENDING) else None
-    return Problem(
+    return ProblemError(
         error.category,
         str(error),
         kind=kind,
