@@ -131,3 +131,8 @@ def test_another_principals_token_gets_404_on_reads_and_commands_and_the_log_hol
         done = alice.get(f"/v1/conversations/c-a1/submissions/{sid}/settlement", params={"wait_s": 60}).json()
         assert done["settled"] and done["settlement"]["outcome"] == "completed", done
         assert admin.get("/v1/conversations/c-a1").status_code == 200
+        # An admin token resolves alice's Unknown (signed with the API's resolver key): the run goes on.
+        resolved = admin.post(resolve, json={"kind": "call_outcome", "result": {"by": "ops"}})
+        assert resolved.status_code == 200 and resolved.json()["outcome"] == "applied", resolved.text
+        after = admin.get(f"/v1/conversations/c-a2/submissions/{stuck_sid}/settlement", params={"wait_s": 60}).json()
+        assert after["settled"] and after["settlement"]["outcome"] == "completed", after

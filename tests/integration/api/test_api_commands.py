@@ -11,9 +11,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from typer.testing import CliRunner
 
 from settled._settings import Settings
+from settled.api import TokenStore
+from settled.projections._schema import ProjectionNames
 from settled.schemas import CommandRejected, WaitKind, WaitRequested, WaitResolved
+from settled.services.cli import app as cli_app
 from tests.integration.api.conftest import SpawnWorker, StartApi, TokenFactory, http
 from tests.integration.engine._helpers import events_of, invocations, plan
 from tests.integration.engine._helpers import settled as settled_record
@@ -114,9 +118,30 @@ def test_a_command_for_a_missing_run_is_404_and_the_log_holds_only_its_rejection
 
 
 def test_scopes_and_tokens(
-    topics: Settings, spawn_worker: SpawnWorker, start_api: StartApi, token: TokenFactory, tokens: object
+    topics: Settings, names: ProjectionNames, start_api: StartApi, token: TokenFactory, tokens: TokenStore
 ) -> None:
     api = start_api()
+    # settled tokens create|list|revoke: the token answers until it is revoked, then 401.
+    env = {"SETTLED_NAMESPACE": topics.namespace, "SETTLED_POSTGRES_DSN": topics.postgres_dsn}
+    cli = CliRunner()
+    made = cli.invoke(cli_app, ["tokens", "create", "carol", "--scope", "read", "--schema", names.base], env=env)
+    assert made.exit_code == 0, made.output
+    created = json.loads(made.stdout)
+    assert created["principal"] == "carol" and created["scopes"] == ["read"]
+    listed = cli.invoke(cli_app, ["tokens", "list", "--schema", names.base], env=env)
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["token_id"] for r in rows if r["principal"] == "carol"] == [created["token_id"]]
+    assert all("token" not in r for r in rows)  # never the secret
+    assert tokens.authenticate(created["token"]) is not None
+    with http(api, created["token"]) as carol:
+        assert carol.get("/v1/runs").status_code == 200
+        revoked = cli.invoke(cli_app, ["tokens", "revoke", created["token_id"], "--schema", names.base], env=env)
+        assert revoked.exit_code == 0, revoked.output
+        assert carol.get("/v1/runs").status_code == 401
+    unknown = cli.invoke(cli_app, ["tokens", "revoke", "no-such-token", "--schema", names.base], env=env)
+    assert unknown.exit_code == 1 and "no-such-token" in unknown.stderr
+    bad = cli.invoke(cli_app, ["tokens", "create", "dave", "--scope", "root", "--schema", names.base], env=env)
+    assert bad.exit_code == 2 and "'root'" in bad.stderr
     with http(api, token("reader", "read")) as reader:
         denied = reader.post(
             "/v1/conversations/c/submissions/s/unknowns/call-1/resolve", json={"kind": "safe_to_retry"}
