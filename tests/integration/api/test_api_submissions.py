@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from settled._settings import Settings
+from settled.projections import rebuild
+from settled.projections._schema import ProjectionNames
 from tests.integration.api.conftest import SpawnWorker, StartApi, TokenFactory, http
 from tests.integration.engine._helpers import events_of, plan
 from tests.integration.engine._helpers import settled as settled_record
@@ -28,7 +30,7 @@ def _same_receipt(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def test_scenario_18_the_same_key_returns_the_same_receipt_and_another_payload_is_a_conflict_naming_it(
-    topics: Settings, spawn_worker: SpawnWorker, start_api: StartApi, token: TokenFactory
+    topics: Settings, names: ProjectionNames, spawn_worker: SpawnWorker, start_api: StartApi, token: TokenFactory
 ) -> None:
     worker = spawn_worker("w1")
     api = start_api()
@@ -80,6 +82,17 @@ def test_scenario_18_the_same_key_returns_the_same_receipt_and_another_payload_i
         elsewhere = h.post(SUBMIT.format(cid="c18-other"), json=body, headers={"Idempotency-Key": "k"})
         assert elsewhere.status_code == 201, elsewhere.text
         assert elsewhere.json()["submission_id"] != original["submission_id"]
+        # After a projection rebuild: the same receipt again, the same token still valid (its table is not a
+        # projection: the rebuild does not touch it), and the reads find the submission in the rebuilt version.
+        rebuild(topics, names, timeout_s=60)
+        rebuilt = h.post(SUBMIT.format(cid="c18"), json=body, headers={"Idempotency-Key": "k"})
+        assert rebuilt.status_code == 200, rebuilt.text
+        assert _same_receipt(rebuilt.json(), original)
+        row = h.get(
+            f"/v1/conversations/c18/submissions/{original['submission_id']}",
+            params={"after": rebuilt.json()["request_id"]},
+        )
+        assert row.status_code == 200 and row.json()["idempotency_key"] == "k", row.text
     # The log holds one admission for (c18, k) and one settlement.
     record = settled_record(topics, original["submission_id"])
     assert record is not None and record.outcome.value == "completed"
