@@ -111,9 +111,16 @@ def test_a_command_for_a_missing_run_is_404_and_the_log_holds_only_its_rejection
         answer = h.post("/v1/conversations/c-miss/runs/no-such-run/signals/go", json={"payload": 1})
         assert answer.status_code == 404, answer.text
         assert answer.json()["receipt"]["reason"].startswith("unknown_target"), answer.text
+        denied = h.post(
+            "/v1/conversations/c-miss/runs/no-such-run/approvals/no-such-run%23w0/deny",
+            json={"args_digest": "0" * 64, "reason": "no"},
+            headers={"Idempotency-Key": "deny-1"},
+        )
+        assert denied.status_code == 404, denied.text
+        assert denied.json()["receipt"]["reason"].startswith("unknown_target"), denied.text
         h.get(f"/v1/conversations/c-miss/submissions/{sub['submission_id']}/settlement", params={"wait_s": 60})
     events = events_of(topics, "no-such-run")
-    assert [type(e) for e in events] == [CommandRejected], events
+    assert [type(e) for e in events] == [CommandRejected, CommandRejected], events
     assert settled_record(topics, sub["submission_id"]) is not None
 
 
