@@ -50,7 +50,9 @@ SUITES = [
     # 720 s, +180 s for issue 25's hostile-input tests (contract, fuzz run, projection quarantine, re-claim rewind,
     # oversized records, tool results across a broker outage: ~140 s here on a quiet machine).
     # +30 s for `settled doctor` (tests/integration/test_doctor.py, ~25 s here, a private broker included).
-    Suite("integration", 930, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +150 s for issue 20's HTTP API tests (tests/integration/api: real worker and API processes, a private broker
+    # stopped and started; ~115 s here at load 7 on 2 cores, less on a quiet machine).
+    Suite("integration", 1080, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
@@ -80,8 +82,9 @@ SUITES = [
             (PY, "bench/client_wait.py", "--submissions", "40", "--conversations", "10", "--rounds", "1"),
         ),
     ),
-    # 190 s, +110 s for the switches of issues 25 and 16 (claim rewind, id contract, projection data errors, signals).
-    Suite("fault-switches", 300, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # 190 s, +110 s for the switches of issues 25 and 16 (claim rewind, id contract, projection data errors, signals);
+    # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up).
+    Suite("fault-switches", 310, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

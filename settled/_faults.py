@@ -76,6 +76,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "approval is asked for afterwards), so an unapproved or denied call has run (issue 16 item 5; "
             "DUR-008's rule for deliveries: canonical before anything acts on it)"
         ),
+        "api_access_unchecked": (
+            "the partition owner skips the access check on records the HTTP API signed, so a token of one "
+            "principal aborts, signals, approves or resolves on a conversation another principal opened (issue 20 "
+            "item 3; as with DUR-009's signed resolutions, a signed record authorizes only what its signer may do)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

@@ -156,6 +156,7 @@ class Client:
         settlement_lookback_s: float = 60.0,
         producer_overrides: Mapping[str, Any] | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        api_signer: tuple[str, Ed25519PrivateKey, str] | None = None,
     ) -> None:
         """Build a client; nothing connects until the first request.
 
@@ -173,6 +174,10 @@ class Client:
             producer_overrides: Further librdkafka properties of the inbox producer (``enable.idempotence`` must
                 stay true and no ``transactional.id`` may be set).
             clock: Returns "now" (aware UTC), for ``proposed_at`` and ``requested_at``.
+            api_signer: For the HTTP API only (issue 20): ``(key id, Ed25519 key, access)`` signing every record it
+                produces in the headers of `settled.protocol.API_HEADERS`, so that the partition owner trusts its
+                principal and checks the conversation's access (``owner`` or ``all``). None: unsigned records, decided
+                as from any trusted inbox writer.
 
         Raises:
             ValueError: If an argument is out of range (named).
@@ -197,6 +202,9 @@ class Client:
         self._reader_lock = threading.Lock()
         self._settlements = SettlementsReader(settings, self._codec)
         self._closed = False
+        if api_signer is not None and api_signer[2] not in (protocol.ACCESS_OWNER, protocol.ACCESS_ALL):
+            raise ValueError(f"api_signer's access must be owner or all, got {api_signer[2]!r}")
+        self._api_signer = api_signer
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -902,7 +910,12 @@ class Client:
             if err is not None:
                 waiter.delivery_failed(err)
 
+        headers: list[tuple[str, str | bytes | None]] | None = None
+        if self._api_signer is not None:
+            key_id, signing_key, access = self._api_signer
+            signature = signing_key.sign(protocol.api_signing_bytes(value, access))
+            headers = list(zip(protocol.API_HEADERS, (key_id.encode(), signature, access.encode()), strict=True))
         try:
-            self._producer.send(self._inbox_topic, key, value, on_delivery, deadline)
+            self._producer.send(self._inbox_topic, key, value, on_delivery, deadline, headers)
         except KafkaException as exc:
             raise InboxProduceError(waiter.request_id, key.decode(), str(exc.args[0]), 1) from exc

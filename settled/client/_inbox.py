@@ -94,7 +94,15 @@ class InboxProducer:
         self._thread: threading.Thread | None = None
         self.replacements = 0
 
-    def send(self, topic: str, key: bytes, value: bytes, on_delivery: DeliveryCallback, deadline: float) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        on_delivery: DeliveryCallback,
+        deadline: float,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
         """Queue one record (placed by murmur2 on ``key``); its delivery result goes to ``on_delivery``.
 
         Args:
@@ -103,6 +111,7 @@ class InboxProducer:
             value: The encoded record.
             on_delivery: Delivery report callback (runs on the producer's thread).
             deadline: ``time.monotonic()`` value after which a full local queue is given up.
+            headers: Record headers (the HTTP API's signature, issue 20), or None.
 
         Raises:
             BrokerUnavailableError: The local queue stayed full, or the producer kept failing fatally, until
@@ -113,7 +122,7 @@ class InboxProducer:
         while True:
             producer = self._current()
             try:
-                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                producer.produce(topic, key=key, value=value, on_delivery=on_delivery, headers=headers)
                 return
             except BufferError as exc:
                 if time.monotonic() >= deadline:

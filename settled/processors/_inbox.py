@@ -23,6 +23,7 @@ def decode_input(
     value: bytes | None,
     *,
     max_input_bytes: int,
+    headers: tuple[tuple[str, bytes], ...] = (),
 ) -> InboxInput:
     """Decode one inbox record's value, or say why it must be quarantined.
 
@@ -34,6 +35,7 @@ def decode_input(
         key: The record's key, if any.
         value: The record's value, if any.
         max_input_bytes: settled's hard size limit for one value, in bytes; a larger one is not decoded.
+        headers: The record's headers, kept on a decoded input (the HTTP API's signature, issue 20).
 
     Returns:
         The input: its decoded inbox record, or ``record=None`` with the error and its quarantine reason (no value,
@@ -52,4 +54,4 @@ def decode_input(
     if not isinstance(record, InboxRecord):
         why = f"{type(record).__name__} is not an inbox record"
         return InboxInput(topic, partition, offset, key, value, None, why, QuarantineReason.UNDECODABLE)
-    return InboxInput(topic, partition, offset, key, value, record)
+    return InboxInput(topic, partition, offset, key, value, record, headers=headers)

@@ -20,13 +20,15 @@ from settled import protocol
 from settled._faults import fault_enabled
 from settled.processors._partition import Decision, InboxInput
 from settled.producers import partition_for_key
-from settled.protocol import PartitionState
+from settled.protocol import ConversationState, PartitionState
+from settled.protocol import Decision as ProtocolDecision
 from settled.schemas import (
     RESULT_TOO_LARGE,
     AbortRequested,
     AttemptStarted,
     CommandRejectReason,
     DecideApproval,
+    InboxRecord,
     InputApplied,
     LogBatch,
     QuarantineReason,
@@ -81,12 +83,15 @@ class LedgerDecider:
         partition_count: The topics' partition count (for the misroute check, docs/design.md §2).
         resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` commands, by key id (docs/design.md §4).
         approver_keys: Ed25519 public keys allowed to sign ``DecideApproval`` commands, by key id (issue 16 item 4).
+        api_keys: Ed25519 public keys of HTTP APIs whose signed records are access-checked, by key id (issue 20;
+            `settled.protocol.may_access`).
     """
 
     partition: int
     partition_count: int
     resolver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
     approver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+    api_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
 
     def initial_state(self, partition: int) -> PartitionState:
         """Return an empty partition's state."""
@@ -141,6 +146,30 @@ class LedgerDecider:
             # it would start a second chain of that conversation here. It goes under ~quarantine/<p> instead.
             filed_under = protocol.quarantine_conversation(inp.partition)
             conv = state.conversation(filed_under)
+        signed = protocol.api_signature_of(inp.headers)
+        if signed is not None and violation is None and misrouted is None:
+            # A record the HTTP API signed (issue 20): its principal is the caller's token's, checked against the
+            # conversation's access. Unsigned records come from trusted inbox writers and are decided as before.
+            refused = self._api_signature_problem(signed, inp.value or b"")
+            if refused is not None:
+                return [to_loop_decision(filed_under, self._refuse(conv, record, inp, now, refused), inputs)]
+            # Fault switch (issue 20; tests/fault_switches.toml): the owner skips the access check, so a token of
+            # another principal acts on a conversation it may not see. Breaks the access check only, on purpose.
+            if not fault_enabled("api_access_unchecked") and not protocol.may_access(
+                conv, record.principal, signed.access
+            ):
+                if isinstance(record, SubmissionProposed):
+                    d = protocol.reject_submission(
+                        conv,
+                        record,
+                        inp.ref,
+                        now,
+                        reason=SubmissionRejectReason.UNAUTHORIZED,
+                        field="conversation_id",
+                        detail=f"conversation {protocol.excerpt(record.conversation_id)} is not found",
+                    )
+                    return [to_loop_decision(filed_under, d, inputs)]
+                conv = protocol.hidden(conv)  # decided exactly as if nothing it names existed: unknown_target
         if isinstance(record, SubmissionProposed):
             if misrouted is not None:
                 d = protocol.reject_submission(
@@ -245,6 +274,42 @@ class LedgerDecider:
             else:
                 raise ValueError(f"no typed failure replaces {[type(e).__name__ for e in d.events]}: {reason}")
         return out
+
+    def _api_signature_problem(self, signed: protocol.ApiSignature, value: bytes) -> tuple[str, str] | None:
+        """Why the API's signature on a record is refused (reason code, detail), or ``None``."""
+        if not signed.key_id or not signed.signature:
+            return "unsigned", "a record with the HTTP API's headers must carry its key id and signature"
+        if signed.access not in (protocol.ACCESS_OWNER, protocol.ACCESS_ALL):
+            return "invalid", f"settled.api.access must be owner or all, got {protocol.excerpt(signed.access)}"
+        key = self.api_keys.get(signed.key_id)
+        if key is None:
+            return "unknown_key", f"key id {protocol.excerpt(signed.key_id)} is not a configured API key"
+        try:
+            key.verify(signed.signature, protocol.api_signing_bytes(value, signed.access))
+        except InvalidSignature:
+            return "bad_signature", f"the signature does not verify with API key {signed.key_id!r}"
+        return None
+
+    @staticmethod
+    def _refuse(
+        conv: ConversationState, record: InboxRecord, inp: InboxInput, now: datetime, refused: tuple[str, str]
+    ) -> ProtocolDecision:
+        """Reject a record whose API signature is refused: a submission as unauthorized, a command with the reason."""
+        reason, detail = refused
+        if isinstance(record, SubmissionProposed):
+            return protocol.reject_submission(
+                conv,
+                record,
+                inp.ref,
+                now,
+                reason=SubmissionRejectReason.UNAUTHORIZED,
+                field="signature",
+                detail=f"{reason}: {detail}",
+            )
+        code = CommandRejectReason(reason) if reason in {r.value for r in CommandRejectReason} else None
+        return protocol.reject_command(
+            conv, record, inp.ref, now, reason=code or CommandRejectReason.INVALID, detail=detail
+        )
 
     def _misrouted(self, inp: InboxInput, conversation_id: str) -> str | None:
         key = inp.key or b""

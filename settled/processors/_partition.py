@@ -72,6 +72,7 @@ class InboxInput:
         last_offset: For an input standing for a whole record batch the consumer could not read (reported at the
             batch's base ``offset``), the batch's last offset; ``None`` for a single record. The input offset
             committed with its decision passes it.
+        headers: The record's headers (name, value), in order; the HTTP API's signature travels there (issue 20).
     """
 
     topic: str
@@ -83,6 +84,7 @@ class InboxInput:
     error: str | None = None
     error_reason: str | None = None
     last_offset: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def ref(self) -> InputRef:

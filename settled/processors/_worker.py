@@ -677,6 +677,23 @@ class Worker(Generic[S]):
             return self._unreadable_batch(topic, partition, offset, err)
         value = msg.value()
         raw = value.encode() if isinstance(value, str) else value
+        headers = _headers(msg)
         return decode_input(
-            self.codec, topic, partition, offset, key_bytes, raw, max_input_bytes=self.config.max_input_bytes
+            self.codec,
+            topic,
+            partition,
+            offset,
+            key_bytes,
+            raw,
+            max_input_bytes=self.config.max_input_bytes,
+            headers=headers,
         )
+
+
+def _headers(msg: Message) -> tuple[tuple[str, bytes], ...]:
+    """A consumed record's headers as (name, bytes) pairs (a header without a value: empty bytes)."""
+    out: list[tuple[str, bytes]] = []
+    for pair in msg.headers() or ():
+        name, value = pair[0], pair[1]
+        out.append((str(name), value if isinstance(value, bytes) else str(value or "").encode()))
+    return tuple(out)

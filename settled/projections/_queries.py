@@ -356,6 +356,36 @@ class ProjectionReader:
         rows = self.receipts(request_id, conversation_id=conversation_id, after=after, timeout_s=timeout_s)
         return rows[0] if rows else None
 
+    def settlement(self, submission_id: str, *, conversation_id: str) -> Row | None:
+        """Return a submission's projected settlement (its terminal outcome, reply and error), if settled.
+
+        Args:
+            submission_id: The submission.
+            conversation_id: Its conversation.
+
+        Returns:
+            The ``settlements`` row, or None when not settled (or not projected yet).
+        """
+        rows = self._by_id("settlements", "submission_id", submission_id, conversation_id)
+        return rows[0] if rows else None
+
+    def conversation_owner(self, conversation_id: str) -> str | None:
+        """Return the principal that opened a conversation: the one of its first admitted submission (issue 20).
+
+        Args:
+            conversation_id: The conversation.
+
+        Returns:
+            The principal, or None when no submission of it is projected.
+        """
+        rows = self._query(
+            sql.SQL("SELECT principal FROM {} WHERE conversation_id = %s ORDER BY submission_seq LIMIT 1").format(
+                self._t("submissions")
+            ),
+            (conversation_id,),
+        )
+        return str(rows[0]["principal"]) if rows else None
+
     def runs(
         self,
         *,

@@ -13,12 +13,25 @@
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
 * `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
+* `may_access`, `conversation_owner`, `hidden`, `api_signing_bytes`, `api_signature_of` (`_access`): who may see a
+  conversation, for inbox records the HTTP API signed (issue 20 item 3).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
 No Kafka, no Postgres, no clock, no randomness here (an import-linter contract enforces it).
 """
 
+from settled.protocol._access import (
+    ACCESS_ALL,
+    ACCESS_OWNER,
+    API_HEADERS,
+    ApiSignature,
+    api_signature_of,
+    api_signing_bytes,
+    conversation_owner,
+    hidden,
+    may_access,
+)
 from settled.protocol._approvals import (
     approval_details,
     approval_id_for,
@@ -116,6 +129,9 @@ from settled.protocol._states import (
 from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
 
 __all__ = [
+    "ACCESS_ALL",
+    "ACCESS_OWNER",
+    "API_HEADERS",
     "EDGES",
     "EXCERPT_CHARS",
     "GRACEFUL_REVOKE",
@@ -126,6 +142,7 @@ __all__ = [
     "NONTERMINAL_STATES",
     "RESERVED_CONVERSATION_PREFIXES",
     "TERMINAL_STATES",
+    "ApiSignature",
     "BatchLike",
     "ConversationState",
     "Decision",
@@ -156,6 +173,8 @@ __all__ = [
     "WrongConversationError",
     "abort",
     "admit",
+    "api_signature_of",
+    "api_signing_bytes",
     "apply",
     "apply_conversation",
     "apply_traced",
@@ -175,6 +194,7 @@ __all__ = [
     "claim",
     "classify",
     "conversation_for_key",
+    "conversation_owner",
     "decide_approval",
     "deliveries",
     "edges_from",
@@ -183,8 +203,10 @@ __all__ = [
     "filing_conversation",
     "find_edge",
     "fold",
+    "hidden",
     "input_key",
     "interrupt",
+    "may_access",
     "open_waits",
     "outcome_state",
     "quarantine",

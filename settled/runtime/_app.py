@@ -54,6 +54,8 @@ class App:
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
         approver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``DecideApproval`` (approve
             or deny), by key id; the key id is who decided ("by").
+        api_keys: Ed25519 public keys (base64 of the raw 32 bytes) of HTTP APIs (``settled api --signing-key``), by
+            key id: records they sign carry their caller's principal and are access-checked (issue 20).
         concurrency: Runs at once in one worker process (its concurrency permits).
         tools: The registered tools (`tool` adds to it).
         options: How runs execute effects (clock, abort grace, result size limit, model retries).
@@ -68,6 +70,7 @@ class App:
     max_attempts: int = 3
     resolver_keys: Mapping[str, str] = field(default_factory=dict)
     approver_keys: Mapping[str, str] = field(default_factory=dict)
+    api_keys: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 16
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     options: RunOptions = field(default_factory=RunOptions)

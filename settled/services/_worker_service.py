@@ -48,12 +48,13 @@ def build_worker(
         The worker (not yet running).
 
     Raises:
-        ValueError: A resolver or approver key is not a valid Ed25519 public key.
+        ValueError: A resolver, approver or API key is not a valid Ed25519 public key.
         UnsafeToolsError: A tool is neither idempotent nor reconcilable and no resolver key is configured (DUR-017).
     """
     app.check()
     keys = {key_id: load_public_key(text) for key_id, text in app.resolver_keys.items()}
     approvers = {key_id: load_public_key(text) for key_id, text in app.approver_keys.items()}
+    apis = {key_id: load_public_key(text) for key_id, text in app.api_keys.items()}
     pool = ThreadPoolExecutor(max_workers=app.concurrency, thread_name_prefix="settled-run")
     holder: list[Worker[PartitionState]] = []
 
@@ -63,6 +64,7 @@ def build_worker(
             partition_count=holder[0].partition_count,
             resolver_keys=keys,
             approver_keys=approvers,
+            api_keys=apis,
         )
 
     if settings.clock_offset_s:  # ctx.now() and relative wait deadlines read the same offset clock (issue 16)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from settled.services._cli_api import api_command, tokens_app
 from settled.services._cli_client import abort, approve, deny, settlements_app, signal, submit
 from settled.services._cli_demo import demo_app
 from settled.services._cli_dev import dev_app
@@ -20,6 +21,8 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(quarantine_app, name="quarantine")
 app.add_typer(demo_app, name="demo")
 app.command("worker")(worker_command)
+app.command("api")(api_command)
+app.add_typer(tokens_app, name="tokens")
 app.command("submit")(submit)
 app.command("abort")(abort)
 app.command("signal")(signal)

@@ -16,6 +16,9 @@ from setuptools import find_packages
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BFCL_DEPENDENCIES = {"bfcl-eval", "mpmath", "fastapi", "uvicorn", "httpx"}
+#: The HTTP API's web stack (issue 20) is declared by its own extra only, never by the core or another extra.
+HTTP_EXTRA = "http"
+HTTP_DEPENDENCIES = {"fastapi", "uvicorn", "httpx"}
 
 
 def _packaged() -> list[str]:
@@ -38,8 +41,11 @@ def test_the_wheel_declares_no_bfcl_dependency_or_extra() -> None:
     project = PYPROJECT["project"]
     extras = project.get("optional-dependencies", {})
     assert "bfcl" not in extras, sorted(extras)
-    declared = {_name(r) for r in project["dependencies"]} | {_name(r) for rs in extras.values() for r in rs}
+    declared = {_name(r) for r in project["dependencies"]} | {
+        _name(r) for name, rs in extras.items() if name != HTTP_EXTRA for r in rs
+    }
     assert declared & BFCL_DEPENDENCIES == set(), sorted(declared & BFCL_DEPENDENCIES)
+    assert {_name(r) for r in extras[HTTP_EXTRA]} == HTTP_DEPENDENCIES, extras[HTTP_EXTRA]
     data = PYPROJECT["tool"]["setuptools"].get("package-data", {})
     assert [g for globs in data.values() for g in globs if "bfcl" in g] == [], data
 

@@ -25,6 +25,7 @@ EXPECTED_SWITCHES = {
     "sdk_retries_on",
     "approval_digest_unchecked",
     "tool_runs_before_approval",
+    "api_access_unchecked",
 }
 
 

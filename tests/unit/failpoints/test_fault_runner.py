@@ -147,8 +147,8 @@ def test_list_shows_entries_and_untested_switches_without_running(tmp_path):
     assert result.returncode == 0
     assert "test_cases.py::test_right_id" in result.stdout
     untested = (
-        "known switches without a test yet: approval_digest_unchecked, claim_without_rewind, id_contract_unchecked, "
-        "offsets_in_separate_transaction, projection"
+        "known switches without a test yet: api_access_unchecked, approval_digest_unchecked, claim_without_rewind, "
+        "id_contract_unchecked, offsets_in_separate_transaction, projection"
     )
     assert untested in result.stdout
     assert "running" not in result.stdout

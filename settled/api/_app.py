@@ -1,0 +1,679 @@
+"""The HTTP API (FastAPI): submissions with ``Idempotency-Key``, reads from the projection, commands (issue 20).
+
+Routes (all under ``/v1``; each needs ``Authorization: Bearer <token>`` with the scope named):
+
+* ``POST /conversations/{cid}/submissions`` (``submit``): the ``Idempotency-Key`` header (or a new UUID) is the
+  submission's idempotency key; answers the receipt (201 admitted, 200 duplicate: the same ``submission_id`` and
+  ``submission_seq``), 409 naming the key when it was admitted with another payload, 504 naming the key when no
+  receipt came in time (never a false success: sending the same request again returns the original receipt).
+* Reads (``read``), each with ``after=<request id>`` (a receipt's ``request_id`` in that conversation; waits up to
+  ``after_timeout_s`` until the projection holds it: read-your-writes): a submission, its settlement (long poll
+  ``wait_s``), runs by status, one run, a conversation and its transcript, open Unknowns.
+* Commands, answered with their receipt (200 ``applied`` or ``duplicate``; a rejection is a 409 problem holding the
+  rejection receipt, ``unknown_target`` a 404): signal (``approve``), approve and deny (``approve``; signed with the
+  API's approver key), abort (``submit``), resolve an Unknown (``resolve``; signed with the API's resolver key). The
+  ``Idempotency-Key`` header is the command id (a new UUID when absent).
+
+The principal of everything the API publishes is the token's, never the body's; with a signing key
+(``settled api --signing-key``) the API signs each record (`settled.protocol.api_signing_bytes`, Kafka headers) so
+that the partition owner checks the conversation's access: a conversation is its opener's (the principal of its first
+submission) and an ``admin`` token's. A target the caller may not see answers exactly like a missing one (404), on
+reads (filtered here from the projection) and commands (rejected ``unknown_target`` by the owner) alike.
+Errors are RFC 9457 problem details (`settled.api._problems`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field, JsonValue
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from settled._errors import ErrorCategory, SettledError
+from settled._settings import Settings
+from settled.api._problems import PROBLEM_MEDIA_TYPE, ProblemError, problem_of_error
+from settled.api._tokens import Principal, Scope, TokenStore
+from settled.client import NO_RESULT, Client, CommandRejectedError, SubmissionRejectedError
+from settled.projections import ProjectionReader
+from settled.projections._schema import ProjectionNames
+from settled.protocol import ACCESS_ALL, ACCESS_OWNER
+from settled.schemas import Receipt
+
+__all__ = ["ApiConfig", "ReceiptOut", "create_app"]
+
+API_VERSION = "1"
+"""The API's version (the ``/v1`` prefix)."""
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """What one API process serves.
+
+    Attributes:
+        settings: Namespace, Kafka and PostgreSQL.
+        names: The projection read from.
+        tokens_schema: The schema of the tokens table.
+        submit_timeout_s: Deadline of a submission's or a command's receipt, in seconds (then 504).
+        max_wait_s: Longest long poll (``wait_s``) and read-your-writes wait (``after_timeout_s``), in seconds.
+        approver_key: The API's Ed25519 key signing approval decisions (None: approvals answer 503).
+        approver_key_id: Its key id in the workers' ``App.approver_keys``.
+        resolver_key: The API's Ed25519 key signing resolutions of Unknowns (None: resolutions answer 503).
+        resolver_key_id: Its key id in the workers' ``App.resolver_keys``.
+        signing_key: The API's Ed25519 key signing every record it publishes (Kafka headers), so that the partition
+            owner trusts the token's principal and checks the conversation's access (None: unsigned records, which
+            the owner trusts as from any inbox writer; reads are still filtered here).
+        signing_key_id: Its key id in the workers' ``App.api_keys``.
+    """
+
+    settings: Settings
+    names: ProjectionNames
+    tokens_schema: str
+    submit_timeout_s: float = 10.0
+    max_wait_s: float = 60.0
+    approver_key: Ed25519PrivateKey | None = None
+    approver_key_id: str = ""
+    resolver_key: Ed25519PrivateKey | None = None
+    resolver_key_id: str = ""
+    signing_key: Ed25519PrivateKey | None = None
+    signing_key_id: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+class ReceiptOut(BaseModel):
+    """A receipt as the API answers it.
+
+    Attributes:
+        conversation_id: The conversation.
+        request_kind: ``submission`` or ``command``.
+        request_id: The submission or command id answered (``after=`` takes it).
+        outcome: ``admitted``, ``duplicate``, ``applied`` or ``rejected``.
+        reason: A rejection's reason code and detail.
+        submission_id: For a submission: the admitted submission (the original one for a duplicate); for a
+            command: its target.
+        submission_seq: For a submission: its sequence in the conversation.
+        idempotency_key: For a submission: its key; for a command: its command id.
+        decided_at: When the owner decided.
+    """
+
+    conversation_id: str
+    request_kind: str
+    request_id: str
+    outcome: str
+    reason: str | None = None
+    submission_id: str | None = None
+    submission_seq: int | None = None
+    idempotency_key: str
+    decided_at: str
+
+    @classmethod
+    def of(cls, receipt: Receipt, key: str, target: str | None = None) -> ReceiptOut:
+        """Build from a client receipt.
+
+        Args:
+            receipt: The receipt.
+            key: The idempotency key or command id.
+            target: A command's target submission.
+
+        Returns:
+            The API receipt.
+        """
+        submission_id = receipt.original_submission_id or (target if target is not None else receipt.request_id)
+        return cls(
+            conversation_id=receipt.conversation_id,
+            request_kind=receipt.request_kind.value,
+            request_id=receipt.request_id,
+            outcome=receipt.outcome.value,
+            reason=receipt.reason,
+            submission_id=submission_id,
+            submission_seq=receipt.submission_seq,
+            idempotency_key=key,
+            decided_at=receipt.decided_at.isoformat(),
+        )
+
+
+class SubmissionIn(BaseModel):
+    """A turn.
+
+    Attributes:
+        input: The turn's input, any JSON value.
+        tools_offered: Names of the tools offered for this turn.
+    """
+
+    input: JsonValue
+    tools_offered: list[str] = Field(default_factory=list)
+
+
+class SignalIn(BaseModel):
+    """A signal's payload.
+
+    Attributes:
+        payload: Any JSON value.
+    """
+
+    payload: JsonValue = None
+
+
+class DecisionIn(BaseModel):
+    """An approval decision.
+
+    Attributes:
+        args_digest: The digest of the canonical arguments the approver saw (the request's ``args_digest``).
+        reason: Why, recorded and shown to the run.
+    """
+
+    args_digest: str
+    reason: str | None = None
+
+
+class AbortIn(BaseModel):
+    """An abort.
+
+    Attributes:
+        reason: Free text recorded with the abort.
+    """
+
+    reason: str | None = None
+
+
+class ResolveIn(BaseModel):
+    """A resolution of an Unknown tool call (see ``Client.resolve_unknown``).
+
+    Attributes:
+        kind: ``call_outcome``, ``safe_to_retry`` or ``outcome_for_submission``.
+        result: For ``call_outcome``: the call's result (leave it out otherwise).
+        outcome: For ``outcome_for_submission``: ``completed``, ``failed`` or ``aborted``.
+        reply: For ``outcome_for_submission`` with ``completed``: the reply.
+    """
+
+    kind: Literal["call_outcome", "safe_to_retry", "outcome_for_submission"]
+    result: JsonValue = None
+    outcome: Literal["completed", "failed", "aborted"] | None = None
+    reply: JsonValue = None
+
+
+class SettlementOut(BaseModel):
+    """A long poll's answer.
+
+    Attributes:
+        settled: Whether the submission has its terminal outcome.
+        state: The submission's state in the projection.
+        settlement: The settlement row when settled.
+    """
+
+    settled: bool
+    state: str
+    settlement: dict[str, Any] | None = None
+
+
+# ----------------------------------------------------------------------------------------------------- app
+
+_BEARER = HTTPBearer(auto_error=False, description="A token from `settled tokens create`.")
+
+
+def needs(scope: Scope) -> Callable[..., Principal]:
+    """A dependency: the principal of the request's bearer token, which must have ``scope`` (else 401/403)."""
+
+    def check(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+    ) -> Principal:
+        challenge = {"WWW-Authenticate": 'Bearer realm="settled"'}
+        if credentials is None:
+            raise ProblemError(
+                ErrorCategory.BAD_INPUT,
+                "Authorization: a bearer token is required",
+                kind="unauthenticated",
+                status=401,
+                title="Unauthenticated",
+                headers=challenge,
+                field="Authorization",
+            )
+        tokens: TokenStore = request.app.state.tokens
+        principal = tokens.authenticate(credentials.credentials)
+        if principal is None:
+            raise ProblemError(
+                ErrorCategory.BAD_INPUT,
+                "Authorization: the bearer token is unknown or revoked",
+                kind="unauthenticated",
+                status=401,
+                title="Unauthenticated",
+                headers={"WWW-Authenticate": 'Bearer realm="settled", error="invalid_token"'},
+                field="Authorization",
+            )
+        if not principal.allows(scope):
+            raise ProblemError(
+                ErrorCategory.REJECTED,
+                f"the token of principal {principal.name!r} lacks scope {scope.value!r} "
+                f"(it has {', '.join(sorted(s.value for s in principal.scopes))})",
+                kind="insufficient_scope",
+                status=403,
+                title="Forbidden",
+                headers={"WWW-Authenticate": f'Bearer realm="settled", error="insufficient_scope", scope="{scope}"'},
+                field="scope",
+                value=scope.value,
+            )
+        return principal
+
+    return check
+
+
+Submitter = Annotated[Principal, Depends(needs(Scope.SUBMIT))]
+Reader = Annotated[Principal, Depends(needs(Scope.READ))]
+Approver = Annotated[Principal, Depends(needs(Scope.APPROVE))]
+Resolver = Annotated[Principal, Depends(needs(Scope.RESOLVE))]
+Cid = Annotated[str, Path(description="The conversation id.")]
+KeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="The submission's idempotency key (a command's id); a new UUID when absent.",
+    ),
+]
+After = Annotated[
+    str | None,
+    Query(description="A receipt's request_id in this conversation: wait until the projection holds it."),
+]
+AfterTimeout = Annotated[float, Query(ge=0, description="Longest wait for `after`, in seconds.")]
+
+
+def _problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {
+        status: {"description": "A problem detail (RFC 9457)", "content": {PROBLEM_MEDIA_TYPE: {}}}
+        for status in statuses
+    }
+
+
+def _rows(value: Any) -> Any:
+    return jsonable_encoder(value)
+
+
+def create_app(
+    config: ApiConfig,
+    *,
+    client: Client | None = None,
+    reader: ProjectionReader | None = None,
+    tokens: TokenStore | None = None,
+) -> FastAPI:
+    """Build the API.
+
+    Args:
+        config: What it serves.
+        client: The settled client publishing to the inbox (default: one built from ``config.settings``, closed
+            with the app).
+        reader: The projection reader (default: one on ``config.settings.postgres_dsn``, closed with the app).
+        tokens: The tokens table (default: ``config.tokens_schema`` on the same PostgreSQL).
+
+    Returns:
+        The FastAPI application.
+    """
+    owned: list[Callable[[], None]] = []
+    admin_client = client
+    if client is None:
+        signer = config.signing_key
+        client = Client(
+            config.settings,
+            default_timeout_s=config.submit_timeout_s,
+            api_signer=None if signer is None else (config.signing_key_id, signer, ACCESS_OWNER),
+        )
+        owned.append(client.close)
+        admin_client = client
+        if signer is not None:  # an admin token's records are signed with access "all"
+            admin_client = Client(
+                config.settings,
+                default_timeout_s=config.submit_timeout_s,
+                api_signer=(config.signing_key_id, signer, ACCESS_ALL),
+            )
+            owned.append(admin_client.close)
+    if reader is None:
+        reader = ProjectionReader(config.settings.postgres_dsn, config.names, pool_size=8)
+        owned.append(reader.close)
+    if tokens is None:
+        tokens = TokenStore(config.settings.postgres_dsn, config.tokens_schema)
+        owned.append(tokens.close)
+    the_reader, the_tokens = reader, tokens
+    owner_client, all_client = client, admin_client if admin_client is not None else client
+
+    def client_of(principal: Principal) -> Client:
+        return all_client if Scope.ADMIN in principal.scopes else owner_client
+
+    def visible(cid: str, principal: Principal) -> bool:
+        """Whether the caller may see the conversation: an admin, its opener, or nobody opened it yet."""
+        if Scope.ADMIN in principal.scopes:
+            return True
+        owner = the_reader.conversation_owner(cid)
+        return owner is None or owner == principal.name
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(the_tokens.ensure)
+        yield
+        for close in owned:
+            await run_in_threadpool(close)
+
+    app = FastAPI(
+        title="settled",
+        version=API_VERSION,
+        description="Durable AI-agent conversations over HTTP: submissions, reads, commands (issue 20).",
+        lifespan=lifespan,
+        responses=_problem_responses(401, 403, 404, 409, 422, 503, 504),
+    )
+    app.state.tokens = the_tokens
+
+    @app.exception_handler(ProblemError)
+    async def _on_problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return exc.response(request.url.path)
+
+    @app.exception_handler(SettledError)
+    async def _on_settled_error(request: Request, exc: SettledError) -> JSONResponse:
+        return problem_of_error(exc).response(request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        category = ErrorCategory.NOT_FOUND if exc.status_code == 404 else ErrorCategory.BAD_INPUT
+        problem = ProblemError(
+            category,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            kind="no_route" if exc.status_code == 404 else "http",
+            status=exc.status_code,
+            title=str(exc.detail),
+            headers=exc.headers,
+        )
+        return problem.response(request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        field = ".".join(str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path"))
+        value = first.get("input")
+        problem = ProblemError(
+            ErrorCategory.BAD_INPUT,
+            f"{field or 'request'}: {first.get('msg', 'invalid')}, got {value!r}",
+            field=field or None,
+            value=jsonable_encoder(value),
+            errors=jsonable_encoder([{k: e.get(k) for k in ("loc", "msg", "type")} for e in errors]),
+        )
+        return problem.response(request.url.path)
+
+    def key_of(header: str | None) -> str:
+        return header if header is not None else str(uuid.uuid4())
+
+    def bad_value(exc: ValueError) -> ProblemError:
+        return ProblemError(ErrorCategory.BAD_INPUT, str(exc))
+
+    def wait_after(cid: str, after: str | None, timeout_s: float) -> None:
+        if after is None:
+            return
+        bounded = min(timeout_s, config.max_wait_s)
+        # ProjectionReader.wait_for reads only the receipt's conversation and request id.
+        the_reader.wait_for(Receipt.model_construct(conversation_id=cid, request_id=after), bounded)
+
+    def not_found(what: str, field: str, value: str) -> ProblemError:
+        return ProblemError(ErrorCategory.NOT_FOUND, f"{field} {value!r}: no such {what}", field=field, value=value)
+
+    def command_answer(call: Callable[[], Receipt], key: str, target: str) -> ReceiptOut:
+        try:
+            receipt = call()
+        except CommandRejectedError as exc:
+            problem = problem_of_error(exc)
+            if exc.reason_code == "unknown_target":
+                problem.status = 404
+                problem.title = "Not found"
+            raise problem from exc
+        except ValueError as exc:
+            if isinstance(exc, SettledError):
+                raise
+            raise bad_value(exc) from exc
+        return ReceiptOut.of(receipt, key, target)
+
+    # -- submissions ---------------------------------------------------------------------------------------------
+
+    @app.post(
+        "/v1/conversations/{cid}/submissions",
+        response_model=ReceiptOut,
+        status_code=201,
+        summary="Submit a turn",
+        responses={200: {"description": "A duplicate: the same key and payload were admitted before"}},
+    )
+    def submit(
+        cid: Cid, body: SubmissionIn, principal: Submitter, response: Response, idempotency_key: KeyHeader = None
+    ) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        try:
+            receipt = client_of(principal).submit(
+                cid, body.input, idempotency_key=key, principal=principal.name, tools_offered=body.tools_offered
+            )
+        except SubmissionRejectedError as exc:
+            if exc.reason_code == "unauthorized":  # another principal's conversation: as if there were none
+                raise not_found("conversation", "conversation_id", cid) from exc
+            raise
+        except ValueError as exc:
+            if isinstance(exc, SettledError):
+                raise
+            raise bad_value(exc) from exc
+        if receipt.outcome.value == "duplicate":
+            response.status_code = 200
+        return ReceiptOut.of(receipt, key)
+
+    @app.get("/v1/conversations/{cid}/submissions/{sid}", summary="A submission's ledger row")
+    def get_submission(
+        cid: Cid, sid: str, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+    ) -> dict[str, Any]:
+        wait_after(cid, after, after_timeout_s)
+        row = the_reader.submission(sid, conversation_id=cid) if visible(cid, principal) else None
+        if row is None:
+            raise not_found("submission", "submission_id", sid)
+        return dict(_rows(row))
+
+    @app.get(
+        "/v1/conversations/{cid}/submissions/{sid}/settlement",
+        response_model=SettlementOut,
+        summary="A submission's settlement (long poll)",
+    )
+    async def get_settlement(
+        cid: Cid,
+        sid: str,
+        principal: Reader,
+        wait_s: Annotated[float, Query(ge=0, description="Long poll: wait up to this long for it, in seconds.")] = 0,
+        after: After = None,
+        after_timeout_s: AfterTimeout = 10.0,
+    ) -> SettlementOut:
+        await run_in_threadpool(wait_after, cid, after, after_timeout_s)
+        if not await run_in_threadpool(visible, cid, principal):
+            raise not_found("submission", "submission_id", sid)
+        deadline = time.monotonic() + min(wait_s, config.max_wait_s)
+        pause_s = 0.02
+        while True:
+            row = await run_in_threadpool(the_reader.submission, sid, conversation_id=cid)
+            if row is None:
+                raise not_found("submission", "submission_id", sid)
+            if row.get("settled_at") is not None:
+                settlement = await run_in_threadpool(the_reader.settlement, sid, conversation_id=cid)
+                if settlement is not None:
+                    return SettlementOut(settled=True, state=str(row["state"]), settlement=_rows(settlement))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return SettlementOut(settled=False, state=str(row["state"]))
+            await asyncio.sleep(min(pause_s, left))
+            pause_s = min(pause_s * 2, 0.25)
+
+    # -- runs, conversations, unknowns ---------------------------------------------------------------------------
+
+    @app.get("/v1/runs", summary="Runs by status")
+    def list_runs(
+        principal: Reader,
+        status: Annotated[Literal["all", "incomplete"], Query(description="`incomplete`: not settled yet.")] = "all",
+        conversation_id: Annotated[str | None, Query(description="Only this conversation's runs.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        after: Annotated[str | None, Query(description="With conversation_id: a receipt's request_id.")] = None,
+        after_timeout_s: AfterTimeout = 10.0,
+    ) -> list[dict[str, Any]]:
+        if after is not None:
+            if conversation_id is None:
+                raise ProblemError(
+                    ErrorCategory.BAD_INPUT,
+                    f"after {after!r} needs conversation_id: a request id is unique within its conversation",
+                    field="conversation_id",
+                )
+            wait_after(conversation_id, after, after_timeout_s)
+        rows = the_reader.runs(incomplete=status == "incomplete", conversation_id=conversation_id, limit=limit)
+        seen: dict[str, bool] = {}
+        for cid in {str(r["conversation_id"]) for r in rows}:
+            seen[cid] = visible(cid, principal)
+        mine = [r for r in rows if seen[str(r["conversation_id"])]]
+        return list(_rows(mine))
+
+    @app.get("/v1/conversations/{cid}/runs/{rid}", summary="One run with its attempts and tool calls")
+    def get_run(
+        cid: Cid, rid: str, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+    ) -> dict[str, Any]:
+        wait_after(cid, after, after_timeout_s)
+        row = the_reader.run(rid, conversation_id=cid) if visible(cid, principal) else None
+        if row is None:
+            raise not_found("run", "run_id", rid)
+        return dict(_rows(row))
+
+    @app.get("/v1/conversations/{cid}", summary="A conversation's state and transcript")
+    def get_conversation(
+        cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+    ) -> dict[str, Any]:
+        wait_after(cid, after, after_timeout_s)
+        row = the_reader.conversation(cid) if visible(cid, principal) else None
+        if row is None:
+            raise not_found("conversation", "conversation_id", cid)
+        return dict(_rows(row))
+
+    @app.get("/v1/conversations/{cid}/unknowns", summary="A conversation's open Unknown tool calls")
+    def list_unknowns(
+        cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+    ) -> list[dict[str, Any]]:
+        wait_after(cid, after, after_timeout_s)
+        if not visible(cid, principal):
+            return []  # as for a conversation with no Unknown
+        rows = [r for r in the_reader.unknown_obligations() if r["conversation_id"] == cid]
+        return list(_rows(rows))
+
+    # -- commands ------------------------------------------------------------------------------------------------
+
+    @app.post("/v1/conversations/{cid}/runs/{rid}/signals/{name}", response_model=ReceiptOut, summary="Signal a run")
+    def signal(
+        cid: Cid, rid: str, name: str, body: SignalIn, principal: Approver, idempotency_key: KeyHeader = None
+    ) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        return command_answer(
+            lambda: client_of(principal).signal(cid, rid, name, body.payload, signal_id=key, principal=principal.name),
+            key,
+            rid,
+        )
+
+    def decide(cid: str, rid: str, aid: str, body: DecisionIn, principal: Principal, key: str, approved: bool) -> Any:
+        signing_key = config.approver_key
+        if signing_key is None:
+            raise ProblemError(
+                ErrorCategory.UNAVAILABLE,
+                "this API has no approver key (settled api --approver-key): it cannot sign approval decisions",
+                field="approver_key",
+            )
+        return command_answer(
+            lambda: client_of(principal).decide_approval(
+                cid,
+                rid,
+                aid,
+                approved=approved,
+                args_digest=body.args_digest,
+                signing_key=signing_key,
+                key_id=config.approver_key_id,
+                reason=body.reason,
+                principal=principal.name,
+                command_id=key,
+            ),
+            key,
+            rid,
+        )
+
+    @app.post(
+        "/v1/conversations/{cid}/runs/{rid}/approvals/{aid}/approve",
+        response_model=ReceiptOut,
+        summary="Approve an approval",
+    )
+    def approve(
+        cid: Cid, rid: str, aid: str, body: DecisionIn, principal: Approver, idempotency_key: KeyHeader = None
+    ) -> ReceiptOut:
+        result: ReceiptOut = decide(cid, rid, aid, body, principal, key_of(idempotency_key), True)
+        return result
+
+    @app.post(
+        "/v1/conversations/{cid}/runs/{rid}/approvals/{aid}/deny", response_model=ReceiptOut, summary="Deny an approval"
+    )
+    def deny(
+        cid: Cid, rid: str, aid: str, body: DecisionIn, principal: Approver, idempotency_key: KeyHeader = None
+    ) -> ReceiptOut:
+        result: ReceiptOut = decide(cid, rid, aid, body, principal, key_of(idempotency_key), False)
+        return result
+
+    @app.post(
+        "/v1/conversations/{cid}/submissions/{sid}/abort", response_model=ReceiptOut, summary="Abort a submission"
+    )
+    def abort(cid: Cid, sid: str, body: AbortIn, principal: Submitter, idempotency_key: KeyHeader = None) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        return command_answer(
+            lambda: client_of(principal).abort(cid, sid, reason=body.reason, principal=principal.name, command_id=key),
+            key,
+            sid,
+        )
+
+    @app.post(
+        "/v1/conversations/{cid}/submissions/{sid}/unknowns/{call_id}/resolve",
+        response_model=ReceiptOut,
+        summary="Resolve an Unknown tool call",
+    )
+    def resolve(
+        cid: Cid,
+        sid: str,
+        call_id: str,
+        body: ResolveIn,
+        principal: Resolver,
+        idempotency_key: KeyHeader = None,
+    ) -> ReceiptOut:
+        signing_key = config.resolver_key
+        if signing_key is None:
+            raise ProblemError(
+                ErrorCategory.UNAVAILABLE,
+                "this API has no resolver key (settled api --resolver-key): it cannot sign resolutions",
+                field="resolver_key",
+            )
+        key = key_of(idempotency_key)
+        result = body.result if "result" in body.model_fields_set else NO_RESULT
+        return command_answer(
+            lambda: client_of(principal).resolve_unknown(
+                cid,
+                sid,
+                call_id,
+                kind=body.kind,
+                signing_key=signing_key,
+                key_id=config.resolver_key_id,
+                result=result,
+                outcome=body.outcome,
+                reply=body.reply,
+                principal=principal.name,
+                command_id=key,
+            ),
+            key,
+            sid,
+        )
+
+    return app
