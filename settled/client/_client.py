@@ -282,7 +282,7 @@ class Client:
             BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
-        timeout = self._timeout(timeout_s)
+        timeout = self.timeout_s(timeout_s)
         deadline = time.monotonic() + timeout
         if not conversation_id.strip():
             raise ValueError(f"conversation_id must not be empty, got {conversation_id!r}")
@@ -365,7 +365,7 @@ class Client:
             BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
-        timeout = self._timeout(timeout_s)
+        timeout = self.timeout_s(timeout_s)
         deadline = time.monotonic() + timeout
         sid = signal_id if signal_id is not None else str(uuid.uuid4())
         command = SendSignal(
@@ -507,7 +507,7 @@ class Client:
             BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
-        timeout = self._timeout(timeout_s)
+        timeout = self.timeout_s(timeout_s)
         deadline = time.monotonic() + timeout
         for name, text in (
             ("conversation_id", conversation_id),
@@ -592,7 +592,7 @@ class Client:
             BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
-        timeout = self._timeout(timeout_s)
+        timeout = self.timeout_s(timeout_s)
         deadline = time.monotonic() + timeout
         for name, text in (("conversation_id", conversation_id), ("submission_id", submission_id)):
             if not text.strip():
@@ -685,7 +685,7 @@ class Client:
             BrokerUnavailableError: Kafka could not be reached before anything was sent.
             InboxProduceError: The broker refused the record permanently.
         """
-        timeout = self._timeout(timeout_s)
+        timeout = self.timeout_s(timeout_s)
         deadline = time.monotonic() + timeout
         for name, text in (
             ("conversation_id", conversation_id),
@@ -786,6 +786,23 @@ class Client:
             SettlementTimeoutError: None within the deadline; names the submission.
             BrokerUnavailableError: The settlements topic does not exist, or Kafka did not answer.
         """
+        conversation_id, submission_id, since = self.settlement_target(receipt)
+        if self._closed:
+            raise ClientError("the client is closed")
+        return self._settlements.wait(conversation_id, submission_id, since, self.timeout_s(timeout_s))
+
+    def settlement_target(self, receipt: Receipt) -> tuple[str, str, datetime]:
+        """Return what a wait for ``receipt``'s settlement reads: conversation, submission and the time to read from.
+
+        Args:
+            receipt: An ``admitted`` or ``duplicate`` submission receipt (a duplicate names the original submission).
+
+        Returns:
+            (conversation id, submission id, the receipt's ``decided_at`` less ``settlement_lookback_s``).
+
+        Raises:
+            ValueError: If the receipt is not an admitted or duplicate submission receipt.
+        """
         if receipt.request_kind is not RequestKind.SUBMISSION:
             raise ValueError(f"receipt.request_kind is {receipt.request_kind.value!r}: only submissions settle")
         if receipt.outcome not in (ReceiptOutcome.ADMITTED, ReceiptOutcome.DUPLICATE):
@@ -794,11 +811,17 @@ class Client:
                 "(or duplicate) submission settles"
             )
         submission_id = receipt.original_submission_id or receipt.request_id
-        if self._closed:
-            raise ClientError("the client is closed")
-        return self._settlements.wait(
-            receipt.conversation_id, submission_id, receipt.decided_at - self._lookback, self._timeout(timeout_s)
-        )
+        return receipt.conversation_id, submission_id, receipt.decided_at - self._lookback
+
+    @property
+    def settlements_reader(self) -> SettlementsReader:
+        """The shared settlements reader behind `wait` (started by the first wait)."""
+        return self._settlements
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
 
     def settlements(
         self,
@@ -833,7 +856,18 @@ class Client:
 
     # ------------------------------------------------------------------------------------------- internals
 
-    def _timeout(self, timeout_s: float | None) -> float:
+    def timeout_s(self, timeout_s: float | None) -> float:
+        """Return a request's deadline: ``timeout_s``, or the client's default.
+
+        Args:
+            timeout_s: The deadline asked for, in seconds, or None.
+
+        Returns:
+            The deadline, in seconds.
+
+        Raises:
+            ValueError: It is not positive.
+        """
         timeout = self._default_timeout_s if timeout_s is None else timeout_s
         if timeout <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout}")

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -38,7 +39,7 @@ from settled.client._errors import BrokerUnavailableError, SettlementTimeoutErro
 from settled.producers import consume_promptly, partition_for_key, reader_config
 from settled.schemas import Codec, DecodeError, SettlementRecord
 
-__all__ = ["DEFAULT_CACHE_BYTES", "SettlementsReader"]
+__all__ = ["DEFAULT_CACHE_BYTES", "SettlementWaiter", "SettlementsReader"]
 
 _log = logging.getLogger(__name__)
 
@@ -74,22 +75,39 @@ class _Cached:
     size_bytes: int
 
 
-class _Waiter:
-    """One wait's hand-over slot: the settlement, or the error that ended its partition's read."""
+class SettlementWaiter:
+    """One wait's hand-over slot: the settlement, or the error that ended its partition's read.
 
-    def __init__(self, key: _Key, partition: int) -> None:
+    Attributes:
+        key: (conversation id, submission id).
+        partition: The settlements partition it is read from.
+    """
+
+    def __init__(
+        self, key: _Key, partition: int, on_result: Callable[[SettlementRecord | Exception], None] | None
+    ) -> None:
         self.key = key
         self.partition = partition
         self._cond = threading.Condition()
         self._result: SettlementRecord | Exception | None = None
+        self._on_result = on_result
 
     def deliver(self, result: SettlementRecord | Exception) -> None:
+        """Hand over the result; the first one wins (a record read again after a seek changes nothing).
+
+        Args:
+            result: The settlement, or the error that ended the read of its partition.
+        """
         with self._cond:
-            if self._result is None:  # the first wins: a record read again after a seek changes nothing
-                self._result = result
+            if self._result is not None:
+                return
+            self._result = result
             self._cond.notify_all()
+        if self._on_result is not None:
+            self._on_result(result)  # on the reader's thread: it must not block (an event loop's call_soon_threadsafe)
 
     def wait(self, timeout_s: float) -> SettlementRecord | Exception | None:
+        """Block until the result, or ``timeout_s`` seconds; None when the time passed."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._result is None:
@@ -137,7 +155,7 @@ class SettlementsReader:
         self._topic = settings.topic("settlements")
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
-        self._waiters: dict[_Key, list[_Waiter]] = {}
+        self._waiters: dict[_Key, list[SettlementWaiter]] = {}
         self._cache: OrderedDict[_Key, _Cached] = OrderedDict()
         self._cached_bytes = 0
         self._coverage: dict[int, _Coverage] = {}
@@ -169,11 +187,47 @@ class SettlementsReader:
             DecodeError: A record of the partition is not a settlement record (the owner writes only those).
         """
         deadline = time.monotonic() + timeout_s
+        found = self.expect(conversation_id, submission_id, since, timeout_s)
+        if isinstance(found, SettlementRecord):
+            return found
+        try:
+            result = found.wait(max(deadline - time.monotonic(), 0.0))
+        finally:
+            self.forget(found)
+        if result is None:
+            raise SettlementTimeoutError(submission_id, conversation_id, self._topic, found.partition, timeout_s)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def expect(
+        self,
+        conversation_id: str,
+        submission_id: str,
+        since: datetime,
+        timeout_s: float,
+        on_result: Callable[[SettlementRecord | Exception], None] | None = None,
+    ) -> SettlementRecord | SettlementWaiter:
+        """Return the settlement if it was read already, else register a waiter for it (`forget` it when done).
+
+        Args:
+            conversation_id: The conversation.
+            submission_id: The admitted submission.
+            since: A time (aware) before the settlement's record timestamp (see `wait`).
+            timeout_s: Bound on starting the reader (metadata), in seconds.
+            on_result: Called once with the settlement or the error, on the reader's thread (must not block).
+
+        Returns:
+            The cached settlement, or the registered waiter.
+
+        Raises:
+            BrokerUnavailableError: The topic does not exist, or Kafka did not answer.
+        """
         self._start(timeout_s)
         partition = partition_for_key(conversation_id.encode(), self._partition_count)
         key = (conversation_id, submission_id)
         since_ms = int(since.timestamp() * 1000)
-        waiter = _Waiter(key, partition)
+        waiter = SettlementWaiter(key, partition, on_result)
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -184,20 +238,26 @@ class SettlementsReader:
                 asked = self._seeks.get(partition)
                 self._seeks[partition] = since_ms if asked is None else min(asked, since_ms)
                 self._wake.set()
-        try:
-            result = waiter.wait(max(deadline - time.monotonic(), 0.0))
-        finally:
-            with self._lock:
-                waiting = self._waiters.get(key, [])
-                if waiter in waiting:
-                    waiting.remove(waiter)
-                if not waiting:
-                    self._waiters.pop(key, None)
-        if result is None:
-            raise SettlementTimeoutError(submission_id, conversation_id, self._topic, partition, timeout_s)
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return waiter
+
+    def forget(self, waiter: SettlementWaiter) -> None:
+        """Unregister a waiter (done, timed out or cancelled).
+
+        Args:
+            waiter: A waiter from `expect`.
+        """
+        with self._lock:
+            waiting = self._waiters.get(waiter.key, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+            if not waiting:
+                self._waiters.pop(waiter.key, None)
+
+    @property
+    def waiting(self) -> int:
+        """Waits registered now (not yet handed their settlement and forgotten)."""
+        with self._lock:
+            return sum(len(ws) for ws in self._waiters.values())
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the thread and close the consumer.
