@@ -55,8 +55,9 @@ SUITES = [
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
     # +45 s for its tools that need approval (tests/integration/engine/test_engine_tool_approvals.py, ~38 s here);
-    # +15 s for the metrics test (tests/integration/engine/test_engine_metrics.py, ~6 s here).
-    Suite("engine", 605, (_pytest("tests/integration/engine"),), junit=True),
+    # +15 s for the metrics test (tests/integration/engine/test_engine_metrics.py, ~6 s here);
+    # +45 s for what runs wait for in the projection and the CLI (test_engine_wait_views.py, ~40 s here under load).
+    Suite("engine", 650, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
     # (the settled-bfcl example, examples/bfcl).

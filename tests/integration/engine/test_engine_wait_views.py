@@ -136,3 +136,37 @@ def test_runs_and_approvals_show_what_runs_wait_for_and_the_transcript_shows_the
 
 def _instant(text: str) -> datetime:
     return datetime.fromisoformat(text)
+
+
+def test_an_approval_bound_to_a_tool_call_shows_the_tool_and_its_arguments_and_a_denial_shows_who_and_why(
+    topics: Settings, spawn_worker: SpawnWorker, client: Client, names: ProjectionNames
+) -> None:
+    s = topics
+    with projecting(s, names) as live:
+        spawn_worker("w1", app="tests.integration.engine.tool_approval_app:app")
+        sub = client.submit("conv-wv3", plan({"tool": "refund", "args": {"amount": 250, "order": "o-9"}}))
+        sid = sub.request_id
+        wait_for(lambda: _request(s, sid) is not None, TIMEOUT_S, "the tool call's approval request")
+        request = _request(s, sid)
+        assert request is not None
+        wait_projected(s, names, TIMEOUT_S, live)
+        (run,) = _cli(s, names, "runs", "list", "--incomplete", "--conversation", "conv-wv3")
+        assert (run["status"], run["waiting_kind"], run["waiting_name"]) == ("waiting", "approval", "refund")
+        (shown,) = _cli(s, names, "approvals", "list", "--submission", sid)
+        assert (shown["approval_id"], shown["call_id"], shown["tool"], shown["title"], shown["status"]) == (
+            request.wait_id, f"{sid}#0", "refund", "refund", "pending")  # fmt: skip
+        assert json.loads(shown["args_json"]) == {"amount": 250, "order": "o-9"}
+        assert shown["description"].startswith("Refund an amount to the customer")  # the tool's docstring
+        details = json.loads(request.details_json or "null")
+        assert shown["args_digest"] == details["args_digest"]
+        denied = client.deny(
+            "conv-wv3", sid, request.wait_id, args_digest=shown["args_digest"], signing_key=RESOLVER_PRIVATE_KEY,
+            key_id=APPROVER_KEY_ID, reason="over the limit", principal="supervisor",
+        )  # fmt: skip
+        assert _cli(s, names, "approvals", "list", "--after", _after(denied)) == []
+        (decided,) = _cli(s, names, "approvals", "list", "--all", "--submission", sid)
+        assert (decided["status"], decided["decided_by"], decided["principal"], decided["reason"]) == (
+            "denied", APPROVER_KEY_ID, "supervisor", "over the limit")  # fmt: skip
+        assert client.wait(sub, TIMEOUT_S).outcome.value == "completed"
+        wait_projected(s, names, TIMEOUT_S, live)
+        assert _cli(s, names, "runs", "list", "--incomplete", "--conversation", "conv-wv3") == []
