@@ -511,6 +511,56 @@ class ProjectionReader:
             sql.SQL("SELECT * FROM {} ORDER BY unknown_since, call_id").format(self._t("unknown_obligations"))
         )
 
+    def approvals(
+        self,
+        *,
+        pending: bool = True,
+        conversation_id: str | None = None,
+        submission_id: str | None = None,
+        limit: int = 100,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> list[Row]:
+        """List approvals runs asked for (issue 16 item 7), oldest request first.
+
+        Args:
+            pending: Only those still waiting for a decision (else every status: approved, denied, expired,
+                cancelled).
+            conversation_id: Only this conversation's.
+            submission_id: Only this run's (the submission id).
+            limit: Most rows returned.
+            after: Wait first until the projection holds this receipt's request (e.g. a decision's receipt: the
+                approval it decided is then no longer pending).
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            ``approvals`` rows: the run, the approval id and the argument digest a decision must name, the tool call
+            and its arguments (``tool``, ``call_id`` and ``args_json``; no tool for ``ctx.approve``), title,
+            description, ``requested_at``, ``deadline``, and once decided who, how and why.
+
+        Raises:
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
+            ValueError: ``limit`` is not positive.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._after(after, timeout_s)
+        where = [sql.SQL("TRUE")]
+        params: list[Any] = []
+        if pending:
+            where.append(sql.SQL("status = 'pending'"))
+        if conversation_id is not None:
+            where.append(sql.SQL("conversation_id = %s"))
+            params.append(conversation_id)
+        if submission_id is not None:
+            where.append(sql.SQL("submission_id = %s"))
+            params.append(submission_id)
+        params.append(limit)
+        query = sql.SQL(
+            "SELECT * FROM {} WHERE {} ORDER BY requested_at, conversation_id, approval_id LIMIT %s"
+        ).format(self._t("approvals"), sql.SQL(" AND ").join(where))
+        return self._query(query, tuple(params))
+
     def conversation(
         self, conversation_id: str, *, after: Receipt | None = None, timeout_s: float = 10.0
     ) -> Row | None:

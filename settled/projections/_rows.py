@@ -30,6 +30,7 @@ from typing import Any
 
 from settled._errors import ErrorCategory, SettledError
 from settled.projections._tables import (
+    APPROVALS,
     ATTEMPTS,
     CONVERSATIONS,
     MODEL_USAGE,
@@ -77,6 +78,8 @@ from settled.schemas import (
     ToolCallSettled,
     ToolCallUnknown,
     UnknownResolved,
+    WaitKind,
+    WaitOutcome,
     WaitRequested,
     WaitResolved,
     canonical_json,
@@ -102,6 +105,8 @@ CallKey = tuple[str, str, str]
 """A tool call: (conversation id, submission id, call id)."""
 SubKey = tuple[str, str]
 """A submission or an attempt within its conversation: (conversation id, submission or attempt id)."""
+OpenWait = tuple[WaitRequested, datetime]
+"""A wait still open: its request and the ``recorded_at`` of the batch that made it canonical (when it began)."""
 
 _PARTITION_PREFIX = "~partition/"
 
@@ -422,6 +427,7 @@ _NO_CONVERSATIONS: Mapping[str, ConversationState] = MappingProxyType({})
 
 
 _NO_CALLS: Mapping[str, Row] = MappingProxyType({})
+_NO_WAITS: Mapping[str, OpenWait] = MappingProxyType({})
 
 
 def _conversation_row(conv: ConversationState, p: int, t: datetime, offset: int) -> Row:
@@ -496,6 +502,9 @@ class ProjectionState:
         calls: Submission id → call id → the ``tool_calls`` row of each call still prepared or Unknown (committed).
         calls_overlay: The submissions whose calls in flight this working copy changed: their calls (none left:
             an empty mapping). The per-submission mappings are never changed in place, only replaced.
+        waits: Submission → wait id → each wait still open (issue 16: its request and when it began), committed;
+            the ``attempts`` row's waiting columns and the ``approvals`` rows are derived from them.
+        waits_overlay: The submissions whose open waits this working copy changed, as ``calls_overlay``.
     """
 
     partition: int
@@ -504,6 +513,8 @@ class ProjectionState:
     overlay: dict[str, ConversationState] = field(default_factory=dict)
     calls: dict[SubKey, Mapping[str, Row]] = field(default_factory=dict)
     calls_overlay: dict[SubKey, Mapping[str, Row]] = field(default_factory=dict)
+    waits: dict[SubKey, Mapping[str, OpenWait]] = field(default_factory=dict)
+    waits_overlay: dict[SubKey, Mapping[str, OpenWait]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, partition: int) -> ProjectionState:
@@ -558,6 +569,22 @@ class ProjectionState:
             return found
         return self.calls.get(key, _NO_CALLS)
 
+    def waits_of(self, conversation_id: str, submission_id: str) -> Mapping[str, OpenWait]:
+        """Return a submission's open waits.
+
+        Args:
+            conversation_id: Its conversation.
+            submission_id: The submission.
+
+        Returns:
+            Wait id → its request and when it began.
+        """
+        key = (conversation_id, submission_id)
+        found = self.waits_overlay.get(key)
+        if found is not None:
+            return found
+        return self.waits.get(key, _NO_WAITS)
+
     def in_flight(self) -> dict[CallKey, Row]:
         """Return every call in flight, by ``(conversation id, submission id, call id)`` (for tests and diagnostics).
 
@@ -575,8 +602,9 @@ class ProjectionState:
     def working(self) -> ProjectionState:
         """Return a working copy: `project_batch` on it leaves this state untouched until `commit`."""
         return ProjectionState(
-            self.partition, self.head, self.base, dict(self.overlay), self.calls, dict(self.calls_overlay)
-        )
+            self.partition, self.head, self.base, dict(self.overlay), self.calls, dict(self.calls_overlay),
+            self.waits, dict(self.waits_overlay),
+        )  # fmt: skip
 
     def commit(self) -> ProjectionState:
         """Make this working copy the partition's committed state (its overlays join the shared bases).
@@ -590,7 +618,12 @@ class ProjectionState:
                 self.calls[key] = calls
             else:
                 self.calls.pop(key, None)
-        return ProjectionState(self.partition, self.head, self.base, {}, self.calls, {})
+        for key, waits in self.waits_overlay.items():
+            if waits:
+                self.waits[key] = waits
+            else:
+                self.waits.pop(key, None)
+        return ProjectionState(self.partition, self.head, self.base, {}, self.calls, {}, self.waits, {})
 
 
 def _ms(later: datetime, earlier: datetime | None) -> int | None:
@@ -688,6 +721,15 @@ class _BatchProjector:
             calls[call_id] = row
         self.state.calls_overlay[(cid, sid)] = calls
 
+    def set_wait(self, key: SubKey, wait_id: str, wait: OpenWait | None) -> None:
+        """Open (or, with None, close) a wait: its submission's waits are replaced, never changed in place."""
+        waits = dict(self.state.waits_of(*key))
+        if wait is None:
+            del waits[wait_id]
+        else:
+            waits[wait_id] = wait
+        self.state.waits_overlay[key] = waits
+
     def call_row(self, spec_values: dict[str, Any]) -> Row:
         return tuple(map(spec_values.get, TOOL_CALLS.columns))
 
@@ -773,7 +815,10 @@ class _BatchProjector:
             return state  # nothing else changed
         # The fold's partition-level state after the batch is the next head (its conversations are not read: they
         # are in the overlay, where `ProjectionState` reads them).
-        return ProjectionState(self.p, head, state.base, state.overlay, state.calls, state.calls_overlay)
+        return ProjectionState(
+            self.p, head, state.base, state.overlay, state.calls, state.calls_overlay, state.waits,
+            state.waits_overlay,
+        )  # fmt: skip
 
     def emit(self) -> None:
         """Emit the batch's rows (after `fold`); the tool calls in flight change here."""
@@ -835,6 +880,11 @@ class _BatchProjector:
                     calls = calls_base.get((conversation_id, sid))
                 if calls:
                     self.abandon_calls(conversation_id, sub)
+                waits = state.waits_overlay.get((conversation_id, sid))
+                if waits is None:
+                    waits = state.waits.get((conversation_id, sid))
+                if waits:
+                    self.cancel_waits(conversation_id, sub)
         self.attempt_rows(self.steps)
 
     def touched_by(self, own: dict[str, None]) -> dict[str, dict[str, None]]:
@@ -978,16 +1028,28 @@ class _BatchProjector:
         sub: Submission | None,
         step: str | None,
     ) -> Row:
-        waiting_kind = waiting_name = waiting_since = None
+        waiting_kind = waiting_name = waiting_since = waiting_deadline = None
         if status == "waiting" and sub is not None:
-            waiting_kind = "unknown_resolution"
-            names = sorted(
-                str(row[_CALL_TOOL_I])
-                for call_id, row in self.state.calls_of(conversation_id, sid).items()
-                if call_id in sub.unknown_calls
-            )
-            waiting_name = ",".join(names) if names else None
-            waiting_since = self.t
+            if sub.unknown_calls:  # a call in doubt: an operator's resolution
+                waiting_kind = "unknown"
+                names = sorted(
+                    str(row[_CALL_TOOL_I])
+                    for call_id, row in self.state.calls_of(conversation_id, sid).items()
+                    if call_id in sub.unknown_calls
+                )
+                waiting_name = ",".join(names) if names else None
+                waiting_since = self.t
+            else:  # signals and approvals (the generic wait), in callsite order
+                waits = sorted(
+                    (w for wait_id, w in self.state.waits_of(conversation_id, sid).items() if wait_id in sub.waits),
+                    key=lambda w: w[0].ordinal,
+                )
+                if waits:
+                    waiting_kind = ",".join(sorted({w[0].kind.value for w in waits}))
+                    waiting_name = ",".join(w[0].name for w in waits)
+                    waiting_since = min(w[1] for w in waits)
+                    deadlines = [w[0].deadline for w in waits if w[0].deadline is not None]
+                    waiting_deadline = min(deadlines) if deadlines else None
         t = self.t
         return (
             attempt_id,
@@ -999,7 +1061,7 @@ class _BatchProjector:
             waiting_kind,
             waiting_name,
             waiting_since,
-            None,  # waiting_deadline: no schema v1 event sets a deadline
+            waiting_deadline,
             step,
             end_reason,
             t,
@@ -1023,6 +1085,41 @@ class _BatchProjector:
             key = (conversation_id, sid, call_id)
             self.add(TOOL_CALLS, self.update_call(key, status="abandoned", ended_at=self.t))
             self.set_call(key, None)
+
+    def cancel_waits(self, conversation_id: str, sub: Submission) -> None:
+        """Waits the fold no longer holds open, with no `WaitResolved`: the run settled (an abort) while it waited."""
+        sid = sub.submission_id
+        for wait_id, (request, since) in list(self.state.waits_of(conversation_id, sid).items()):
+            if wait_id in sub.waits:
+                continue
+            self.set_wait((conversation_id, sid), wait_id, None)
+            if request.kind is WaitKind.APPROVAL:
+                self.add(APPROVALS, self.approval_row(request, since, "cancelled"))
+
+    def approval_row(
+        self,
+        request: WaitRequested,
+        since: datetime,
+        status: str,
+        *,
+        decided_at: datetime | None = None,
+        payload: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        command_id: str | None = None,
+    ) -> Row:
+        """The ``approvals`` row of an approval request, as of the batch (``status`` and, once decided, how)."""
+        details = json.loads(request.details_json) if request.details_json is not None else {}
+        sid = request.submission_id
+        call_prefix = f"{sid}#a"  # `settled.protocol.approval_id_for` of a tool call that needs approval
+        call_id = request.wait_id[len(call_prefix) :] if request.wait_id.startswith(call_prefix) else None
+        payload = payload or {}
+        return (
+            self.cid, request.wait_id, sid, request.attempt_id, request.ordinal, call_id, details.get("tool"),
+            details.get("title") or request.name, details.get("description"), details.get("args_json"),
+            details.get("args_digest"), status, since, request.deadline, decided_at, payload.get("by"),
+            payload.get("principal"), reason if reason is not None else payload.get("reason"), command_id, self.t,
+            self.offset,
+        )  # fmt: skip
 
     # -- events ----------------------------------------------------------------------------------------------------
 
@@ -1114,6 +1211,9 @@ class _BatchProjector:
             }
         )
         self.transcript(i, event.submission_id, event.attempt_id, "wait", "system", event.name, event.wait_id, content)
+        self.set_wait((self.cid, event.submission_id), event.wait_id, (event, self.t))
+        if event.kind is WaitKind.APPROVAL:
+            self.add(APPROVALS, self.approval_row(event, self.t, "pending"))
 
     def on_wait_resolved(self, i: int, event: WaitResolved) -> None:
         content = canonical_json(
@@ -1124,6 +1224,23 @@ class _BatchProjector:
             }
         )
         self.transcript(i, event.submission_id, None, "wait_resolved", "system", None, event.wait_id, content)
+        key = (self.cid, event.submission_id)
+        found = self.state.waits_of(*key).get(event.wait_id)
+        if found is None:  # the fold refuses a decision of a wait that is not open: a state built without it
+            raise ValueError(f"wait {event.wait_id!r} of {key!r} is not open in partition {self.p} at {self.offset}")
+        self.set_wait(key, event.wait_id, None)
+        request, since = found
+        if request.kind is not WaitKind.APPROVAL:
+            return
+        if event.outcome is WaitOutcome.EXPIRED:
+            row = self.approval_row(request, since, "expired", decided_at=event.decided_at, reason="deadline_expired")
+        else:
+            payload = json.loads(event.payload_json) if event.payload_json is not None else {}
+            status = "approved" if payload.get("approved") else "denied"
+            row = self.approval_row(
+                request, since, status, decided_at=event.decided_at, payload=payload, command_id=event.source_id
+            )
+        self.add(APPROVALS, row)
 
     def on_command_rejected(self, i: int, event: CommandRejected) -> None:
         self.receipt(

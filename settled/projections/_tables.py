@@ -241,6 +241,14 @@ MODEL_USAGE = _spec(
     TableMode.APPEND,
 )
 
+APPROVALS = _spec(
+    "approvals",
+    "conversation_id approval_id submission_id attempt_id ordinal call_id tool title description args_json "
+    "args_digest status requested_at deadline decided_at decided_by principal reason command_id updated_at last_offset",
+    "conversation_id approval_id",
+    requested_at=_S,
+)
+
 TABLES: Mapping[str, TableSpec] = MappingProxyType(
     {
         spec.name: spec
@@ -254,6 +262,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             RECEIPTS,
             TRANSCRIPT,
             MODEL_USAGE,
+            APPROVALS,
         )
     }
 )
@@ -261,7 +270,9 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
 
 Submissions, attempts, tool calls, settlements and receipts are keyed within their conversation: a partition's owner
 sees only its own conversations, so an id reused by a conversation of another partition cannot be refused (layout 2,
-``settled/projections/sql/0002_conversation_keys.sql``)."""
+``settled/projections/sql/0002_conversation_keys.sql``). ``approvals`` (layout 5,
+``settled/projections/sql/0005_waits.sql``): one row per approval a run requested, pending until decided, expired or
+cancelled."""
 
 QUARANTINE = _spec(
     "projection_quarantine",

@@ -7,7 +7,11 @@
   not to the projection) resolve one with a signed ``ResolveUnknown`` and make the resolver's key;
 * ``settled submissions show SUBMISSION_ID [--conversation C]``: the ledger row of every conversation using the id
   (ids are unique per conversation, not per namespace), or of one;
-* ``settled conversations show CONVERSATION_ID``: run state and the transcript in event order.
+* ``settled conversations show CONVERSATION_ID``: run state and the transcript in event order (requests to wait,
+  signals, approval decisions with who decided, approved or denied, and why);
+* ``settled approvals list [--all] [--conversation C] [--submission S]``: the approvals runs wait for, with the tool
+  call and its arguments, title, description, when asked and the deadline, and the argument digest ``settled
+  approve|deny`` must name (issue 16 item 7).
 
 Every command takes ``--after RECEIPT_JSON`` (the receipt line ``settled submit`` prints) and waits, up to
 ``--after-timeout-s``, until the projection holds that receipt's request: read-your-writes (docs/design.md §4). Output
@@ -44,6 +48,7 @@ __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_NOT_FOUND",
     "EXIT_NOT_PROJECTED",
+    "approvals_app",
     "conversations_app",
     "runs_app",
     "submissions_app",
@@ -63,6 +68,7 @@ runs_app = typer.Typer(no_args_is_help=True, help="Runs (one per submission) as 
 unknown_app = typer.Typer(no_args_is_help=True, help="Calls in doubt an operator must resolve (DUR-009).")
 submissions_app = typer.Typer(no_args_is_help=True, help="The submissions ledger.")
 conversations_app = typer.Typer(no_args_is_help=True, help="Conversations: run state and transcript.")
+approvals_app = typer.Typer(no_args_is_help=True, help="Approvals runs wait for (decide them with approve|deny).")
 
 _SCHEMA = typer.Option(None, "--schema", envvar=SCHEMA_ENV_VAR, help="Projection schema (default: the namespace).")
 _AFTER = typer.Option(
@@ -205,7 +211,10 @@ def runs_list(
     after_timeout_s: float = _AFTER_TIMEOUT,
     as_json: bool = _JSON,
 ) -> None:
-    """List runs: status (queued, running, waiting, recovery, terminalizing, or the outcome), attempts, step."""
+    """List runs: status (queued, running, waiting, recovery, terminalizing, or the outcome), what it waits for.
+
+    A waiting run shows its kind (approval, signal or unknown), name, since and deadline.
+    """
     _id("--conversation", conversation)
     rows = _query(
         schema,
@@ -222,7 +231,7 @@ def runs_list(
         f"runs ({'incomplete' if incomplete else 'all'})",
         rows,
         ("submission_id", "conversation_id", "submission_seq", "status", "state", "attempt_count", "waiting_kind",
-         "current_step", "outcome", "admitted_at"),
+         "waiting_name", "waiting_since", "waiting_deadline", "current_step", "outcome", "admitted_at"),
     )  # fmt: skip
 
 
@@ -257,7 +266,8 @@ def runs_show(
         attempts, calls = run.pop("attempts"), run.pop("tool_calls")
         _record(f"run {submission_id} of conversation {run['conversation_id']}", run)
         _table("attempts", attempts, ("attempt", "attempt_id", "status", "waiting_kind", "waiting_name",
-                                      "current_step", "end_reason", "started_at", "ended_at"))  # fmt: skip
+                                      "waiting_since", "waiting_deadline", "current_step", "end_reason",
+                                      "started_at", "ended_at"))  # fmt: skip
         _table("tool calls", calls, ("call_id", "tool", "status", "idempotency_key", "prepared_at", "ended_at",
                                      "duration_ms", "error_type", "reason"))  # fmt: skip
 
@@ -342,3 +352,37 @@ def conversations_show(
     transcript = conv.pop("transcript")
     _record(f"conversation {conversation_id}", conv)
     _table("transcript", transcript, ("event_seq", "submission_id", "kind", "role", "name", "content", "recorded_at"))
+
+
+@approvals_app.command("list")
+def approvals_list(
+    show_all: bool = typer.Option(False, "--all", help="Every approval, decided ones too (default: pending only)."),
+    conversation: str | None = typer.Option(None, "--conversation", help="Only this conversation's approvals."),
+    submission: str | None = typer.Option(None, "--submission", help="Only this run's (its submission id)."),
+    limit: int = typer.Option(50, "--limit", min=1, help="Most approvals shown (oldest request first)."),
+    schema: str | None = _SCHEMA,
+    after: str | None = _AFTER,
+    after_timeout_s: float = _AFTER_TIMEOUT,
+    as_json: bool = _JSON,
+) -> None:
+    """List the approvals runs wait for: the tool call and its arguments, title, description, asked at, deadline."""
+    _id("--conversation", conversation)
+    _id("--submission", submission)
+    rows = _query(
+        schema,
+        after,
+        after_timeout_s,
+        lambda reader, receipt, timeout_s: reader.approvals(
+            pending=not show_all, conversation_id=conversation, submission_id=submission, limit=limit,
+            after=receipt, timeout_s=timeout_s,
+        ),
+    )  # fmt: skip
+    if as_json:
+        _dump(rows)
+        return
+    _table(
+        f"approvals ({'all' if show_all else 'pending'}): {len(rows)}",
+        rows,
+        ("conversation_id", "submission_id", "approval_id", "status", "tool", "args_json", "title", "description",
+         "requested_at", "deadline", "args_digest", "decided_by", "reason"),
+    )  # fmt: skip

@@ -11,7 +11,7 @@ from settled.services._cli_dev import dev_app
 from settled.services._cli_doctor import doctor
 from settled.services._cli_projections import projections_app
 from settled.services._cli_quarantine import quarantine_app
-from settled.services._cli_runs import conversations_app, runs_app, submissions_app, unknown_app
+from settled.services._cli_runs import approvals_app, conversations_app, runs_app, submissions_app, unknown_app
 from settled.services._cli_topics import topics_app
 from settled.services._worker_service import worker_command
 
@@ -35,6 +35,7 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(unknown_app, name="unknown")
 app.add_typer(submissions_app, name="submissions")
 app.add_typer(conversations_app, name="conversations")
+app.add_typer(approvals_app, name="approvals")
 
 
 def main() -> None:

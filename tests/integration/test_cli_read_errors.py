@@ -32,6 +32,7 @@ READ_COMMANDS: list[list[bytes]] = [
     [b"runs", b"show", NOT_UTF8],
     [b"conversations", b"show", NOT_UTF8],
     [b"runs", b"list", b"--conversation", NOT_UTF8],
+    [b"approvals", b"list", b"--conversation", NOT_UTF8],
 ]
 
 

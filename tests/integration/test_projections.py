@@ -482,7 +482,7 @@ def test_tool_calls_unknown_obligations_and_transcript(settings: Settings, names
             assert conv is not None and conv["blocked_by_unknown"] and conv["queue_depth"] == 2
             runs = {r["submission_id"]: r for r in reader.runs(incomplete=True)}
             assert (runs["s1"]["status"], runs["s1"]["waiting_kind"], runs["s1"]["waiting_name"]) == (
-                "waiting", "unknown_resolution", "pay")  # fmt: skip
+                "waiting", "unknown", "pay")  # fmt: skip
             assert runs["s3"]["status"] == "running" and runs["s2"]["status"] == "queued"
             cli = subprocess.run([sys.executable, "-m", "settled.services", "unknown", "list", "--json"],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip

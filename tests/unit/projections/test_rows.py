@@ -79,7 +79,7 @@ def test_the_unknown_obligation_is_visible_at_the_checkpoint() -> None:
     conv = _table(rows, "conversations")[("conv-tools",)]
     assert (conv["blocked_by_unknown"], conv["queue_depth"], conv["active_submission_id"]) == (True, 2, "s1")
     attempt = _table(rows, "attempts")[("conv-tools", "a1")]
-    assert (attempt["status"], attempt["waiting_kind"], attempt["waiting_name"]) == ("waiting", "unknown_resolution",
+    assert (attempt["status"], attempt["waiting_kind"], attempt["waiting_name"]) == ("waiting", "unknown",
                                                                                       "pay")  # fmt: skip
     assert attempt["ended_at"] == T0 + timedelta(seconds=11)  # left running when D went into doubt
     receipts = _table(rows, "receipts")
