@@ -52,7 +52,8 @@ SUITES = [
     # +30 s for `settled doctor` (tests/integration/test_doctor.py, ~25 s here, a private broker included).
     # +150 s for issue 20's HTTP API tests (tests/integration/api: real worker and API processes, a private broker
     # stopped and started; ~115 s here at load 7 on 2 cores, less on a quiet machine).
-    Suite("integration", 1080, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +60 s for the shared settlements reader and AsyncClient (test_client_waits.py, test_async_client.py; ~45 s here).
+    Suite("integration", 1140, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);

@@ -567,6 +567,31 @@ def create_app(
         rows = [r for r in the_reader.unknown_obligations() if r["conversation_id"] == cid]
         return list(_rows(rows))
 
+    @app.get("/v1/approvals", summary="Approvals runs asked for: pending ones by default, with the call")
+    def list_approvals(
+        principal: Reader,
+        status: Annotated[Literal["pending", "all"], Query(description="`all`: decided ones too.")] = "pending",
+        conversation_id: Annotated[str | None, Query(description="Only this conversation's approvals.")] = None,
+        submission_id: Annotated[str | None, Query(description="Only this run's (with conversation_id).")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        after: Annotated[str | None, Query(description="With conversation_id: a receipt's request_id.")] = None,
+        after_timeout_s: AfterTimeout = 10.0,
+    ) -> list[dict[str, Any]]:
+        if (after is not None or submission_id is not None) and conversation_id is None:
+            field = "after" if after is not None else "submission_id"
+            raise ProblemError(
+                ErrorCategory.BAD_INPUT,
+                f"{field} needs conversation_id: a request or submission id is unique within its conversation",
+                field="conversation_id",
+            )
+        if after is not None and conversation_id is not None:
+            wait_after(conversation_id, after, after_timeout_s)
+        rows = the_reader.approvals(
+            pending=status == "pending", conversation_id=conversation_id, submission_id=submission_id, limit=limit
+        )
+        seen = {cid: visible(cid, principal) for cid in {str(r["conversation_id"]) for r in rows}}
+        return list(_rows([r for r in rows if seen[str(r["conversation_id"])]]))
+
     # -- commands ------------------------------------------------------------------------------------------------
 
     @app.post("/v1/conversations/{cid}/runs/{rid}/signals/{name}", response_model=ReceiptOut, summary="Signal a run")

@@ -41,12 +41,18 @@ class _WaitingCollector(Collector):
             GaugeMetricFamily(
                 "settled_unknown_oldest_age_seconds", "Age of the oldest open Unknown tool call (0 when none), in s."
             ),
+            GaugeMetricFamily("settled_approvals_pending", "Approvals runs asked for that nobody decided yet."),
         ]
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock, psycopg.connect(self._dsn, connect_timeout=_SCRAPE_CONNECT_TIMEOUT_S) as conn:
             row = conn.execute(
                 sql.SQL("SELECT count(*), min(unknown_since) FROM {}.tool_calls WHERE status = 'unknown'").format(
+                    sql.Identifier(self._schema)
+                )
+            ).fetchone()
+            pending = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.approvals WHERE status = 'pending'").format(
                     sql.Identifier(self._schema)
                 )
             ).fetchone()
@@ -62,6 +68,11 @@ class _WaitingCollector(Collector):
             "settled_unknown_oldest_age_seconds",
             "Age of the oldest open Unknown tool call (0 when none), in s.",
             value=age_s,
+        )
+        yield GaugeMetricFamily(
+            "settled_approvals_pending",
+            "Approvals runs asked for that nobody decided yet.",
+            value=0 if pending is None else int(pending[0]),
         )
 
 

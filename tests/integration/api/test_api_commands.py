@@ -7,9 +7,13 @@ resolutions with the key the workers know, and a live projector serves the reads
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -38,6 +42,16 @@ def _wait_request(s: Settings, sid: str, kind: WaitKind) -> WaitRequested:
     return request
 
 
+def _pending(client: httpx.Client, cid: str, ready: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """Poll ``GET /v1/approvals`` for a conversation until ``ready(rows)`` (the projection catches up)."""
+    deadline = time.monotonic() + 60
+    while True:
+        rows = client.get("/v1/approvals", params={"conversation_id": cid}).json()
+        if ready(rows) or time.monotonic() > deadline:
+            return list(rows)
+        time.sleep(0.1)
+
+
 def test_a_signal_and_an_approval_over_http_are_consumed_once(
     topics: Settings, spawn_worker: SpawnWorker, start_api: StartApi, token: TokenFactory, tmp_path: Path
 ) -> None:
@@ -57,6 +71,10 @@ def test_a_signal_and_an_approval_over_http_are_consumed_once(
         # A reader cannot approve: 403 naming the scope.
         request = _wait_request(topics, sid, WaitKind.APPROVAL)
         digest = json.loads(request.details_json or "null")["args_digest"]
+        # The pending approval is listed with what it asks (read scope), once the request is projected.
+        listed = _pending(alice, "c-cmd", lambda rows: len(rows) == 1)
+        assert listed[0]["approval_id"] == request.wait_id and listed[0]["title"] == "refund", listed
+        assert listed[0]["args_digest"] == digest and listed[0]["status"] == "pending", listed
         approve = f"/v1/conversations/c-cmd/runs/{sid}/approvals/{quote(request.wait_id, safe='')}/approve"
         refused = alice.post(approve, json={"args_digest": digest}, headers={"Idempotency-Key": "ap-x"})
         assert refused.status_code == 403 and refused.json()["value"] == "approve", refused.text
@@ -65,6 +83,8 @@ def test_a_signal_and_an_approval_over_http_are_consumed_once(
         assert ok.status_code == 200 and ok.json()["outcome"] == "applied", ok.text
         dup = approver.post(approve, json=decision, headers={"Idempotency-Key": "ap-1"})
         assert dup.status_code == 200 and dup.json()["outcome"] == "duplicate", dup.text
+        after = alice.get("/v1/approvals", params={"conversation_id": "c-cmd", "after": ok.json()["request_id"]})
+        assert after.status_code == 200 and after.json() == [], after.text  # decided: no longer pending
         done = alice.get(f"/v1/conversations/c-cmd/submissions/{sid}/settlement", params={"wait_s": 60}).json()
         assert done["settled"] and done["settlement"]["outcome"] == "completed", done
     results = json.loads(done["settlement"]["reply_json"])["results"]

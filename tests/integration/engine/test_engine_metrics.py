@@ -1,10 +1,11 @@
 """Prometheus metrics of the worker and the projector (issue 21 item 2), scraped over HTTP from real processes.
 
 A ``settled worker`` child runs the engine test app and a ``settled projections run`` child projects its log, both
-with ``SETTLED_METRICS_PORT``. After completed submissions, aborted ones and one that leaves a tool call Unknown (its
-tool server refuses connections), the projector's ``settled_settlements_total`` by outcome equals the settlements
-topic's count by outcome, its Unknown gauges show the open call with an age that grows, and the worker's commit
-histogram has observed the commits. Scrapes are parsed with ``prometheus_client``'s own text parser.
+with ``SETTLED_METRICS_PORT``. After completed submissions, aborted ones, one that leaves a tool call Unknown (its tool
+server refuses connections) and one that waits for an approval: the projector's ``settled_settlements_total`` by
+outcome equals the settlements topic's count by outcome, its Unknown gauges show the open call with an age that grows,
+its approvals gauge the pending one, and the worker's commit histogram has observed the commits. Scrapes are parsed
+with ``prometheus_client``'s own text parser.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def test_scraped_counters_equal_the_settlements_topic_and_the_unknown_gauges_age
     try:
         with Client(s, principal="ops", default_timeout_s=TIMEOUT_S) as client:
             stuck = client.submit("conv-unknown", plan({"tool": "remote_once"}))
+            asking = client.submit("conv-approval", plan({"approve": "refund", "description": "order o-1"}))
             done = [client.submit(f"conv-done-{i}", plan()) for i in range(5)]
             slow = [client.submit(f"conv-abort-{i}", plan({"sleep_s": 60})) for i in range(3)]
             for receipt in slow:
@@ -91,7 +93,7 @@ def test_scraped_counters_equal_the_settlements_topic_and_the_unknown_gauges_age
                 client.wait(receipt)
         topic = Counter(r.outcome.value for r in settlements(s))
         assert topic == {"completed": 5, "aborted": 3}, topic  # the Unknown one holds its lane, unsettled
-        assert stuck.request_id not in {r.submission_id for r in settlements(s)}
+        assert {stuck.request_id, asking.request_id}.isdisjoint(r.submission_id for r in settlements(s))
 
         wait_for(lambda: _reachable(projector_port), TIMEOUT_S, "the projector's /metrics")
         wait_for(
@@ -103,6 +105,11 @@ def test_scraped_counters_equal_the_settlements_topic_and_the_unknown_gauges_age
             lambda: _scrape(projector_port)[("settled_unknown_calls_open", ())] == 1,
             TIMEOUT_S,
             "the open Unknown in the projector's gauge",
+        )
+        wait_for(
+            lambda: _scrape(projector_port)[("settled_approvals_pending", ())] == 1,
+            TIMEOUT_S,
+            "the pending approval in the projector's gauge",
         )
         first_age_s = _scrape(projector_port)[("settled_unknown_oldest_age_seconds", ())]
         assert first_age_s > 0
