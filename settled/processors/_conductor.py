@@ -467,6 +467,7 @@ class Conductor:
     _refused: dict[str, str] = field(default_factory=dict, init=False)  # attempt -> why an effect of it was refused
     _wake: Callable[[], None] = field(default=_nothing, init=False)  # wakes the worker loop (`join_process`)
     _gate: ResumeGate = field(init=False)  # the process's (`join_process`), else one of its own
+    _delivery_committed: bool = field(default=False, init=False)  # a WaitResolved committed in this turn's checkpoint
 
     def __post_init__(self) -> None:
         self.owner.committed_listeners.append(self._on_committed)
@@ -503,6 +504,8 @@ class Conductor:
                 self._last_error.pop(event.submission_id, None)
                 self._resumed.pop(event.submission_id, None)
                 continue
+            if isinstance(event, WaitResolved):
+                self._delivery_committed = True
             if isinstance(event, RecoveryDecision) and event.decision in _RESUMING:
                 self._resumed[event.submission_id] = event.attempt_id or ""
             sid = _journal_submission(event)
@@ -558,6 +561,7 @@ class Conductor:
 
     def _before_checkpoint(self) -> None:
         now = self.clock()
+        self._delivery_committed = False  # set again only by what this turn's checkpoint commits (not a restore)
         # A run hands over its records before it ends, so a run seen done here has every record of it queued: they
         # are staged before its end is (a finished run never leaves a record behind, e.g. a posted settlement).
         if self._adopted:
@@ -934,6 +938,9 @@ class Conductor:
             self._after_checkpoint()
 
     def _after_checkpoint(self) -> None:
+        if self._delivery_committed:
+            self._delivery_committed = False
+            failpoint("conductor.after_delivery_commit")  # a delivery or expiry is canonical; no attempt started on it
         committed = self.owner.committed
         replaced = self.owner.replaced_batch_ids
         still: list[tuple[str, int, _Effect]] = []
