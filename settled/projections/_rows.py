@@ -65,6 +65,7 @@ from settled.schemas import (
     LogBatch,
     ModelResponseCompleted,
     ModelResponseDelta,
+    ModelResponseInterrupted,
     OwnershipClaimed,
     Settlement,
     SettlementOutcome,
@@ -1260,6 +1261,22 @@ class _BatchProjector:
              None if usage is None else usage.reasoning_tokens, self.t, self.offset),
         )  # fmt: skip
 
+    def on_response_interrupted(self, i: int, event: ModelResponseInterrupted) -> None:
+        # A model_usage row like a completed response's (run_usage counts it as a call), its tokens NULL unless the
+        # provider reported them before the cut: unknown, not zero (issue 19).
+        detail = f"model call cut after {event.output_chars} characters ({event.delta_count} deltas): {event.error}"
+        self.transcript(
+            i, event.submission_id, event.attempt_id, "model_interrupted", "system", event.model, None, detail
+        )
+        usage = event.usage
+        self.add(
+            MODEL_USAGE,
+            (self.cid, self.batch.first_event_seq + i, event.submission_id, event.attempt_id, event.response_ordinal,
+             event.provider, event.model, None, None if usage is None else usage.input_tokens,
+             None if usage is None else usage.output_tokens, None if usage is None else usage.cached_input_tokens,
+             None if usage is None else usage.reasoning_tokens, self.t, self.offset),
+        )  # fmt: skip
+
     def on_prepared(self, i: int, event: ToolCallPrepared) -> None:
         t = self.t
         # The row in `TOOL_CALLS` column order (`_PREPARED_COLUMNS`, checked at import), as `call_row` builds it.
@@ -1410,6 +1427,7 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         AbortRecorded: _BatchProjector.on_abort,
         CommandRejected: _BatchProjector.on_command_rejected,
         ModelResponseCompleted: _BatchProjector.on_response,
+        ModelResponseInterrupted: _BatchProjector.on_response_interrupted,
         ToolCallPrepared: _BatchProjector.on_prepared,
         ToolCallSettled: _BatchProjector.on_tool_settled,
         ToolCallRefused: _BatchProjector.on_tool_refused,

@@ -63,6 +63,7 @@ from settled.schemas import (
     LogEvent,
     ModelResponseCompleted,
     ModelResponseDelta,
+    ModelResponseInterrupted,
     OwnershipClaimed,
     RecoveryDecision,
     RecoveryDecisionKind,
@@ -864,7 +865,12 @@ class _ConvBuilder:
 
     def on_running_record(
         self,
-        event: ModelResponseDelta | ModelResponseCompleted | ToolCallRefused | StepRecorded | EffectRecorded,
+        event: ModelResponseDelta
+        | ModelResponseCompleted
+        | ModelResponseInterrupted
+        | ToolCallRefused
+        | StepRecorded
+        | EffectRecorded,
         batch_epoch: int,
     ) -> None:
         sub = self.get(event.submission_id, event, None)
@@ -1083,6 +1089,7 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     InputApplied: _ConvBuilder.on_input_applied,
     ModelResponseDelta: _ConvBuilder.on_running_record,
     ModelResponseCompleted: _ConvBuilder.on_running_record,
+    ModelResponseInterrupted: _ConvBuilder.on_running_record,
     ToolCallPrepared: _ConvBuilder.on_prepared,
     ToolCallSettled: _ConvBuilder.on_tool_settled,
     ToolCallRefused: _ConvBuilder.on_running_record,

@@ -92,6 +92,7 @@ from settled.schemas import (
     LogEvent,
     ModelResponseCompleted,
     ModelResponseDelta,
+    ModelResponseInterrupted,
     RecoveryDecision,
     RecoveryDecisionKind,
     ResolutionKind,
@@ -806,10 +807,34 @@ class RunContext:
         request = ModelRequest(operation_id=operation_id, model=model, messages=messages, tools=tools)
         delay_s = self._options.model_backoff_s
         retries = 0
+        next_delta_index = 0  # the tries of one call number their deltas in one sequence
         while True:
+            tried = _Try(next_delta_index)
             try:
-                response, deltas = await self._stream(provider, request, ordinal)
+                response, deltas = await self._stream(provider, request, ordinal, tried)
             except (ProviderError, ConnectionError, TimeoutError) as exc:
+                next_delta_index = tried.next_delta_index
+                if tried.began:
+                    # The try's unrecorded deltas and what it cost ride with the next record: the retry's first
+                    # deltas, its response, or the run's failure (issue 19; docs/architecture.md "Model calls").
+                    self._pipeline.buffer.extend(
+                        [
+                            *tried.pending,
+                            ModelResponseInterrupted(
+                                submission_id=self.submission_id,
+                                attempt_id=self.attempt_id,
+                                response_ordinal=ordinal,
+                                provider=provider.name,
+                                model=model,
+                                operation_id=operation_id,
+                                first_delta_index=tried.first_delta_index,
+                                delta_count=tried.next_delta_index - tried.first_delta_index,
+                                output_chars=tried.output_chars,
+                                usage=exc.usage if isinstance(exc, ProviderError) else None,
+                                error=f"{type(exc).__name__}: {exc}",
+                            ),
+                        ]
+                    )
                 retryable = exc.retryable if isinstance(exc, ProviderError) else True
                 if not retryable or retries >= self._options.model_retries:
                     if isinstance(exc, ProviderError):
@@ -840,34 +865,34 @@ class RunContext:
         return ModelResponse.from_record(completed)
 
     async def _stream(
-        self, provider: ModelProvider, request: ModelRequest, ordinal: int
+        self, provider: ModelProvider, request: ModelRequest, ordinal: int, tried: _Try
     ) -> tuple[ModelResponse, list[ModelResponseDelta]]:
-        pending: list[ModelResponseDelta] = []
-        index = 0
         every = self._options.delta_flush_every
         stream = provider.stream(request)
         try:
             async for event in stream:
+                tried.began = True
                 if isinstance(event, ModelResponse):
-                    return event, pending
+                    return event, tried.pending
+                tried.output_chars += len(event.text)
                 if isinstance(event, ToolArgumentsDelta):
                     continue  # provisional: tool-argument deltas are never canonical (DUR-008)
                 if every <= 0:
                     continue
                 kind = DeltaKind.TEXT if isinstance(event, TextDelta) else DeltaKind.REASONING
-                pending.append(
+                tried.pending.append(
                     ModelResponseDelta(
                         submission_id=self.submission_id,
                         attempt_id=self.attempt_id,
                         response_ordinal=ordinal,
-                        delta_index=index,
+                        delta_index=tried.next_delta_index,
                         kind=kind,
                         text=event.text,
                     )
                 )
-                index += 1
-                if len(pending) >= every:
-                    batch, pending = pending, []
+                tried.next_delta_index += 1
+                if len(tried.pending) >= every:
+                    batch, tried.pending = tried.pending, []
                     await self._pipeline.record(batch)
                     failpoint("engine.after_delta_commit")
         finally:
@@ -877,3 +902,24 @@ class RunContext:
             if aclose is not None:
                 await aclose()
         raise ProviderError(f"provider {provider.name!r} ended its stream without a response", retryable=True)
+
+
+class _Try:
+    """One try of a model call: where its deltas are numbered from, what it received, what is not yet recorded.
+
+    Attributes:
+        first_delta_index: ``delta_index`` of the try's first delta (the previous try's next one).
+        next_delta_index: ``delta_index`` of the try's next delta.
+        pending: Deltas not yet handed to the pipeline.
+        output_chars: Characters of text, reasoning and tool arguments received.
+        began: True once the provider yielded anything.
+    """
+
+    __slots__ = ("began", "first_delta_index", "next_delta_index", "output_chars", "pending")
+
+    def __init__(self, first_delta_index: int) -> None:
+        self.first_delta_index = first_delta_index
+        self.next_delta_index = first_delta_index
+        self.pending: list[ModelResponseDelta] = []
+        self.output_chars = 0
+        self.began = False

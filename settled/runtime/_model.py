@@ -161,14 +161,18 @@ class ProviderError(SettledError):
     Attributes:
         retryable: True when a retry may succeed (rate limit, overload, lost connection).
         retry_after_s: How long to wait first, when the provider said.
+        usage: Token usage the provider reported before the failure (recorded with the interrupted try), if any.
     """
 
     category = ErrorCategory.UNAVAILABLE
 
-    def __init__(self, message: str, *, retryable: bool, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, retry_after_s: float | None = None, usage: Usage | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.usage = usage
 
 
 class ModelProvider(Protocol):

@@ -264,11 +264,13 @@ class OpenAIChat:
             raise ProviderError(
                 f"{self.name} connection failed for operation {request.operation_id}: {type(exc).__name__}: {exc}",
                 retryable=True,
+                usage=usage,
             ) from exc
         if not finished:
             raise ProviderError(
                 f"{self.name} ended the stream of operation {request.operation_id} without a finish reason",
                 retryable=True,
+                usage=usage,
             )
         tool_calls = []
         for index in sorted(calls):

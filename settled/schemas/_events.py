@@ -59,6 +59,7 @@ __all__ = [
     "LogEvent",
     "ModelResponseCompleted",
     "ModelResponseDelta",
+    "ModelResponseInterrupted",
     "OwnershipClaimed",
     "QuarantineReason",
     "QuarantineRecord",
@@ -949,6 +950,41 @@ class ModelResponseCompleted(AvroRecord):
     operation_id: str | None = None
 
 
+class ModelResponseInterrupted(AvroRecord):
+    """A model call's try that failed after its stream began (a stream cut mid-way; issue 19).
+
+    Recorded whatever follows (a retry of the same call, or the run's failure), so the cost of the cut try is
+    visible as far as it is known. A provider reports usage in its stream's last chunk, so a cut try usually has
+    none: ``usage`` is then None, meaning unknown (never zero), and ``output_chars`` says how much output arrived.
+
+    Attributes:
+        submission_id: The submission.
+        attempt_id: The attempt.
+        response_ordinal: Ordinal of the model call within the attempt.
+        provider: Provider name.
+        model: Model name asked for.
+        operation_id: The call's operation id, sent to the provider.
+        first_delta_index: ``delta_index`` of this try's first recorded `ModelResponseDelta`; the next try of the
+            same call continues after its last, so (attempt, ordinal, delta_index) names one delta.
+        delta_count: How many `ModelResponseDelta` records this try left.
+        output_chars: Characters of text, reasoning and tool arguments received before the failure.
+        usage: Token usage the provider reported before the failure, or None when it reported none (unknown).
+        error: The failure, as raised.
+    """
+
+    submission_id: str
+    attempt_id: str
+    response_ordinal: NonNegInt32
+    provider: str
+    model: str
+    operation_id: str
+    first_delta_index: NonNegInt32
+    delta_count: NonNegInt32
+    output_chars: NonNegInt64
+    usage: Usage | None = None
+    error: str
+
+
 class ToolCallPrepared(AvroRecord):
     """A tool call committed before it runs (docs/design.md §5).
 
@@ -1383,6 +1419,7 @@ LogEvent = (
     | WaitResolved
     | SignalReceived
     | ApprovalDecided
+    | ModelResponseInterrupted
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1426,6 +1463,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     WaitResolved,
     SignalReceived,
     ApprovalDecided,
+    ModelResponseInterrupted,
 )
 """Branches of the log-event union, in Avro union order."""
 

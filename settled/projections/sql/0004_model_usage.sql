@@ -1,7 +1,8 @@
 -- Layout 4 (issue 19 item 1): token usage of every completed model response, and its sum per run.
 
--- One row per ModelResponseCompleted, in event order; append-only. The tokens are NULL when the provider reported
--- no usage. A response cut mid-way has no row: it completed nowhere, and its provider never reported its usage.
+-- One row per ModelResponseCompleted and per ModelResponseInterrupted (a try cut mid-way, issue 19), in event
+-- order; append-only. The tokens are NULL when the provider reported no usage: a cut try's usage chunk never
+-- arrived, so its row says "unknown", never zero (request_id NULL; its transcript row says how much output came).
 CREATE TABLE model_usage (
     conversation_id  text        NOT NULL,
     event_seq        bigint      NOT NULL,

@@ -2,8 +2,9 @@
 
 A ``settled worker`` child runs `ModelAgent` over `OpenAIChat` (`tests/integration/engine/openai_app.py`) against
 the local streamed Chat Completions server of `tests/unit/runtime/openai_server.py`, through the real ``openai``
-SDK. The run's first stream is cut mid-way; its retry declares a tool call whose arguments arrive split across
-deltas; the last call answers. An in-process projector keeps the live projection; a rebuild agrees with it.
+SDK. The run's first stream is cut mid-way (recorded as interrupted, its usage unknown); its retry declares a tool
+call whose arguments arrive split across deltas; the last call answers. An in-process projector keeps the live
+projection; a rebuild agrees with it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import pytest
 
 from settled._settings import Settings
 from settled.projections import ProjectionNames
-from settled.schemas import ModelResponseCompleted, ModelResponseDelta, SettlementOutcome, Usage
+from settled.schemas import (
+    ModelResponseCompleted,
+    ModelResponseDelta,
+    ModelResponseInterrupted,
+    SettlementOutcome,
+    Usage,
+)
 from tests.integration.engine._helpers import TIMEOUT_S, events_of, invocations, send, settled, start_worker
 from tests.integration.helpers import (
     check_clean,
@@ -84,22 +91,26 @@ def test_usage_reaches_the_log_and_the_projection_and_a_cut_stream_stays_as_audi
     assert [done[0].operation_id, done[1].operation_id] == [sent[1], sent[2]] and sent[0] == sent[1], (
         "the cut call and its retry share the operation id, and each completed response records the one it sent"
     )
-    # The cut stream left its deltas as audit content and no completed response (docs/semantics.md §9).
-    deltas = [e.text for e in events if isinstance(e, ModelResponseDelta)]
-    assert deltas[:2] == ["Let me ", "look"] and "Charged." in deltas
+    # The cut stream left its deltas as audit content and no completed response (docs/semantics.md §9), and is
+    # recorded as interrupted: its usage unknown (the usage chunk never came), the output it sent counted (issue 19).
+    deltas = [(e.response_ordinal, e.delta_index, e.text) for e in events if isinstance(e, ModelResponseDelta)]
+    assert deltas == [(0, 0, "Let me "), (0, 1, "look"), (2, 0, "Charged.")]  # the tool call is ordinal 1
+    (cut,) = [e for e in events if isinstance(e, ModelResponseInterrupted)]
+    assert (cut.response_ordinal, cut.operation_id, cut.first_delta_index, cut.delta_count) == (0, sent[0], 0, 2)
+    assert (cut.output_chars, cut.usage) == (len("Let me look"), None)
     rows = projection_rows(s, names, "model_usage")
-    assert sorted((r["input_tokens"], r["output_tokens"], r["request_id"]) for r in rows) == [
-        (100, 20, "req-2"),
-        (130, 4, "req-3"),
-    ]
+    assert sorted(
+        ((r["input_tokens"], r["output_tokens"], r["request_id"]) for r in rows), key=lambda r: r[2] or ""
+    ) == [(None, None, None), (100, 20, "req-2"), (130, 4, "req-3")]
     (run,) = projection_rows(s, names, "run_usage")
     summed = (
         "submission_id",
         "model_calls",
+        "calls_with_usage",
         "input_tokens",
         "output_tokens",
         "cached_input_tokens",
         "reasoning_tokens",
     )
-    assert tuple(run[c] for c in summed) == (sub.submission_id, 2, 230, 24, 64, 8)
+    assert tuple(run[c] for c in summed) == (sub.submission_id, 3, 2, 230, 24, 64, 8)
     check_clean(s, names, "DUR-015.rebuild")  # the usage rows are a projection of the log like every other

@@ -38,6 +38,7 @@ from settled.schemas import (
     InputRef,
     LogBatch,
     ModelResponseDelta,
+    ModelResponseInterrupted,
     QuarantineReason,
     SettlementOutcome,
     SignalReceived,
@@ -247,5 +248,8 @@ def _other_event_types() -> LogBatch:
                            input_ref=ref),
             ApprovalDecided(command_id="ap-1", submission_id="s", approval_id="s#w4", approved=False,
                             args_digest="a" * 64, principal="p", key_id="ops-1", reason="no", input_ref=ref),
+            ModelResponseInterrupted(submission_id="s", attempt_id="a", response_ordinal=0, provider="openai",
+                                     model="m", operation_id="op", first_delta_index=0, delta_count=1,
+                                     output_chars=2, usage=None, error="cut"),
         ],
     )  # fmt: skip

@@ -27,6 +27,7 @@ from settled.schemas import (
     DeltaKind,
     ModelResponseCompleted,
     ModelResponseDelta,
+    ModelResponseInterrupted,
     ToolCallSettled,
     Usage,
     canonical_json,
@@ -177,3 +178,45 @@ def _run_expecting_failure(app: App) -> str:
     with pytest.raises(ProviderError) as caught:
         run(app, attempt(Recorder()))
     return str(caught.value)
+
+
+def test_a_cut_stream_is_recorded_as_interrupted_and_its_retry_numbers_its_deltas_on() -> None:
+    """Issue 19: the cut try's cost is recorded (usage unknown, the output that came), the retry's usage in full,
+    and the retry's deltas continue the call's delta_index (before: it restarted at 0, so two deltas shared
+    (attempt, ordinal, delta_index) and a reader could not tell the tries apart)."""
+    cut = Stream([chunk(content="Half "), chunk(content="an ans")], cut=True)
+    with serve([cut, text_stream("Whole answer.", prompt=40, completion=5)]) as (url, received):
+        app, _ = make_app(url, delta_flush_every=2)
+        rec = Recorder()
+        assert run(app, attempt(rec)) == canonical_json("Whole answer.")
+    assert len(received) == 2
+    deltas = rec.of(ModelResponseDelta)
+    assert [(d.response_ordinal, d.delta_index, d.text) for d in deltas] == [
+        (0, 0, "Half "),
+        (0, 1, "an ans"),
+        (0, 2, "Whole answer."),
+    ]
+    (interrupted,) = rec.of(ModelResponseInterrupted)
+    assert (interrupted.attempt_id, interrupted.response_ordinal, interrupted.provider, interrupted.model) == (
+        "a1",
+        0,
+        "openai",
+        "default",
+    )
+    assert (interrupted.first_delta_index, interrupted.delta_count, interrupted.output_chars) == (0, 2, 11)
+    assert interrupted.usage is None  # the usage chunk comes last: unknown, not zero
+    assert "connection failed" in interrupted.error
+    (completed,) = rec.of(ModelResponseCompleted)
+    assert completed.usage == Usage(input_tokens=40, output_tokens=5, cached_input_tokens=0, reasoning_tokens=0)
+    assert interrupted.operation_id == completed.operation_id == received[1].headers[OPERATION_ID_HEADER.lower()]
+    events = rec.events
+    assert events.index(interrupted) < events.index(deltas[2]) < events.index(completed)
+
+
+def test_a_429_before_any_output_records_no_interrupted_try() -> None:
+    with serve([Status(429, {"retry-after": "0"}), text_stream("Fine.")]) as (url, received):
+        app, _ = make_app(url)
+        rec = Recorder()
+        assert run(app, attempt(rec)) == canonical_json("Fine.")
+    assert len(received) == 2
+    assert rec.of(ModelResponseInterrupted) == []
