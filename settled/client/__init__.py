@@ -35,6 +35,7 @@ from settled.client._errors import (
 )
 from settled.client._keys import load_signing_key, public_key_b64, write_signing_key
 from settled.client._settlements import SettlementStream
+from settled.client._stream import Part, RunStream, StreamItem, Superseded
 from settled.producers._partitioner import murmur2, partition_for_key
 
 __all__ = [
@@ -54,16 +55,20 @@ __all__ = [
     "IdempotencyConflictError",
     "InboxProduceError",
     "OutcomeUnknownError",
+    "Part",
     "PayloadTooLargeError",
     "ResolveOutcomeUnknownError",
     "ResolveRejectedError",
+    "RunStream",
     "SettlementStream",
     "SettlementTimeoutError",
     "SignalOutcomeUnknownError",
     "SignalRejectedError",
     "SigningKeyError",
+    "StreamItem",
     "SubmissionOutcomeUnknownError",
     "SubmissionRejectedError",
+    "Superseded",
     "UnexpectedReceiptError",
     "load_signing_key",
     "murmur2",

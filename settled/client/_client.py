@@ -46,6 +46,7 @@ from settled.client._errors import (
 from settled.client._inbox import InboxProducer
 from settled.client._receipts import ReceiptsReader, ReceiptWaiter
 from settled.client._settlements import SettlementStream
+from settled.client._stream import RunStream
 from settled.client._waits import SettlementsReader
 from settled.schemas import (
     AbortRequested,
@@ -822,6 +823,45 @@ class Client:
     def closed(self) -> bool:
         """Whether `close` was called."""
         return self._closed
+
+    def stream(self, receipt: Receipt, *, cursor: str | None = None, timeout_s: float | None = None) -> RunStream:
+        """Follow a run's provisional stream until its settlement (issue 19; settled/client/_stream.py).
+
+        Yields `Part` items (``ctx.emit`` values, model text deltas) as the run publishes them, before anything is
+        committed, and a `Superseded` marker when a later attempt replaces an earlier one's parts. Each item has a
+        cursor: a new ``stream(receipt, cursor=...)`` resumes right after it.
+
+        Args:
+            receipt: An ``admitted`` or ``duplicate`` submission receipt.
+            cursor: Resume right after the item that carried it (default: from the run's admission).
+            timeout_s: Bound on the whole follow, in seconds (default: the client's).
+
+        Returns:
+            The iterator (close it, or use it as a context manager); ``.settlement`` is set when it ends.
+
+        Raises:
+            ValueError: The receipt is not an admitted or duplicate submission receipt, or the cursor is malformed.
+            BrokerUnavailableError: A topic does not exist, or Kafka did not answer.
+        """
+        if receipt.request_kind is not RequestKind.SUBMISSION or receipt.outcome not in (
+            ReceiptOutcome.ADMITTED,
+            ReceiptOutcome.DUPLICATE,
+        ):
+            raise ValueError(
+                f"receipt of {receipt.request_kind.value} {receipt.request_id} is {receipt.outcome.value!r}: only an "
+                "admitted (or duplicate) submission has a stream"
+            )
+        if self._closed:
+            raise ClientError("the client is closed")
+        return RunStream(
+            self.settings,
+            self._codec,
+            receipt.conversation_id,
+            receipt.original_submission_id or receipt.request_id,
+            receipt.decided_at - self._lookback,
+            cursor,
+            self._timeout(timeout_s),
+        )
 
     def settlements(
         self,

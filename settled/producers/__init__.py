@@ -25,6 +25,14 @@ from settled.producers._kafka import (
     transactional_id,
 )
 from settled.producers._partitioner import murmur2, partition_for_key
+from settled.producers._stream import (
+    STREAM_PART_VERSION,
+    StreamPart,
+    StreamPartError,
+    StreamPublisher,
+    decode_part,
+    encode_part,
+)
 from settled.producers._topics import (
     TOPICS,
     PartitionCountMismatchError,
@@ -38,6 +46,7 @@ from settled.producers._topics import (
 
 __all__ = [
     "BATCH_ID_HEADER",
+    "STREAM_PART_VERSION",
     "TOPICS",
     "AppendBatch",
     "AppenderFatalError",
@@ -49,12 +58,17 @@ __all__ = [
     "ProducerFencedError",
     "ProducerIdExpiredError",
     "Run",
+    "StreamPart",
+    "StreamPartError",
+    "StreamPublisher",
     "TopicInfo",
     "TransactionalAppender",
     "admin_config",
     "consume_promptly",
     "consumer_config",
+    "decode_part",
     "describe_topics",
+    "encode_part",
     "end_offsets",
     "genesis_conversation",
     "low_watermark",

@@ -1,11 +1,12 @@
 """Topic provisioning: the co-partitioned topics of docs/design.md §2 and the genesis record (issue 4 item 4).
 
-``settled.inbox``, ``settled.log``, ``settled.receipts``, ``settled.settlements`` and ``settled.quarantine`` (under the
-configured namespace) share one partition count. ``settled.log`` keeps everything (it is the source of truth) and is
-stamped by the broker (``LogAppendTime``); receipts and settlements are kept as long (a receipt's settlement must stay
-findable). The first batch of every log partition is a ``Genesis`` event fixing the partition count: provisioning
-refuses, and every partition owner halts, when a topic's count differs from it — adding partitions would move
-conversations to a partition with no history and admit their keys again.
+``settled.inbox``, ``settled.log``, ``settled.receipts``, ``settled.settlements``, ``settled.quarantine`` and the
+provisional ``settled.stream`` (issue 19, kept one hour), under the configured namespace, share one partition count.
+``settled.log`` keeps everything (it is the source of truth) and is stamped by the broker (``LogAppendTime``); receipts
+and settlements are kept as long (a receipt's settlement must stay findable). The first batch of every log partition
+is a ``Genesis`` event fixing the partition count: provisioning refuses, and every partition owner halts, when a
+topic's count differs from it — adding partitions would move conversations to a partition with no history and admit
+their keys again.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.producers._appender import AppendBatch, OutRecord, TransactionalAppender
 from settled.producers._kafka import admin_config, end_offsets, read_partition
+from settled.producers._stream import STREAM_RETENTION_MS, STREAM_SEGMENT_MS
 from settled.schemas import Codec, Genesis, LogBatch
 
 __all__ = [
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 #: The short names of settled's co-partitioned topics.
-TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine")
+TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine", "stream")
 
 #: Configuration entries `describe_topics` reports for every topic (``settled topics describe`` shows them).
 _DESCRIBED = ("retention.ms", "message.timestamp.type", "max.message.bytes")
@@ -81,6 +83,12 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
         settings.topic("receipts"): dict(keep_forever),
         settings.topic("settlements"): dict(keep_forever),
         settings.topic("quarantine"): dict(keep_forever),
+        # Provisional parts (issue 19): kept briefly; co-partitioned like the others (settled/producers/_stream.py).
+        settings.topic("stream"): {
+            "retention.ms": str(STREAM_RETENTION_MS),
+            "segment.ms": str(STREAM_SEGMENT_MS),
+            "cleanup.policy": "delete",
+        },
     }
 
 

@@ -60,6 +60,7 @@ from typing import Any, NoReturn, TypeVar
 from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors import AgentRun
+from settled.producers import StreamPart, encode_part
 from settled.protocol import approval_details, approval_id_for, arguments_digest, wait_id_for
 from settled.runtime._calls import ToolCalls, replay_settled
 from settled.runtime._errors import (
@@ -270,6 +271,9 @@ class RunContext:
         self._idle: asyncio.Future[None] | None = None  # resolved when `_busy` drops to 0
         self._wait_requests: list[WaitRequested] = []  # waits asked for, handed over together
         self._suspension: asyncio.Future[None] | None = None  # hands the waits over, once
+        # The provisional stream (issue 19): nothing is published while recorded positions remain to replay.
+        self._replay_until = max(self._journal.by_ordinal, default=-1)
+        self._stream_seq = 0
 
     @property
     def input(self) -> Any:
@@ -310,6 +314,61 @@ class RunContext:
             self._busy -= 1
             if self._busy == 0 and self._idle is not None and not self._idle.done():
                 self._idle.set_result(None)
+
+    # -- the provisional stream (issue 19) -----------------------------------------------------------------------
+
+    def emit(self, part: Any) -> None:
+        """Publish a provisional part to the run's followers (`settled.client.Client.stream`), at once.
+
+        Not recorded and not replayed: the part goes to ``<ns>.stream`` before any commit, tagged with the run,
+        this attempt and a sequence. While this attempt replays recorded positions it publishes nothing (the
+        earlier attempt already did, and a follower drops that attempt's parts once this one publishes); from its
+        first live position on it publishes under its own attempt id.
+
+        Args:
+            part: A JSON value.
+
+        Raises:
+            StreamPartError: ``part`` is not a JSON value, or is too large to publish (names the value or size).
+        """
+        data = self._stream_part("emit", part)
+        if self._stream_live():
+            self._publish(data)
+
+    def _stream_live(self) -> bool:
+        return self._options.stream is not None and self._ordinal > self._replay_until
+
+    def _stream_part(self, kind: str, data: Any) -> StreamPart:
+        part = StreamPart(
+            run=self.submission_id,
+            conversation_id=self.conversation_id,
+            attempt_id=self.attempt_id,
+            attempt=self.attempt,
+            seq=self._stream_seq,
+            kind=kind,
+            data=data,
+        )
+        encode_part(part)  # a bad part is refused whether or not anyone publishes it
+        return part
+
+    def _publish(self, part: StreamPart) -> None:
+        stream = self._options.stream
+        if stream is None:
+            return
+        stream.publish(part)
+        self._stream_seq += 1
+
+    async def _flush_stream(self) -> None:
+        """Wait (off the loop) until this attempt's parts reached the stream, at most `RunOptions.stream_flush_s`."""
+        stream = self._options.stream
+        if stream is None or self._stream_seq == 0:
+            return
+        left = await asyncio.get_running_loop().run_in_executor(None, stream.flush, self._options.stream_flush_s)
+        if left:
+            _log.warning(
+                "stream parts not delivered before the reply",
+                extra={"submission_id": self.submission_id, "undelivered": left},
+            )
 
     # -- waits (issue 16) ----------------------------------------------------------------------------------------
 
@@ -814,6 +873,12 @@ class RunContext:
                 response, deltas = await self._stream(provider, request, ordinal, tried)
             except (ProviderError, ConnectionError, TimeoutError) as exc:
                 next_delta_index = tried.next_delta_index
+                if tried.began and self._options.stream is not None:  # followers drop this try's text (issue 19)
+                    self._publish(
+                        self._stream_part(
+                            "interrupted", {"response_ordinal": ordinal, "error": f"{type(exc).__name__}"}
+                        )
+                    )
                 if tried.began:
                     # The try's unrecorded deltas and what it cost ride with the next record: the retry's first
                     # deltas, its response, or the run's failure (issue 19; docs/architecture.md "Model calls").
@@ -877,6 +942,10 @@ class RunContext:
                 tried.output_chars += len(event.text)
                 if isinstance(event, ToolArgumentsDelta):
                     continue  # provisional: tool-argument deltas are never canonical (DUR-008)
+                if self._options.stream is not None:  # a model call runs live: published as it arrives (issue 19)
+                    self._publish(
+                        self._stream_part("text" if isinstance(event, TextDelta) else "reasoning", event.text)
+                    )
                 if every <= 0:
                     continue
                 kind = DeltaKind.TEXT if isinstance(event, TextDelta) else DeltaKind.REASONING

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from settled.producers import StreamPublisher
+
 __all__ = ["RunOptions"]
 
 
@@ -33,6 +35,10 @@ class RunOptions:
         settle_linger_s: How long a tool's settlement, which the run does not wait for, may wait for the run's
             next record to share its transaction (docs/design.md §3: "records produced within a few milliseconds'
             linger"); with an instant model that makes one commit a call. 0 hands it over at once.
+        stream: Where ``ctx.emit`` parts and model text deltas are published as they happen (the provisional
+            ``<ns>.stream``, issue 19); the worker sets it, None publishes nothing.
+        stream_flush_s: How long an attempt waits, before it returns its reply, for its parts to reach the stream
+            (so a follower that sees the settlement has them), in seconds.
     """
 
     clock: Callable[[], datetime] = _utcnow
@@ -43,3 +49,5 @@ class RunOptions:
     model_retries: int = 3
     model_backoff_s: float = 0.5
     settle_linger_s: float = 0.002
+    stream: StreamPublisher | None = None
+    stream_flush_s: float = 5.0

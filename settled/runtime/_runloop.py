@@ -136,6 +136,7 @@ async def _attempt(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, opt
             await ctx._after_failure()
             raise
     finally:
+        await ctx._flush_stream()  # the parts reach the stream before the reply is settled (issue 19)
         await ctx._quiesce()
     failpoint("engine.run_returned")
     return reply

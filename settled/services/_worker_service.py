@@ -18,6 +18,7 @@ import typer
 from settled._metrics import WorkerMetrics, serve_metrics
 from settled._settings import Settings
 from settled.processors import Conductor, LedgerDecider, PartitionOwner, Worker, WorkerConfig, load_public_key
+from settled.producers import StreamPublisher
 from settled.protocol import PartitionState
 from settled.runtime import App, load_app
 from settled.services._cli_root import JsonFormatter, configure_logging, exits_on_error, resolve_settings
@@ -71,6 +72,8 @@ def build_worker(
         app = dataclasses.replace(
             app, options=dataclasses.replace(app.options, clock=offset_clock(settings.clock_offset_s))
         )
+    # ctx.emit parts and model text deltas go to the provisional <ns>.stream (issue 19; settled/producers/_stream.py).
+    app = dataclasses.replace(app, options=dataclasses.replace(app.options, stream=StreamPublisher(settings)))
 
     def conductor(owner: PartitionOwner[PartitionState]) -> Conductor:
         return Conductor(

@@ -14,7 +14,7 @@ from tests.integration.helpers import CODEC, read_topic
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine")
+TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine", "stream")
 
 
 def _env(s: Settings, partitions: int) -> dict[str, str]:
@@ -92,6 +92,15 @@ def test_log_keeps_everything_and_is_stamped_by_the_broker(settings: Settings) -
     assert "forever (-1)" in log_row and "LogAppendTime" in log_row
     inbox_row = next(line for line in out.splitlines() if f" {settings.topic('inbox')} " in line)
     assert "CreateTime" in inbox_row
+
+
+def test_the_provisional_stream_is_kept_briefly(settings: Settings) -> None:
+    code, _, err = _settled(settings, 1, "topics", "create")
+    assert code == 0, err
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.topic("stream"))
+    config = admin.describe_configs([resource])[resource].result(timeout=30)
+    assert (config["retention.ms"].value, config["segment.ms"].value) == ("3600000", "600000")
 
 
 def test_describe_fails_when_topics_are_missing(settings: Settings) -> None:

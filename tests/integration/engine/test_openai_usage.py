@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from settled._settings import Settings
+from settled.client import Client, Part
 from settled.projections import ProjectionNames
 from settled.schemas import (
     ModelResponseCompleted,
@@ -23,7 +24,15 @@ from settled.schemas import (
     SettlementOutcome,
     Usage,
 )
-from tests.integration.engine._helpers import TIMEOUT_S, events_of, invocations, send, settled, start_worker
+from tests.integration.engine._helpers import (
+    TIMEOUT_S,
+    events_of,
+    invocations,
+    receipt,
+    send,
+    settled,
+    start_worker,
+)
 from tests.integration.helpers import (
     check_clean,
     fresh_projection,
@@ -76,6 +85,17 @@ def test_usage_reaches_the_log_and_the_projection_and_a_cut_stream_stays_as_audi
             assert result.reply_json == '"Charged."'
             assert invocations(world_db, "charge_idem") == 1
             assert len(received) == 3, "one request per call: the cut one, its retry, the answer"
+            got = receipt(s, sub.submission_id)
+            assert got is not None
+            with Client(s) as client, client.stream(got, timeout_s=TIMEOUT_S) as follower:
+                streamed = [(p.kind, p.data) for p in follower if isinstance(p, Part)]
+            # The text deltas were published as they came (issue 19 item 2), the cut try's marked interrupted.
+            assert streamed == [
+                ("text", "Let me "),
+                ("text", "look"),
+                ("interrupted", {"response_ordinal": 0, "error": "ProviderError"}),
+                ("text", "Charged."),
+            ]
             wait_projected(s, names, TIMEOUT_S, live)
         finally:
             worker.kill()
