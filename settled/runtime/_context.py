@@ -331,9 +331,11 @@ class RunContext:
         Raises:
             StreamPartError: ``part`` is not a JSON value, or is too large to publish (names the value or size).
         """
-        data = self._stream_part("emit", part)
+        built = self._stream_part("emit", part)
         if self._stream_live():
-            self._publish(data)
+            self._publish(built)  # encodes it: a bad part raises here
+        else:
+            encode_part(built)  # a bad part is refused whether or not anyone publishes it
 
     def _stream_live(self) -> bool:
         return self._options.stream is not None and self._ordinal > self._replay_until
@@ -348,7 +350,6 @@ class RunContext:
             kind=kind,
             data=data,
         )
-        encode_part(part)  # a bad part is refused whether or not anyone publishes it
         return part
 
     def _publish(self, part: StreamPart) -> None:
