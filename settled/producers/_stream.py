@@ -178,7 +178,7 @@ class StreamPublisher:
         self.topic = settings.topic("stream")
         self.failed = 0
         self._lock = threading.Lock()
-        self._producer = self._new_producer()
+        self._producer: Producer | None = None  # built at the first part: a worker whose runs never publish has none
 
     def _new_producer(self) -> Producer:
         # linger.ms 5: a part reaches a follower within milliseconds, and a burst of deltas still shares a request.
@@ -202,6 +202,8 @@ class StreamPublisher:
         value = encode_part(part)
         with self._lock:
             for _ in range(2):
+                if self._producer is None:
+                    self._producer = self._new_producer()
                 try:
                     self._producer.produce(
                         self.topic, value, part.conversation_id.encode(), on_delivery=self._on_delivery
@@ -215,7 +217,7 @@ class StreamPublisher:
                     if not (isinstance(error, KafkaError) and error.fatal()):
                         raise
                     _log.error("stream producer failed, replacing it: %s", error.str())
-                    self._producer = self._new_producer()
+                    self._producer = None
             self.failed += 1
             _log.warning("stream part dropped: the producer's queue stayed full", extra={"run": part.run})
 
@@ -229,4 +231,4 @@ class StreamPublisher:
             How many parts are still undelivered (0 when all are).
         """
         producer = self._producer  # not under the lock: runs go on publishing while one flushes
-        return int(producer.flush(timeout_s))
+        return 0 if producer is None else int(producer.flush(timeout_s))

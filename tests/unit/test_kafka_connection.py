@@ -73,6 +73,7 @@ def _worker_configs(s: Settings) -> dict[str, dict[str, Any]]:
         "batch probe": probe_consumer_config(s, limits),
         "admin (topic check)": admin_config(s),
         "idempotent producer (client inbox)": producer_config(s, **{"message.timeout.ms": 30_000}),
+        "idempotent producer (provisional stream)": producer_config(s, **{"linger.ms": 5}),
     }
 
 
