@@ -860,7 +860,7 @@ class Client:
             receipt.original_submission_id or receipt.request_id,
             receipt.decided_at - self._lookback,
             cursor,
-            self._timeout(timeout_s),
+            self.timeout_s(timeout_s),
         )
 
     def settlements(
