@@ -171,7 +171,7 @@ class ModelAgent:
         out = []
         for name in offered:
             spec = ctx.tools.get(name)
-            out.append(ToolDeclaration(name=name, description=(spec.fn.__doc__ or "").strip()))
+            out.append(ToolDeclaration(name=name, description=spec.model_description, parameters=spec.parameters))
         return tuple(out)
 
     async def __call__(self, ctx: RunContext) -> Any:

@@ -100,6 +100,8 @@ class App:
         retry_budget_s: float = 30.0,
         needs_approval: bool = False,
         approval_policy: ApprovalPolicy | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -117,6 +119,8 @@ class App:
         retry_budget_s: float = 30.0,
         needs_approval: bool = False,
         approval_policy: ApprovalPolicy | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> F: ...
 
     def tool(
@@ -133,6 +137,8 @@ class App:
         retry_budget_s: float = 30.0,
         needs_approval: bool = False,
         approval_policy: ApprovalPolicy | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> F | Callable[[F], F]:
         """Register a tool; use as ``@app.tool`` or ``@app.tool(idempotent=True, timeout_s=5)`` (see `ToolSpec`).
 
@@ -148,6 +154,8 @@ class App:
             needs_approval: Every call waits for a person's signed approval before it runs (issue 16 item 5).
             approval_policy: ``approval_policy(args)`` → ``"allow"`` / ``"ask"`` / ``"deny"`` (an
                 `settled.runtime.ApprovalVerdict`) per call; exclusive with ``needs_approval``.
+            description: What the tool does, as a model is told (default: the function's docstring).
+            parameters: JSON Schema (``type: object``) of its arguments, as a model is told (default: any object).
 
         Returns:
             The function unchanged (or a decorator that registers and returns it).
@@ -169,6 +177,8 @@ class App:
                     retry_budget_s=retry_budget_s,
                     needs_approval=needs_approval,
                     approval_policy=approval_policy,
+                    description=description,
+                    parameters=dict(parameters or {}),
                 )
             )
             return f

@@ -19,7 +19,7 @@ import inspect
 import json
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -158,10 +158,12 @@ class ToolSpec:
             `ApprovalVerdict.ASK`).
         approval_policy: ``approval_policy(args)`` → `ApprovalVerdict` per call (e.g. ask only above a threshold);
             exclusive with ``needs_approval``.
+        description: What the tool does, as a model is told (`ModelAgent`); None: the function's docstring.
+        parameters: JSON Schema of its arguments (an ``object`` schema), as a model is told; empty: any object.
 
     Raises:
-        ValueError: ``timeout_s`` or ``retry_budget_s`` is not positive, ``name`` is empty, or both
-            ``needs_approval`` and ``approval_policy`` are given.
+        ValueError: ``timeout_s`` or ``retry_budget_s`` is not positive, ``name`` is empty, both
+            ``needs_approval`` and ``approval_policy`` are given, or ``parameters`` is not an object schema.
     """
 
     name: str
@@ -174,10 +176,17 @@ class ToolSpec:
     retry_budget_s: float = 30.0
     needs_approval: bool = False
     approval_policy: ApprovalPolicy | None = None
+    description: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError("ToolSpec.name must not be empty")
+        if self.parameters and self.parameters.get("type") != "object":
+            raise ValueError(
+                f"tool {self.name!r}: parameters must be a JSON Schema of type 'object' (a call's arguments are an "
+                f"object), got type {self.parameters.get('type')!r}"
+            )
         if self.needs_approval and self.approval_policy is not None:
             raise ValueError(
                 f"tool {self.name!r}: give needs_approval=True or an approval_policy, not both "
@@ -187,6 +196,11 @@ class ToolSpec:
             raise ValueError(f"ToolSpec.timeout_s must be > 0, got {self.timeout_s} (tool {self.name!r})")
         if self.retry_budget_s <= 0:
             raise ValueError(f"ToolSpec.retry_budget_s must be > 0, got {self.retry_budget_s} (tool {self.name!r})")
+
+    @property
+    def model_description(self) -> str:
+        """What a model is told the tool does: ``description``, else the function's docstring."""
+        return self.description if self.description is not None else (self.fn.__doc__ or "").strip()
 
     @property
     def gated(self) -> bool:

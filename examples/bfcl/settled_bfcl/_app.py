@@ -46,8 +46,11 @@ from settled.runtime import (
     Message,
     ModelAgent,
     ModelEvent,
+    ModelProvider,
     ModelRequest,
     ModelResponse,
+    OpenAIChat,
+    OpenAISettings,
     ProviderError,
     RunContext,
     RunOptions,
@@ -62,7 +65,7 @@ from settled.schemas import CanonicalJsonError, DeclaredToolCall, canonical_json
 from settled_bfcl._approvals import APPROVER_KEY_ID, needs_approval
 from settled_bfcl._backends import BACKEND_CLASSES, JsonValue, method_index
 from settled_bfcl._client import ToolServerClient
-from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, load_corpus
+from settled_bfcl._corpus import CATEGORIES, Corpus, Entry, load_corpus, load_tool_docs
 from settled_bfcl._replay import (
     AssistantText,
     AssistantToolCalls,
@@ -116,6 +119,11 @@ ENV_APPROVALS = "SETTLED_BFCL_APPROVALS"
 #: Base64 of the approver's raw 32-byte Ed25519 public key, allowed to sign ``DecideApproval`` (key id
 #: `settled_bfcl._approvals.APPROVER_KEY_ID`).
 ENV_APPROVER_KEY = "SETTLED_BFCL_APPROVER_KEY"
+#: The model provider: ``replay`` (the replay model in process, the default) or ``openai`` (`OpenAIChat`, configured
+#: by ``SETTLED_MODEL_BASE_URL``, ``SETTLED_MODEL_NAME`` and ``SETTLED_MODEL_API_KEY``; issue 19).
+ENV_PROVIDER = "SETTLED_BFCL_PROVIDER"
+#: The providers `BfclAppConfig.provider` accepts.
+PROVIDERS = ("replay", "openai")
 
 _PROVIDER_NAME = "bfcl-replay"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -217,6 +225,10 @@ class BfclAppConfig:
         resolver_key_b64: The operator's Ed25519 public key (base64), or empty for none.
         approvals: Gate every state-changing call behind an approval.
         approver_key_b64: The approver's Ed25519 public key (base64); required with ``approvals``.
+        provider: ``replay`` (the replay model, in process) or ``openai`` (`OpenAIChat` against
+            ``model_base_url``, e.g. a real model endpoint or `settled_bfcl._replay_server`).
+        model_base_url: The OpenAI-compatible endpoint's base URL (``openai`` only).
+        model_name: The model name sent to it (``openai`` only).
         tool_timeout_s: ``timeout_s`` of every tool.
         retry_budget_s: How long an in-doubt idempotent call is retried within one attempt (a tool-server restart
             must fit in it).
@@ -233,6 +245,9 @@ class BfclAppConfig:
     resolver_key_b64: str = ""
     approvals: bool = False
     approver_key_b64: str = ""
+    provider: str = "replay"
+    model_base_url: str = ""
+    model_name: str = ""
     tool_timeout_s: float = 20.0
     retry_budget_s: float = 90.0
     http_timeout_s: float = 15.0
@@ -250,6 +265,13 @@ class BfclAppConfig:
             raise ValueError(f"{ENV_TOOLSERVER_URL} is empty: the BFCL app needs the tool server's URL")
         if self.approvals and not self.approver_key_b64:
             raise ValueError(f"{ENV_APPROVALS}=1 needs {ENV_APPROVER_KEY}: nobody could decide an approval")
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"{ENV_PROVIDER}={self.provider!r}: expected one of {', '.join(PROVIDERS)}")
+        if self.provider == "openai" and not (self.model_base_url and self.model_name):
+            raise ValueError(
+                f"{ENV_PROVIDER}=openai needs SETTLED_MODEL_BASE_URL and SETTLED_MODEL_NAME, got "
+                f"{self.model_base_url!r} and {self.model_name!r}"
+            )
         unknown = sorted(self.non_idempotent_classes - set(BACKEND_CLASSES))
         if unknown:
             raise ValueError(f"non_idempotent_classes: unknown backend classes {unknown}; known: {BACKEND_CLASSES}")
@@ -292,13 +314,17 @@ class BfclAppConfig:
             resolver_key_b64=env.get(ENV_RESOLVER_KEY, ""),
             approvals=env.get(ENV_APPROVALS, "").strip().lower() in _TRUE,
             approver_key_b64=env.get(ENV_APPROVER_KEY, ""),
+            provider=env.get(ENV_PROVIDER, "replay"),
+            model_base_url=env.get(_ENV_MODEL_BASE_URL, ""),
+            model_name=env.get(_ENV_MODEL_NAME, ""),
         )
 
     def env(self) -> dict[str, str]:
         """Return the environment variables that give a worker process this configuration.
 
         Returns:
-            ``SETTLED_BFCL_*`` variables (the timeouts and limits are not carried; they keep their defaults).
+            ``SETTLED_BFCL_*`` variables and ``SETTLED_MODEL_BASE_URL``/``SETTLED_MODEL_NAME`` (the timeouts and
+            limits are not carried; they keep their defaults).
         """
         return {
             ENV_TOOLSERVER_URL: self.toolserver_url,
@@ -309,7 +335,14 @@ class BfclAppConfig:
             ENV_RESOLVER_KEY: self.resolver_key_b64,
             ENV_APPROVALS: "1" if self.approvals else "0",
             ENV_APPROVER_KEY: self.approver_key_b64,
+            ENV_PROVIDER: self.provider,
+            _ENV_MODEL_BASE_URL: self.model_base_url,
+            _ENV_MODEL_NAME: self.model_name,
         }
+
+
+_ENV_MODEL_BASE_URL = "SETTLED_MODEL_BASE_URL"
+_ENV_MODEL_NAME = "SETTLED_MODEL_NAME"
 
 
 # --- the provider --------------------------------------------------------------------------------------------------
@@ -506,11 +539,18 @@ def build_app(config: BfclAppConfig) -> App:
     Returns:
         The app.
     """
-    provider = ReplayProvider(config.mode, seed=config.seed, adversarial=config.adversarial)
+    provider: ModelProvider
+    if config.provider == "openai":  # settings (base URL, model, key) from SETTLED_MODEL_* (issue 19)
+        provider = OpenAIChat(OpenAISettings(base_url=config.model_base_url, name=config.model_name))
+        model = "default"
+    else:
+        provider = ReplayProvider(config.mode, seed=config.seed, adversarial=config.adversarial)
+        model = f"{_PROVIDER_NAME}-{config.mode.value}"
+    docs = load_tool_docs()
     keys = {RESOLVER_KEY_ID: config.resolver_key_b64} if config.resolver_key_b64 else {}
     approvers = {APPROVER_KEY_ID: config.approver_key_b64} if config.approvals else {}
     app = App(
-        agent=BfclAgent(provider, model=f"{_PROVIDER_NAME}-{config.mode.value}", max_turns=32),
+        agent=BfclAgent(provider, model=model, max_turns=32),
         max_attempts=config.max_attempts,
         resolver_keys=keys,
         approver_keys=approvers,
@@ -531,6 +571,9 @@ def build_app(config: BfclAppConfig) -> App:
             needs_approval=config.approvals and needs_approval(spec.name),
             timeout_s=config.tool_timeout_s,
             retry_budget_s=config.retry_budget_s,
+            # What a model is told: BFCL's own tool doc (BfclAgent wraps the model's arguments for the tool server).
+            description=docs[spec.name].description if spec.name in docs else None,
+            parameters=docs[spec.name].json_schema() if spec.name in docs else None,
         )
     return app
 

@@ -1,7 +1,8 @@
 """``settled demo bfcl``: the BFCL main job's command line, found by ``settled demo`` through an entry point.
 
 ``settled demo [bfcl] [--conversations N] [--category base|miss_func] [--chaos] [--seed S] [--workers 2]
-[--no-dedup] [--no-idempotency TradingBot,TravelAPI] [--adversarial] [--approvals] ...``: BFCL multi-turn
+[--no-dedup] [--no-idempotency TradingBot,TravelAPI] [--adversarial] [--approvals] [--provider openai
+[--base-url URL] [--model M]] ...``: BFCL multi-turn
 conversations run durably through the real stack and judged in a fresh process (`settled_bfcl._demo`); exit code 0
 only when every conversation passes, 2 on bad options. This package declares it in the ``settled.demo`` entry-point
 group (``examples/bfcl/pyproject.toml``); ``settled`` itself holds no BFCL code.
@@ -70,6 +71,15 @@ def bfcl(
         False, "--approvals", help="State-changing calls wait for an approver, who decides by a seeded rule."
     ),
     mode: str = typer.Option("random_chunks", "--mode", help="Replay mode: one_call, batch or random_chunks."),
+    provider: str = typer.Option(
+        "replay", "--provider", help="replay (the replay model in process) or openai (OpenAIChat, issue 19)."
+    ),
+    base_url: str | None = typer.Option(
+        None, "--base-url", help="With --provider openai: the endpoint (default: a local replay-model server)."
+    ),
+    model: str = typer.Option(
+        "bfcl-replay-openai", "--model", help="With --provider openai: the model name (key: SETTLED_MODEL_API_KEY)."
+    ),
     kills: int | None = typer.Option(None, "--kills", min=0, help="Worker kills under --chaos (default: N/8, >= 3)."),
     in_flight: int | None = typer.Option(
         None, "--in-flight", min=1, help="Conversations driven at once (default: 32, 12 under --chaos)."
@@ -93,6 +103,9 @@ def bfcl(
             no_idempotency=frozenset(part.strip() for part in no_idempotency.split(",") if part.strip()),
             adversarial=adversarial,
             approvals=approvals,
+            provider=provider,
+            base_url=base_url,
+            model_name=model,
             mode=replay_mode,
             kills=kills,
             in_flight=in_flight,

@@ -104,7 +104,7 @@ from settled.testing import (
     WorkerProcess,
     choose_schedule,
 )
-from settled_bfcl._app import APP_REFERENCE, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
+from settled_bfcl._app import APP_REFERENCE, PROVIDERS, RESOLVER_KEY_ID, BfclAppConfig, TurnInput, turn_input
 from settled_bfcl._approvals import (
     APPROVER_KEY_ID,
     approval_granted,
@@ -116,6 +116,7 @@ from settled_bfcl._backends import BACKEND_CLASSES
 from settled_bfcl._client import ToolServerClient, ToolServerProcess
 from settled_bfcl._corpus import Entry, load_corpus
 from settled_bfcl._replay import ReplayMode, replayable_entries
+from settled_bfcl._replay_server import MODEL_NAME, serve_replay
 from settled_bfcl._verdict import (
     ConversationLog,
     VerdictSummary,
@@ -189,6 +190,11 @@ class DemoOptions:
         warm_start: Before the first submission, wait until the workers have claimed every log partition and each
             worker owns some (``examples/bfcl/bench/bfcl.py`` times the steady state, not the workers' start-up).
         approvals: Gate every state-changing call behind an approval, decided by the approver's seeded rule.
+        provider: ``replay`` (the replay model in the workers) or ``openai`` (`OpenAIChat`, issue 19).
+        base_url: With ``openai``: the endpoint (a real model's, say); None starts a local
+            `settled_bfcl._replay_server` (the replay model behind an OpenAI-compatible server), so the path runs
+            offline.
+        model_name: With ``openai``: the model name sent.
     """
 
     category: str = "base"
@@ -208,6 +214,9 @@ class DemoOptions:
     work_dir: Path | None = None
     warm_start: bool = False
     approvals: bool = False
+    provider: str = "replay"
+    base_url: str | None = None
+    model_name: str = MODEL_NAME
 
     def __post_init__(self) -> None:
         """Check the options.
@@ -228,6 +237,10 @@ class DemoOptions:
             raise DemoError(f"--kills must be >= 0, got {self.kills}")
         if self.in_flight is not None and self.in_flight < 1:
             raise DemoError(f"in_flight must be >= 1, got {self.in_flight}")
+        if self.provider not in PROVIDERS:
+            raise DemoError(f"--provider {self.provider!r}: expected one of {', '.join(PROVIDERS)}")
+        if self.base_url is not None and self.provider != "openai":
+            raise DemoError(f"--base-url {self.base_url!r} needs --provider openai")
 
 
 @dataclass(frozen=True)
@@ -1275,7 +1288,12 @@ def run_demo(
     kills = unexpected = watchdog_exits = 0
     chaos: _Chaos | None = None
     schedule: tuple[ScheduledKill, ...] = ()
+    local_models = contextlib.ExitStack()
     try:
+        base_url = options.base_url
+        if options.provider == "openai" and base_url is None:
+            base_url = local_models.enter_context(serve_replay(mode=options.mode, seed=seed)).base_url
+            say(f"model: the replay model behind a local OpenAI-compatible server at {base_url}")
         toolserver.start()
         with toolserver.client() as ts:
             for entry in entries:
@@ -1289,6 +1307,9 @@ def run_demo(
             resolver_key_b64=public_b64,
             approvals=options.approvals,
             approver_key_b64=approver_b64 if options.approvals else "",
+            provider=options.provider,
+            model_base_url=base_url or "",
+            model_name=options.model_name if options.provider == "openai" else "",
         )
         env = _child_env(s, config)
         projector = _Projector(env, work_dir)
@@ -1394,6 +1415,7 @@ def run_demo(
             approver.stop()
         tail.stop()
         toolserver.stop()
+        local_models.close()
     say("judging in a fresh process")
     verdicts = judge_in_fresh_process(
         toolserver.db_path, logs, adversarial=options.adversarial, approvals_seed=seed if options.approvals else None

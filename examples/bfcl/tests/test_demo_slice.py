@@ -65,6 +65,7 @@ from settled_bfcl._demo import (
     render_demo,
     run_demo,
 )
+from tests.integration.helpers import CODEC, read_topic
 
 pytestmark = [pytest.mark.bfcl]
 
@@ -84,6 +85,14 @@ def demo_namespace(postgres_dsn: str, kafka_admin: AdminClient) -> Iterator[str]
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         for name in (schema, f"{schema}__next", f"{schema}__retired"):
             conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def _log_events(settings: Settings, namespace: str) -> list[object]:
+    """Every event of the namespace's log, partition by partition."""
+    s = settings.model_copy(update={"namespace": namespace})
+    return [
+        e for r in read_topic(s, "log") if r.value for e in CODEC.decode_batch(r.value, offset=r.offset).batch.events
+    ]
 
 
 def _report(result: DemoResult) -> str:
@@ -312,3 +321,31 @@ def test_the_log_becomes_conversation_logs_named_by_the_models_call_ids(base_cor
     assert log.tool_results == ((call.call_id, '"out"'),)
     assert log.refused_calls == ("x/t0/x0",)
     assert log.settlements == () and log.replies == ()
+
+
+@pytest.mark.integration
+def test_base_conversations_pass_through_openai_chat_and_a_local_openai_compatible_server(
+    settings: Settings, demo_namespace: str, tmp_path: Path
+) -> None:
+    """``--provider openai`` (issue 19 item 1): the workers' model is `OpenAIChat` over the real SDK, talking to a
+    local server that answers as the replay model (streamed chunks, tool arguments split across deltas, usage): the
+    conversations pass the same verdict, and every model response in the log carries the server's usage."""
+    count = 4
+    options = DemoOptions(
+        category="base",
+        conversations=count,
+        provider="openai",
+        seed=SEED,
+        in_flight=4,
+        work_dir=tmp_path / "demo",
+        timeout_s=150.0,
+    )
+    log = io.StringIO()
+    result = run_demo(options, settings, namespace=demo_namespace, console=Console(file=log, width=160))
+    context = f"{_report(result)}\n{log.getvalue()[-3000:]}"
+    assert "local OpenAI-compatible server" in log.getvalue(), context
+    assert len(result.summary.verdicts) == count and result.passed, context
+    responses = [e for e in _log_events(settings, demo_namespace) if isinstance(e, ModelResponseCompleted)]
+    assert responses, context
+    assert all(r.usage is not None and r.usage.input_tokens > 0 for r in responses), context
+    assert {r.model for r in responses} == {"bfcl-replay-openai"}, context
