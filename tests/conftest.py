@@ -127,7 +127,7 @@ Provisioned = Callable[[int], Settings]
 @pytest.fixture
 def provisioned(settings: Settings) -> Provisioned:
     """Factory: ``provisioned(2)`` provisions every settled topic of the test's namespace with 2 partitions and
-    returns the test's settings with ``partitions=2`` (the modules' ``topics`` fixtures choose their count)."""
+    returns the test's settings with ``partitions=2`` (the ``topics`` fixture calls it with the test's marker)."""
 
     def make(partitions: int) -> Settings:
         s = settings.model_copy(update={"partitions": partitions})
@@ -135,6 +135,38 @@ def provisioned(settings: Settings) -> Provisioned:
         return s
 
     return make
+
+
+def marked_partitions(node: pytest.Item) -> int:
+    """The partition count a test asks for with ``@pytest.mark.partitions(n)`` (on it, its class or its module's
+    ``pytestmark``); 1 without the marker.
+
+    Args:
+        node: The test item.
+
+    Returns:
+        The number of partitions of every settled topic of the test's namespace.
+
+    Raises:
+        pytest.UsageError: The marker does not hold exactly one positive int.
+    """
+    marker = node.get_closest_marker("partitions")
+    if marker is None:
+        return 1
+    args = (*marker.args, *marker.kwargs.values())
+    if len(args) != 1 or not isinstance(args[0], int) or isinstance(args[0], bool) or args[0] < 1:
+        raise pytest.UsageError(
+            f"{node.nodeid}: @pytest.mark.partitions takes one positive int (partitions), got {marker.args!r} "
+            f"{marker.kwargs!r}"
+        )
+    return args[0]
+
+
+@pytest.fixture
+def topics(request: pytest.FixtureRequest, provisioned: Provisioned) -> Settings:
+    """The test's namespace with every settled topic provisioned, with ``@pytest.mark.partitions(n)`` partitions
+    (1 without the marker); the test's settings carry that count."""
+    return provisioned(marked_partitions(request.node))
 
 
 TopicFactory = Callable[..., str]

@@ -33,23 +33,16 @@ from settled.schemas import (
 )
 from settled.testing import WorkerProcess
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import proposal
 from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration]
-
 PARTITIONS = 3
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.partitions(PARTITIONS)]
 CONVERSATIONS_PER_PARTITION = 4
 RATE_PER_S = 30.0
 LOAD_BEFORE_SIGTERM_S = 4.0
 LOAD_AFTER_SIGTERM_S = 5.0
 SEED = 20261129
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(PARTITIONS)
 
 
 def _conversations() -> list[str]:

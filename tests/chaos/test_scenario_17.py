@@ -32,12 +32,12 @@ from settled._failpoints import FailpointControl
 from settled._settings import Settings
 from settled.schemas import LogEvent, SettlementRecord, ToolCallSettled
 from settled.testing import WorkerProcess
-from tests.conftest import Provisioned
 from tests.integration.engine._helpers import MODEL_APP, TIMEOUT_S, check_parallel_batch, killed, start_worker
 from tests.integration.helpers import proposal
 from tests.integration.workerproc import Inbox, Tail, batches
 
-pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+# One partition: every repetition's conversation has the same owner.
+pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.partitions(1)]
 
 _log = logging.getLogger(__name__)
 
@@ -70,12 +70,6 @@ class _Incarnation:
     proc: WorkerProcess
     control: FailpointControl
     log: Path
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    """One partition: every repetition's conversation has the same owner."""
-    return provisioned(1)
 
 
 @pytest.fixture

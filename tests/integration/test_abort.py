@@ -33,7 +33,6 @@ from settled.schemas import (
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import (
     LiveProjector,
     check_clean,
@@ -47,11 +46,6 @@ from tests.integration.helpers import (
 from tests.integration.workerproc import Inbox, Tail, abort_command, batches, spawn_worker
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 @pytest.fixture

@@ -12,16 +12,10 @@ from settled._settings import Settings
 from settled.processors import Worker, WorkerConfig
 from settled.schemas import LogBatch, Receipt, ReceiptOutcome, SubmissionAdmitted, verify_chain
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 from tests.integration.txproc import TxDecider, TxState
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 def _receipts(s: Settings) -> list[Receipt]:

@@ -21,18 +21,12 @@ from settled.processors import Worker
 from settled.producers import BATCH_ID_HEADER, producer_config, transactional_id
 from settled.schemas import LogBatch, OwnershipClaimed, Receipt, SubmissionAdmitted, verify_chain
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 from tests.integration.txproc import TxDecider, TxState
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 def _spawn(s: Settings, fp_dir: Path | None = None, failpoints: str = "") -> subprocess.Popen[bytes]:

@@ -24,15 +24,9 @@ from confluent_kafka import Consumer
 from settled import _failpoints
 from settled._settings import Settings
 from settled.producers import AppendBatch, OutRecord, ProducerFencedError, TransactionalAppender, consumer_config
-from tests.conftest import Provisioned
 from tests.integration.helpers import read_topic, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 def _member(s: Settings) -> Consumer:

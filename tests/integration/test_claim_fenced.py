@@ -23,15 +23,9 @@ from settled.runtime import App
 from settled.schemas import ReceiptOutcome
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
-from tests.conftest import Provisioned
 from tests.integration.helpers import running
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 def test_a_claim_fenced_before_its_first_checkpoint_is_claimed_again_and_admits(

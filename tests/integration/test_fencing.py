@@ -25,7 +25,6 @@ from settled.producers import reader_config
 from settled.projections import ProjectionNames
 from settled.schemas import LogBatch, OwnershipClaimed, Settlement, SettlementOutcome, SettlementRecord
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import (
     CODEC,
     LiveProjector,
@@ -42,11 +41,6 @@ from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
 pytestmark = pytest.mark.integration
 
 BARRIER = "conductor.before_settle"
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 @pytest.fixture

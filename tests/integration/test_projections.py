@@ -45,23 +45,17 @@ from settled.schemas import LogBatch, Receipt
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.admission_load import make_load, produce_load, receipts, settlements
 from tests.integration.helpers import CODEC, fresh_projection, projecting, read_topic, running, wait_for
 from tests.integration.projection_script import CHECKPOINT, script_log
 from tests.integration.workerproc import spawn_worker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(2)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(2)
 
 
 @pytest.fixture

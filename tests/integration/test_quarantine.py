@@ -47,7 +47,6 @@ from settled.schemas import (
     SubmissionProposed,
 )
 from settled.services.cli import app
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 from tests.integration.txproc import QUARANTINE_RAW_BYTES, TxDecider, TxState
 
@@ -76,8 +75,9 @@ BOMB_RECORD_BYTES = 256 * 1024
 
 
 @pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    s = provisioned(1)
+def topics(topics: Settings) -> Settings:
+    """The conftest's one-partition topics, the inbox's ``max.message.bytes`` lowered to the quarantine's bound."""
+    s = topics
     admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
     resource = ConfigResource(
         ConfigResource.Type.TOPIC,

@@ -46,10 +46,9 @@ from tests.integration.test_rebuild_switch_under_load import (  # noqa: F401 - f
     _wait_live_ahead,
     live_projector,
     names,
-    topics,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(2)]
 
 BEFORE_SWITCH = "rebuild.before_switch"
 FAIL_FAST_S = 5.0
@@ -95,7 +94,7 @@ def test_the_maintenance_lock_key_is_deterministic_and_per_projection() -> None:
 def test_a_second_rebuild_during_the_locked_catch_up_fails_fast_and_the_first_switches(
     max_records: int,
     delay: str,
-    topics: Settings,  # noqa: F811
+    topics: Settings,
     names: ProjectionNames,  # noqa: F811
     live_projector: Projector,  # noqa: F811
     tmp_path: Path,
@@ -164,7 +163,7 @@ def test_a_second_rebuild_during_the_locked_catch_up_fails_fast_and_the_first_sw
 
 
 def test_a_rebuild_and_a_check_are_refused_while_the_lock_is_held_and_change_nothing(
-    topics: Settings,  # noqa: F811
+    topics: Settings,
     names: ProjectionNames,  # noqa: F811
 ) -> None:
     with psycopg.connect(topics.postgres_dsn, autocommit=True, application_name="holder") as holder:
@@ -218,7 +217,7 @@ def _held_while_its_lock_session_ends(
 
 
 def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebuild_does(
-    topics: Settings,  # noqa: F811
+    topics: Settings,
     names: ProjectionNames,  # noqa: F811
     live_projector: Projector,  # noqa: F811
     tmp_path: Path,
@@ -240,7 +239,7 @@ def test_a_rebuild_whose_lock_session_dropped_switches_nothing_and_the_next_rebu
 
 
 def test_a_check_whose_lock_session_dropped_reports_nothing(
-    topics: Settings,  # noqa: F811
+    topics: Settings,
     names: ProjectionNames,  # noqa: F811
     live_projector: Projector,  # noqa: F811
     tmp_path: Path,

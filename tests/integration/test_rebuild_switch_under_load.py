@@ -28,19 +28,13 @@ from settled.runtime import App
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.admission_load import settlements
 from tests.integration.helpers import committed_log_ends, fresh_projection, projecting, running, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(2)]
 
 BEFORE_SWITCH = "rebuild.before_switch"
 SWITCH_ATTEMPTS = 3
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(2)
 
 
 @pytest.fixture

@@ -14,15 +14,9 @@ from settled.schemas import Receipt, ReceiptOutcome, SettlementOutcome, Settleme
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(2)
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(2)]
 
 
 def _records(s: Settings, short: str) -> list:

@@ -22,15 +22,9 @@ from settled.schemas import OwnershipClaimed, Receipt, ReceiptOutcome, Settlemen
 from settled.services._worker_service import build_worker
 from settled.testing import EchoAgent
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 def _decoded(s: Settings, short: str) -> list[object]:

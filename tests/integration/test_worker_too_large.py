@@ -33,7 +33,6 @@ from settled.schemas import (
     ToolCallSettled,
 )
 from settled.services._worker_service import build_worker
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
 
 pytestmark = pytest.mark.integration
@@ -44,11 +43,6 @@ PARALLEL_BYTES = 250_000
 LARGE_BYTES = 3_000_000
 #: A result between the producer's message.max.bytes (1,000,000) and the topics' max.message.bytes (1,048,588).
 BETWEEN_LIMITS_BYTES = 1_010_000
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(1)
 
 
 async def _agent(ctx: RunContext) -> Any:

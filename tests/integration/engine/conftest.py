@@ -1,4 +1,5 @@
-"""Fixtures of the engine tests: one-partition topics, the tool doubles' world database, child workers."""
+"""Fixtures of the engine tests: the tool doubles' world database, child workers (``topics`` is tests/conftest.py's:
+one partition unless a module marks ``partitions``, so every conversation shares one owner)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,9 @@ import pytest
 from settled import _failpoints
 from settled._settings import Settings
 from settled.testing import WorkerProcess
-from tests.conftest import Provisioned
 from tests.integration.engine.engine_app import WORLD_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    """The test's namespace with its topics provisioned, one partition (every conversation shares one owner)."""
-    return provisioned(1)
 
 
 @pytest.fixture

@@ -17,18 +17,11 @@ import pytest
 from settled._settings import Settings
 from settled.schemas import SettlementOutcome
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.engine._helpers import plan, send, settled, settlements, supervise_until_settled
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.helpers import conversations_on, proposal
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    """Two partitions: the healthy conversations on one, the poison one on the other."""
-    return provisioned(2)
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.partitions(2)]
 
 
 def test_a_poison_submission_resumes_alone_in_the_process_and_its_neighbours_on_another_partition_complete(

@@ -41,7 +41,6 @@ from settled.schemas import (
     ToolCallSettled,
 )
 from tests._promise import promise
-from tests.conftest import Provisioned
 from tests.integration.engine._helpers import TIMEOUT_S, count, log_events, settlements
 from tests.integration.engine.conftest import ROOT, SpawnWorker
 from tests.integration.engine.engine_app import WORLD_ENV, world
@@ -59,19 +58,12 @@ from tests.integration.helpers import (
 )
 from tests.integration.workerproc import Inbox
 
-pytestmark = [pytest.mark.integration]
-
 MODEL_APP = "tests.integration.engine.model_app:app"
 PARTITIONS = 2
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(PARTITIONS)]
 CONVERSATIONS = 6
 SEND_EVERY_S = 0.05
 MAX_SUBMISSIONS = 300
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    """Two partitions (this module's override of the engine fixture; `spawn_worker` uses it too)."""
-    return provisioned(PARTITIONS)
 
 
 @pytest.fixture
