@@ -33,7 +33,7 @@ from settled.schemas import (
 )
 from settled.testing import WorkerProcess
 from tests._promise import promise
-from tests.integration.helpers import proposal
+from tests.harness.factories import proposal
 from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
 
 PARTITIONS = 3

@@ -32,8 +32,8 @@ from settled._failpoints import FailpointControl
 from settled._settings import Settings
 from settled.schemas import LogEvent, SettlementRecord, ToolCallSettled
 from settled.testing import WorkerProcess
+from tests.harness.factories import proposal
 from tests.integration.engine._helpers import MODEL_APP, TIMEOUT_S, check_parallel_batch, killed, start_worker
-from tests.integration.helpers import proposal
 from tests.integration.workerproc import Inbox, Tail, batches
 
 # One partition: every repetition's conversation has the same owner.

@@ -40,15 +40,13 @@ from settled.schemas import (
     SettlementRecord,
     SubmissionAdmitted,
     SubmissionDuplicate,
-    SubmissionPayload,
     SubmissionProposed,
     SubmissionRejected,
-    canonical_json,
-    payload_digest,
     verify_chain,
 )
 from settled.testing import ECHO_APP, WorkerProcess
 from tests._promise import promise
+from tests.harness.factories import proposal
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
 
 PRINCIPAL = "load-tester"
@@ -56,17 +54,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_proposal(conversation: str, key: str, value: object, principal: str = PRINCIPAL) -> SubmissionProposed:
-    """Return a proposal of ``value`` under ``key`` with a fresh submission id."""
-    payload = SubmissionPayload(input_json=canonical_json(value), tools_offered=())
-    return SubmissionProposed(
-        submission_id=str(uuid.uuid4()),
-        principal=principal,
-        conversation_id=conversation,
-        idempotency_key=key,
-        payload=payload,
-        payload_digest=payload_digest(payload),
-        proposed_at=datetime.now(UTC),
-    )
+    """Return a proposal of ``value`` under ``key`` with a fresh submission id (the load's principal by default)."""
+    return proposal(conversation, key, value, principal=principal)
 
 
 @dataclass

@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -28,25 +27,11 @@ from settled.projections import (
     read_offsets,
     schema_exists,
 )
-from settled.schemas import Codec, SubmissionPayload, SubmissionProposed, canonical_json, payload_digest
+from settled.schemas import Codec
 from tests._promise import promise
+from tests.harness.factories import proposal  # noqa: F401 - its old home, for modules not yet importing the harness
 
 CODEC = Codec()
-
-
-def proposal(
-    conversation: str, key: str | None = None, value: Any = "hello", tools: tuple[str, ...] = ()
-) -> SubmissionProposed:
-    payload = SubmissionPayload(input_json=canonical_json(value), tools_offered=tools)
-    return SubmissionProposed(
-        submission_id=str(uuid.uuid4()),
-        principal="tester",
-        conversation_id=conversation,
-        idempotency_key=key or str(uuid.uuid4()),
-        payload=payload,
-        payload_digest=payload_digest(payload),
-        proposed_at=datetime.now(UTC),
-    )
 
 
 def produce_inbox(

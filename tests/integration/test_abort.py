@@ -33,17 +33,17 @@ from settled.schemas import (
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
+from tests.harness.factories import abort_command, proposal
 from tests.integration.helpers import (
     LiveProjector,
     check_clean,
     fresh_projection,
     projecting,
     projection_rows,
-    proposal,
     running,
     wait_projected,
 )
-from tests.integration.workerproc import Inbox, Tail, abort_command, batches, spawn_worker
+from tests.integration.workerproc import Inbox, Tail, batches, spawn_worker
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ from settled._settings import Settings
 from settled.processors import Worker, WorkerConfig
 from settled.schemas import LogBatch, Receipt, ReceiptOutcome, SubmissionAdmitted, verify_chain
 from tests._promise import promise
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
+from tests.harness.factories import proposal
+from tests.integration.helpers import CODEC, produce_inbox, read_topic, running, wait_for
 from tests.integration.txproc import TxDecider, TxState
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,8 @@ from settled.processors import Worker
 from settled.producers import BATCH_ID_HEADER, producer_config, transactional_id
 from settled.schemas import LogBatch, OwnershipClaimed, Receipt, SubmissionAdmitted, verify_chain
 from tests._promise import promise
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
+from tests.harness.factories import proposal
+from tests.integration.helpers import CODEC, produce_inbox, read_topic, running, wait_for
 from tests.integration.txproc import TxDecider, TxState
 
 pytestmark = pytest.mark.integration

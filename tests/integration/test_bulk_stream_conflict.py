@@ -49,9 +49,10 @@ from settled.runtime import App
 from settled.schemas import CommandRejected, LogBatch, Settlement
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
+from tests.harness.factories import abort_command, proposal
 from tests.integration.admission_load import log_batches
-from tests.integration.helpers import CODEC, committed_log_ends, conversations_on, proposal, running, wait_for
-from tests.integration.workerproc import Inbox, abort_command
+from tests.integration.helpers import CODEC, committed_log_ends, conversations_on, running, wait_for
+from tests.integration.workerproc import Inbox
 
 pytestmark = pytest.mark.integration
 

@@ -25,6 +25,7 @@ from settled.producers import reader_config
 from settled.projections import ProjectionNames
 from settled.schemas import LogBatch, OwnershipClaimed, Settlement, SettlementOutcome, SettlementRecord
 from tests._promise import promise
+from tests.harness.factories import proposal
 from tests.integration.helpers import (
     CODEC,
     LiveProjector,
@@ -32,7 +33,6 @@ from tests.integration.helpers import (
     fresh_projection,
     projecting,
     projection_rows,
-    proposal,
     wait_for,
     wait_projected,
 )

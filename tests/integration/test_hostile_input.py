@@ -48,6 +48,7 @@ from settled.schemas import (
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
+from tests.harness.factories import proposal
 from tests.integration.admission_load import committed_input_offset
 from tests.integration.helpers import (
     CODEC,
@@ -56,7 +57,6 @@ from tests.integration.helpers import (
     fresh_projection,
     produce_inbox,
     projecting,
-    proposal,
     read_topic,
     running,
     wait_projected,

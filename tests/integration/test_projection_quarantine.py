@@ -50,6 +50,7 @@ from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
 from tests.conftest import Provisioned
+from tests.harness.factories import proposal
 from tests.integration.admission_load import settlements
 from tests.integration.helpers import (
     CODEC,
@@ -59,7 +60,6 @@ from tests.integration.helpers import (
     produce_inbox,
     projecting,
     projection_rows,
-    proposal,
     read_topic,
     running,
     wait_for,

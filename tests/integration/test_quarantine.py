@@ -47,7 +47,8 @@ from settled.schemas import (
     SubmissionProposed,
 )
 from settled.services.cli import app
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
+from tests.harness.factories import proposal
+from tests.integration.helpers import CODEC, produce_inbox, read_topic, running, wait_for
 from tests.integration.txproc import QUARANTINE_RAW_BYTES, TxDecider, TxState
 
 pytestmark = pytest.mark.integration

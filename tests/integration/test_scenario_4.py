@@ -46,6 +46,7 @@ from settled.projections import ProjectionNames
 from settled.schemas import AttemptStarted, OwnershipClaimed, Settlement, SettlementOutcome, canonical_json
 from settled.services._devstack import KafkaBroker, PostgresServer
 from tests._promise import promise
+from tests.harness.factories import proposal
 from tests.integration.engine._helpers import (
     killed,
     log_events,
@@ -55,15 +56,7 @@ from tests.integration.engine._helpers import (
     settlements,
     start_worker,
 )
-from tests.integration.helpers import (
-    CODEC,
-    check_clean,
-    projected_offsets,
-    projection_rows,
-    proposal,
-    wait_for,
-    wait_projected,
-)
+from tests.integration.helpers import CODEC, check_clean, projected_offsets, projection_rows, wait_for, wait_projected
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 

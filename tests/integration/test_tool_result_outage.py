@@ -23,8 +23,9 @@ from settled.runtime import App, RunContext, ToolCall
 from settled.schemas import SettlementOutcome, SettlementRecord, ToolCallSettled, ToolCallUnknown
 from settled.services._devstack import KafkaBroker, StackError
 from settled.services._worker_service import build_worker
+from tests.harness.factories import proposal
 from tests.integration.engine.engine_app import RESOLVER_PUBLIC_B64
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
+from tests.integration.helpers import CODEC, produce_inbox, read_topic, running, wait_for
 from tests.integration.test_client import _provision
 
 pytestmark = pytest.mark.integration

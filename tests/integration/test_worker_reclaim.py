@@ -22,7 +22,8 @@ from settled.schemas import OwnershipClaimed, Receipt, ReceiptOutcome, Settlemen
 from settled.services._worker_service import build_worker
 from settled.testing import EchoAgent
 from tests._promise import promise
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
+from tests.harness.factories import proposal
+from tests.integration.helpers import CODEC, produce_inbox, read_topic, running, wait_for
 
 pytestmark = pytest.mark.integration
 

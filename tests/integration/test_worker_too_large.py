@@ -33,7 +33,8 @@ from settled.schemas import (
     ToolCallSettled,
 )
 from settled.services._worker_service import build_worker
-from tests.integration.helpers import CODEC, produce_inbox, proposal, read_topic, running, wait_for
+from tests.harness.factories import proposal
+from tests.integration.helpers import CODEC, produce_inbox, read_topic, running, wait_for
 
 pytestmark = pytest.mark.integration
 

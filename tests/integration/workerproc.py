@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,9 @@ from confluent_kafka.admin import AdminClient
 from settled import _failpoints
 from settled._settings import Settings
 from settled.producers import admin_config, producer_config, reader_config
-from settled.schemas import AbortRequested, InboxRecord, LogBatch
+from settled.schemas import InboxRecord, LogBatch
 from settled.testing import ECHO_APP, WorkerProcess
+from tests.harness.factories import abort_command  # noqa: F401 - its old home, for modules not yet importing the harness
 from tests.integration.helpers import CODEC, produce_inbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,18 +147,6 @@ class Tail:
 def batches(tail: Tail) -> list[tuple[int, int, LogBatch]]:
     """The log batches a log `Tail` has read: ``(partition, offset, batch)``."""
     return [(p, o, b) for p, o, b in tail.records if isinstance(b, LogBatch)]
-
-
-def abort_command(conversation_id: str, submission_id: str, command_id: str | None = None) -> AbortRequested:
-    """An `AbortRequested` for ``submission_id`` (a fresh command id unless one is given)."""
-    return AbortRequested(
-        command_id=command_id or f"abort-{uuid.uuid4().hex[:12]}",
-        principal="tester",
-        conversation_id=conversation_id,
-        submission_id=submission_id,
-        reason="test abort",
-        requested_at=datetime.now(UTC),
-    )
 
 
 class Inbox:

@@ -35,6 +35,7 @@ from settled.schemas import (
 )
 from settled.testing import Supervisor, WorkerProcess
 from tests._promise import promise
+from tests.harness.factories import abort_command  # noqa: F401 - its old home, for modules not yet importing the harness
 from tests.integration.engine.engine_app import RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, WORLD_ENV, world
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
 
@@ -137,17 +138,6 @@ def receipt(s: Settings, request_id: str) -> Receipt | None:
         if isinstance(rec, Receipt) and rec.request_id == request_id:
             return rec
     return None
-
-
-def abort_command(conversation_id: str, submission_id: str) -> AbortRequested:
-    return AbortRequested(
-        command_id=f"abort-{uuid.uuid4().hex[:8]}",
-        principal="tester",
-        conversation_id=conversation_id,
-        submission_id=submission_id,
-        reason="test abort while a tool runs",
-        requested_at=datetime.now(UTC),
-    )
 
 
 def returns(db: Path, tool: str) -> int:
