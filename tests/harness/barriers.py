@@ -11,13 +11,16 @@ before the barrier's settlement; a fixed sleep proves that only on a machine fas
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from settled._settings import Settings
 from settled.schemas import SettlementRecord, SubmissionProposed
 from tests.harness.factories import proposal
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
+
+T = TypeVar("T")
 
 #: How often `pass_barrier` reads the settlements topic again, in seconds.
 POLL_S = 0.2
@@ -94,3 +97,22 @@ def settlements_before(s: Settings, barrier: Barrier) -> list[SettlementRecord]:
         assert isinstance(rec, SettlementRecord)
         out.append(rec)
     return out
+
+
+def before_first(records: Sequence[T], is_barrier: Callable[[T], bool]) -> list[T]:
+    """The records read before the first barrier record, in read order.
+
+    Args:
+        records: Records of one partition in offset order (e.g. a one-partition ``Tail``'s ``records``).
+        is_barrier: Whether a record is the barrier's (e.g. its receipt, settlement or log batch).
+
+    Returns:
+        The prefix before it.
+
+    Raises:
+        AssertionError: No barrier record among ``records`` (read them up to the barrier's settlement first).
+    """
+    for i, record in enumerate(records):
+        if is_barrier(record):
+            return list(records[:i])
+    raise AssertionError("no barrier record among the records read: read up to the barrier's settlement first")

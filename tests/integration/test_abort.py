@@ -33,6 +33,7 @@ from settled.schemas import (
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
 from tests._promise import promise
+from tests.harness.barriers import before_first, pass_barrier
 from tests.harness.factories import abort_command, proposal
 from tests.integration.helpers import (
     LiveProjector,
@@ -153,8 +154,9 @@ def test_abort_queued_active_repeated_settled_and_unknown(topics: Settings) -> N
             inbox.send(ghost, elsewhere)
             receipts.wait(lambda: len(receipts.records) >= receipts_before + 2, 30, "the unknown targets' receipts")
             log.wait(lambda: len(log.records) >= log_before + 2, 30, "the unknown targets' decisions")
-            time.sleep(1.0)  # anything else the worker might (wrongly) append would show up by now
-            log.poll(0.5), receipts.poll(0.5), settlements.poll(0.5)
+            # Barrier: anything else the worker might (wrongly) append for them precedes the barrier's records.
+            barrier = pass_barrier(s, "conv-abort-barrier").proposal.submission_id
+            log.catch_up(30), receipts.catch_up(30), settlements.catch_up(30)
     finally:
         for t in (log, receipts, settlements):
             t.close()
@@ -162,17 +164,24 @@ def test_abort_queued_active_repeated_settled_and_unknown(topics: Settings) -> N
     for cmd in (ghost, elsewhere):
         (r,) = _receipts(receipts, cmd.command_id)
         assert r.outcome is ReceiptOutcome.REJECTED and (r.reason or "").startswith("unknown_target"), r
-    new_batches = [b for _, _, b in log.records[log_before:]]
+    new_batches = [
+        b
+        for _, _, b in before_first(
+            log.records, lambda r: any(getattr(e, "submission_id", None) == barrier for e in r[2].events)
+        )[log_before:]
+    ]
     new_events = [e for b in new_batches for e in b.events]
+    new_receipts = [r for _, _, r in before_first(receipts.records, lambda r: r[2].request_id == barrier)]
+    new_settlements = [r for _, _, r in before_first(settlements.records, lambda r: r[2].submission_id == barrier)]
     promise(
         "DUR-012.unknown-target-nothing-else",
         len(new_batches) == 2
         and all(isinstance(e, CommandRejected) and e.reason is CommandRejectReason.UNKNOWN_TARGET for e in new_events)
         and len(new_events) == 2
-        and len(receipts.records) == receipts_before + 2
-        and len(settlements.records) == settled_before,
+        and len(new_receipts) == receipts_before + 2
+        and len(new_settlements) == settled_before,
         f"an abort of an unknown target appended more than its rejection: {new_events}, "
-        f"{receipts.values()[receipts_before:]}, {settlements.values()[settled_before:]}",
+        f"{new_receipts[receipts_before:]}, {new_settlements[settled_before:]}",
     )
 
     # The log, read after the fact.
@@ -275,8 +284,9 @@ def test_abort_raced_against_the_final_append(
             seen[sub.submission_id] = (mode, delay_ms, winner.value)
             aborts[sub.submission_id] = cmd.command_id
         elapsed_s = time.monotonic() - started
-        time.sleep(1.0)  # late, wrong writes would show up by now
-        receipts.poll(0.5), settlements.poll(0.5)
+        # Barrier: late, wrong writes for the raced submissions precede the barrier's settlement.
+        barrier = pass_barrier(s, "race-barrier").proposal.submission_id
+        receipts.catch_up(30), settlements.catch_up(30)
     finally:
         worker.kill_and_wait()
         for t in (receipts, settlements):
@@ -287,7 +297,11 @@ def test_abort_raced_against_the_final_append(
         log.catch_up(60)
     finally:
         log.close()
-    counts = Counter(r.submission_id for r in settlements.values() if isinstance(r, SettlementRecord))
+    counts = Counter(
+        r.submission_id
+        for _, _, r in before_first(settlements.records, lambda r: r[2].submission_id == barrier)
+        if isinstance(r, SettlementRecord)
+    )
     promise(
         "DUR-012.race-one-outcome",
         counts == Counter(dict.fromkeys(seen, 1)),
@@ -319,7 +333,8 @@ def test_abort_raced_against_the_final_append(
     names, live = projection
     wait_projected(s, names, 60, live)
     check_clean(s, names, "DUR-015.scenario-6")
-    rows = {r["submission_id"]: r for r in projection_rows(s, names, "settlements")}
+    # The barrier submission is no part of the races.
+    rows = {r["submission_id"]: r for r in projection_rows(s, names, "settlements") if r["submission_id"] != barrier}
     promise(
         "DUR-015.scenario-6",
         {sid: r["outcome"] for sid, r in rows.items()} == {sid: w for sid, (_, _, w) in seen.items()},
@@ -329,7 +344,7 @@ def test_abort_raced_against_the_final_append(
     terminal = Counter(
         (a["submission_id"], a["status"])
         for a in projection_rows(s, names, "attempts")
-        if a["status"] in ("completed", "failed", "aborted")
+        if a["status"] in ("completed", "failed", "aborted") and a["submission_id"] != barrier
     )
     promise(
         "DUR-015.scenario-6",
@@ -337,7 +352,11 @@ def test_abort_raced_against_the_final_append(
         f"terminal attempt rows that are not one per submission in its outcome: "
         f"{[(k, n) for k, n in terminal.items() if n != 1 or seen[k[0]][2] != k[1]][:5]}",
     )
-    states = {r["submission_id"]: r["state"] for r in projection_rows(s, names, "submissions")}
+    states = {
+        r["submission_id"]: r["state"]
+        for r in projection_rows(s, names, "submissions")
+        if r["submission_id"] != barrier
+    }
     assert states == {sid: w for sid, (_, _, w) in seen.items()}, "a submission's state is not its outcome"
     replies = {r["request_id"]: r["outcome"] for r in projection_rows(s, names, "receipts")}
     for sid, (_, _, won) in seen.items():

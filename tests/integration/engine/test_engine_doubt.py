@@ -6,7 +6,6 @@ database (see ``engine_app``). The app gives a call in flight an abort grace of 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from settled.schemas import (
     canonical_json,
 )
 from tests._promise import promise
+from tests.harness.barriers import pass_barrier, settlements_before
 from tests.integration.engine._helpers import (
     TIMEOUT_S,
     abort_command,
@@ -37,7 +37,6 @@ from tests.integration.engine._helpers import (
     returns,
     send,
     settled,
-    settlements,
     sign_resolution,
 )
 from tests.integration.engine.conftest import SpawnWorker
@@ -61,11 +60,12 @@ def test_abort_while_an_idempotent_tool_runs_settles_aborted_and_its_late_return
     assert result is not None and result.outcome is SettlementOutcome.ABORTED, result
     assert returns(world_db, "slow_long_idem") == 0, "settled aborted before the tool returned (bounded grace)"
     wait_for(lambda: returns(world_db, "slow_long_idem") == 1, TIMEOUT_S, "the tool's late return")
-    time.sleep(2.0)  # a late settlement of the old attempt would be in the log by now
+    # Barrier (the same conversation, after the aborted submission): a late append of the old attempt precedes it.
+    barrier = pass_barrier(s, "conv-a", plan())
     late = [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]
     promise("DUR-006.attempt-token", late == [], f"the superseded attempt appended {late}")
     assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.TERMINALIZE]
-    assert [r.submission_id for r in settlements(s)] == [sub.submission_id]
+    assert [r.submission_id for r in settlements_before(s, barrier)] == [sub.submission_id]
 
 
 def test_abort_while_a_non_idempotent_call_is_in_flight_is_unknown_then_aborted_once_resolved(
@@ -80,7 +80,9 @@ def test_abort_while_a_non_idempotent_call_is_in_flight_is_unknown_then_aborted_
     wait_for(lambda: bool(decisions(s, sub.submission_id)), TIMEOUT_S, "the recovery decision")
     assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.UNKNOWN]
     wait_for(lambda: returns(world_db, "slow_long") == 1, TIMEOUT_S, "the tool's late return")
-    time.sleep(2.0)
+    # Barrier (another conversation: conv-b waits behind the Unknown): a settlement the late return wrongly caused
+    # precedes the barrier's.
+    pass_barrier(s, "conv-barrier", plan())
     assert settled(s, sub.submission_id) is None, "an abort does not settle a call in doubt (docs/design.md §5)"
     assert not [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallSettled)]
     (unknown,) = [e for e in events_of(s, sub.submission_id) if isinstance(e, ToolCallUnknown)]
@@ -180,7 +182,9 @@ def test_only_the_resolver_s_signature_moves_an_unknown_run_on(
         reply = receipt(s, cmd.command_id)
         assert reply is not None and reply.outcome is ReceiptOutcome.REJECTED, reply
         assert (reply.reason or "").startswith(f"{reason}:"), reply
-    time.sleep(1.0)
+    # Barrier (another conversation: conv-x1 waits behind the Unknown): a move the rejected commands wrongly caused
+    # precedes the barrier's settlement.
+    pass_barrier(s, "conv-barrier", plan())
     assert settled(s, failed.submission_id) is None and settled(s, queued.submission_id) is None
     assert decisions(s, failed.submission_id) == [RecoveryDecisionKind.UNKNOWN]
 

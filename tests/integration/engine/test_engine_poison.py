@@ -19,6 +19,7 @@ import pytest
 from settled._settings import Settings
 from settled.schemas import RecoveryDecisionKind, SettlementOutcome
 from tests._promise import promise
+from tests.harness.barriers import pass_barrier
 from tests.integration.engine._helpers import (
     decisions,
     invocations,
@@ -75,8 +76,9 @@ def test_a_poison_submission_fails_after_max_attempts_and_its_neighbours_complet
     worker = spawn_worker("after-tool-death")
     deadline = time.monotonic() + 90
     while not decisions(s, in_tool.submission_id) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(2.0)
+        time.sleep(0.5)  # polling the log until the decision is in it
+    # Barrier (another conversation): a re-run of the call would kill the worker before it settles the barrier.
+    pass_barrier(s, "conv-barrier", plan())
     assert decisions(s, in_tool.submission_id) == [RecoveryDecisionKind.UNKNOWN]
     assert invocations(world_db, "exit_inside") == 1 and settled(s, in_tool.submission_id) is None
     assert worker.poll() is None, "the worker died again: the call was re-run"

@@ -34,6 +34,7 @@ from settled.schemas import (
     canonical_json,
 )
 from tests._promise import promise
+from tests.harness.barriers import pass_barrier
 from tests.integration.engine._helpers import (
     TIMEOUT_S,
     check_parallel_batch,
@@ -242,7 +243,9 @@ def test_scenario_10_revoke_variant_a_call_in_flight_past_a_graceful_revoke_is_u
     assert interrupted and "graceful_revoke" in str(interrupted[-1]), interrupted
     spawn_worker("b")
     wait_for(lambda: bool(decisions(s, first.submission_id)), TIMEOUT_S, "a recovery decision")
-    time.sleep(3.0)  # long enough for a wrong re-execution or a wrong start of the next submission to show
+    # Barrier (another conversation of the one partition: conv-10 waits behind the Unknown): a wrong re-execution or
+    # a wrong start of the next submission precedes the barrier's settlement.
+    pass_barrier(s, "conv-barrier", plan())
     promise(
         "DUR-009.unknown",
         decisions(s, first.submission_id) == [RecoveryDecisionKind.UNKNOWN] and settled(s, first.submission_id) is None,
