@@ -44,13 +44,13 @@ from settled.schemas import (
     SubmissionRejected,
     verify_chain,
 )
-from settled.testing import ECHO_APP, WorkerProcess
+from settled.testing import WorkerProcess
 from tests._promise import promise
 from tests.harness.factories import proposal
+from tests.harness.workers import start_worker
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
 
 PRINCIPAL = "load-tester"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_proposal(conversation: str, key: str, value: object, principal: str = PRINCIPAL) -> SubmissionProposed:
@@ -348,7 +348,7 @@ def spawn_worker(
         The process.
     """
     env = {"SETTLED_ECHO_DELAY_S": "0", **(failpoint_env or {})}
-    return WorkerProcess.start(s, app=ECHO_APP, log_path=log_path, worker_id=worker_id, env=env, cwd=ROOT)
+    return start_worker(s, log_path, name=worker_id, env=env)
 
 
 def stop_worker(proc: WorkerProcess, timeout_s: float = 30.0) -> int:

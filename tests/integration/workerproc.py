@@ -20,12 +20,10 @@ from settled import _failpoints
 from settled._settings import Settings
 from settled.producers import admin_config, producer_config, reader_config
 from settled.schemas import InboxRecord, LogBatch
-from settled.testing import ECHO_APP, WorkerProcess
+from settled.testing import WorkerProcess
 from tests.harness.factories import abort_command  # noqa: F401 - its old home, for modules not yet importing the harness
+from tests.harness.workers import start_worker
 from tests.integration.helpers import CODEC, produce_inbox
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 #: A ``settled worker`` child (`settled.testing.WorkerProcess`); the name the fencing/abort/handover tests use.
 ChildWorker = WorkerProcess
@@ -53,15 +51,13 @@ def spawn_worker(
     Returns:
         The running child.
     """
-    return WorkerProcess.start(
+    return start_worker(
         s,
-        app=ECHO_APP,
-        log_path=log_dir / f"{name}.log",
-        worker_id=name,
+        log_dir / f"{name}.log",
+        name=name,
         log_level=log_level,
         control=control,
         failpoints=failpoints,
-        cwd=ROOT,
         append_log=False,
     )
 

@@ -36,6 +36,7 @@ from settled.schemas import (
 from settled.testing import Supervisor, WorkerProcess
 from tests._promise import promise
 from tests.harness.factories import abort_command  # noqa: F401 - its old home, for modules not yet importing the harness
+from tests.harness.workers import start_worker as _start_worker
 from tests.integration.engine.engine_app import RESOLVER_KEY_ID, RESOLVER_PRIVATE_KEY, WORLD_ENV, world
 from tests.integration.helpers import CODEC, produce_inbox, read_topic
 
@@ -150,7 +151,6 @@ def decisions(s: Settings, submission_id: str) -> list[RecoveryDecisionKind]:
 
 ENGINE_APP = "tests.integration.engine.engine_app:app"
 MODEL_APP = "tests.integration.engine.model_app:app"
-_ROOT = Path(__file__).resolve().parents[3]
 
 
 def start_worker(
@@ -180,7 +180,7 @@ def start_worker(
         The child process.
     """
     full = {WORLD_ENV: str(world_db), **(env or {})}
-    return WorkerProcess.start(s, app=app, log_path=log_path, worker_id=name, env=full, cwd=_ROOT)
+    return _start_worker(s, log_path, name=name, app=app, env=full)
 
 
 def per_key(db: Path, table: str, tool: str) -> dict[str, int]:

@@ -11,9 +11,8 @@ import pytest
 from settled import _failpoints
 from settled._settings import Settings
 from settled.testing import WorkerProcess
+from tests.harness.workers import ROOT, start_worker  # noqa: F401 - ROOT: test_engine_projections imports it here
 from tests.integration.engine.engine_app import WORLD_ENV
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -40,15 +39,14 @@ def spawn_worker(topics: Settings, world_db: Path, tmp_path: Path) -> Iterator[S
         app: str = "tests.integration.engine.engine_app:app",
         env: dict[str, str] | None = None,
     ) -> WorkerProcess:
-        proc = WorkerProcess.start(
+        proc = start_worker(
             topics,
+            tmp_path / f"{name}.log",
+            name=name,
             app=app,
-            log_path=tmp_path / f"{name}.log",
-            worker_id=name,
             control=control,
             failpoints=failpoints,
             env={WORLD_ENV: str(world_db), **(env or {})},
-            cwd=ROOT,
             append_log=False,
         )
         children.append(proc)
