@@ -27,12 +27,10 @@ from settled.runtime import App
 from settled.schemas import SettlementOutcome, SettlementRecord, canonical_json, json_digest
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
-from tests.conftest import Provisioned
 from tests.integration.helpers import CODEC, running
 
-pytestmark = pytest.mark.integration
-
 PARTITIONS = 2
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(PARTITIONS)]
 TIMEOUT_S = 30.0
 
 
@@ -68,11 +66,6 @@ def _same_partition(n: int) -> list[str]:
         if partition_for_key(cid.encode(), PARTITIONS) == 0:
             out.append(cid)
     return out
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(PARTITIONS)
 
 
 def _since() -> datetime:
