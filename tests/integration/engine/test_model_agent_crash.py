@@ -7,7 +7,6 @@ The scripted provider writes every prompt to the world database, so the tests re
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from settled.schemas import (
     canonical_json,
 )
 from tests._promise import promise
+from tests.harness.barriers import pass_barrier
 from tests.integration.engine._helpers import (
     TIMEOUT_S,
     abort_command,
@@ -126,10 +126,12 @@ def test_a_kill_at_the_merged_response_and_prepared_commit_makes_a_non_idempoten
     killed(a, tmp_path / "a.log")
     spawn_worker("b", app=MODEL_APP)
     wait_for(lambda: bool(decisions(s, sub.submission_id)), TIMEOUT_S, "a recovery decision")
-    time.sleep(2.0)  # long enough for a wrong re-execution to show
+    # Barrier (another conversation: conv-n waits behind the Unknown): a wrong re-execution precedes its settlement.
+    barrier_input = script([{"answer": "barrier"}])
+    pass_barrier(s, "conv-barrier", barrier_input)
     assert decisions(s, sub.submission_id) == [RecoveryDecisionKind.UNKNOWN]
     assert invocations(world_db, "charge_once") == 0 and settled(s, sub.submission_id) is None
-    assert [pos for _, pos, _ in prompts(str(world_db))] == [0]
+    assert [pos for _, pos, messages in prompts(str(world_db)) if user(barrier_input) not in messages] == [0]
 
 
 def test_later_prompts_hold_no_orphan_call_or_result_of_an_aborted_run(
