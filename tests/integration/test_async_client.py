@@ -18,17 +18,11 @@ from settled.runtime import App
 from settled.schemas import SettlementOutcome, canonical_json
 from settled.services._worker_service import build_worker
 from settled.testing.echo import EchoAgent
-from tests.conftest import Provisioned
 from tests.integration.helpers import running
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.partitions(2)]
 
 TIMEOUT_S = 60.0
-
-
-@pytest.fixture
-def topics(provisioned: Provisioned) -> Settings:
-    return provisioned(2)
 
 
 def test_concurrent_submits_and_waits_on_one_loop_hold_no_thread_per_wait(topics: Settings) -> None:
