@@ -1,7 +1,7 @@
 """Reading one inbox record into an `InboxInput`: decoded, or why not (docs/design.md §4; issue 25 item 7).
 
 Pure apart from the codec (no consumer): the worker calls `decode_input` for every record it polls, and the property
-tests (tests/unit/test_admission_properties.py) feed it random and mutated bytes.
+tests (tests/unit/processors/test_admission_properties.py) feed it random and mutated bytes.
 """
 
 from __future__ import annotations

@@ -370,8 +370,8 @@ class PartitionOwner(Generic[S]):
         # validated when it was made; that is most of what a validating constructor costs), and its Avro dict built
         # once (`LogBatch.to_avro` converts the events twice): the envelope's fields are computed right here,
         # ``recorded_at`` normalized as the schema does, a field the schema gains fails loudly (KeyError), and
-        # fastavro writes the dict strictly. tests/unit/test_partition_stage.py checks the bytes and the model equal
-        # `LogBatch.seal`'s.
+        # fastavro writes the dict strictly. tests/unit/processors/test_partition_stage.py checks the bytes and the
+        # model equal `LogBatch.seal`'s.
         fields["recorded_at"] = _utc_millis(fields["recorded_at"])
         values = {"schema_version": SCHEMA_VERSION, "last_event_seq": first + len(events) - 1, **fields}
         datum = {name: values[name] for name in LogBatch.model_fields if name not in ("batch_digest", "events")}

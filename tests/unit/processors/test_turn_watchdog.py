@@ -20,7 +20,7 @@ from settled._settings import Settings
 from settled.processors import WATCHDOG_EXIT_CODE, WorkerConfig, default_turn_watchdog_s
 from settled.processors._watchdog import Phase, PhaseStamp, StallMeter, TurnWatchdog, turn_watchdog_s
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class FakeClock:

@@ -17,8 +17,8 @@ from settled.processors import Conductor, LedgerDecider, Worker
 from settled.processors._conductor import HeldSettlement
 from settled.protocol import PartitionState
 from settled.schemas import Codec, ToolCallSettled, json_digest
+from tests.unit.processors.test_partition_stage import owner
 from tests.unit.protocol._sim import T0
-from tests.unit.test_partition_stage import owner
 
 
 def _agent(run: object) -> str:

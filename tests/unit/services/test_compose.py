@@ -12,7 +12,7 @@ from settled._settings import Settings
 from settled.services._devstack import KafkaBroker
 from settled.services.cli import app
 
-_COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+_COMPOSE = Path(__file__).resolve().parents[3] / "docker-compose.yml"
 
 
 def _compose() -> dict:
