@@ -1,0 +1,98 @@
+"""Step workflows on the real broker with real ``settled worker`` processes (issue 17 item 1).
+
+The seed's invoice workflow (`tests/integration/engine/workflow_app.py`) is killed inside each step, after that
+step's checkpoint commits; a second worker resumes it at that step with ``previous``, ``last_checkpoint`` and
+``get_state()`` right, and no step before it runs again. ``run_workflow`` with the same task id is the same run;
+with another input it is a conflict naming the id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from settled._settings import Settings
+from settled.client import Client, IdempotencyConflictError
+from settled.schemas import ReceiptOutcome, SettlementOutcome, StepRecorded, canonical_json
+from tests.integration.engine._helpers import TIMEOUT_S, events_of, killed, settled, settlements
+from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.engine.workflow_app import RESULTS, runs
+from tests.integration.helpers import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+APP = "tests.integration.engine.workflow_app:app"
+STEPS = list(RESULTS)
+
+
+@pytest.fixture
+def client(topics: Settings) -> Iterator[Client]:
+    with Client(topics, principal="ops", default_timeout_s=TIMEOUT_S) as c:
+        yield c
+
+
+@pytest.mark.parametrize("killed_in", STEPS)
+def test_invoice_killed_in_a_step_resumes_there_with_previous_checkpoint_and_state(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path, client: Client, killed_in: str
+) -> None:
+    s = topics
+    task = f"inv-{killed_in}"
+    a = spawn_worker("a", app=APP, failpoints=f"wftest.in_{killed_in}=1*kill")
+    receipt = client.run_workflow("process-invoice", {"file": "inv.pdf"}, task_id=task)
+    assert receipt.outcome is ReceiptOutcome.ADMITTED, receipt
+    assert receipt.conversation_id == f"wf:process-invoice:{task}"
+    killed(a, tmp_path / "a.log")
+    spawn_worker("b", app=APP)
+    wait_for(lambda: settled(s, receipt.request_id) is not None, TIMEOUT_S, "the workflow run to settle")
+    result = settled(s, receipt.request_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert result.reply_json == canonical_json(RESULTS)
+
+    done = runs(str(world_db), task)
+    k = STEPS.index(killed_in)
+    # Every step before the killed one ran once; the killed one twice; the ones after it once.
+    assert [step for step, _ in done] == [*STEPS[: k + 1], *STEPS[k:]], done
+    first, resumed = done[k], done[k + 1]
+    before = {n: RESULTS[n] for n in STEPS[:k]}
+    assert first[1] == {
+        "previous": before,
+        "last_checkpoint": None,
+        "state": [killed_in, k + 1, len(STEPS), 1],
+        "input": {"file": "inv.pdf"},
+    }
+    assert resumed[1] == {
+        "previous": before,
+        "last_checkpoint": {"at": killed_in},  # committed before the kill
+        "state": [killed_in, k + 1, len(STEPS), 2],
+        "input": {"file": "inv.pdf"},
+    }
+    recorded = [e.name for e in events_of(s, receipt.request_id) if isinstance(e, StepRecorded)]
+    for n in STEPS:
+        assert recorded.count(f"step:{n}") == 1, recorded  # one recorded result per step
+    # The killed step's log line committed with its checkpoint in each attempt.
+    assert recorded.count(f"log:{killed_in}") == 2, recorded
+    assert [r.submission_id for r in settlements(s)] == [receipt.request_id]
+
+
+def test_same_task_id_is_the_same_run_and_another_input_is_a_conflict_naming_it(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, client: Client
+) -> None:
+    s = topics
+    spawn_worker("a", app=APP)
+    first = client.run_workflow("process-invoice", {"file": "a.pdf"}, task_id="inv-42")
+    again = client.run_workflow("process-invoice", {"file": "a.pdf"}, task_id="inv-42")
+    assert first.outcome is ReceiptOutcome.ADMITTED, first
+    assert again.outcome is ReceiptOutcome.DUPLICATE, again
+    assert again.original_submission_id == first.request_id
+    with pytest.raises(IdempotencyConflictError, match="'inv-42'") as conflict:
+        client.run_workflow("process-invoice", {"file": "b.pdf"}, task_id="inv-42")
+    assert conflict.value.field == "idempotency_key"
+    wait_for(lambda: settled(s, first.request_id) is not None, TIMEOUT_S, "the run to settle")
+    result = settled(s, first.request_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert result.reply_json == canonical_json(RESULTS)
+    # One run: every step body ran once, and one settlement.
+    assert [step for step, _ in runs(str(world_db), "inv-42")] == STEPS
+    assert [r.submission_id for r in settlements(s)] == [first.request_id]

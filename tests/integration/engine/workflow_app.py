@@ -1,0 +1,82 @@
+"""The workflow tests' app (issue 17): the seed's invoice workflow, with steps that count what they do.
+
+Every run of a step body is a row in ``step_runs`` of the world database (path in ``ENGINE_WORLD_DB``, shared with
+`tests/integration/engine/engine_app.py`), with what the body saw: ``previous``, ``last_checkpoint`` and
+``get_state()``. Each body logs a line, commits a checkpoint ``{"at": <step>}``, then hits the failpoint
+``wftest.in_<step>`` (a test kills the worker there: inside the step, after its checkpoint, before its result) and
+returns its result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from typing import Any
+
+from settled._failpoints import failpoint
+from settled.runtime import App, Step, StepContext, Workflow
+from tests.integration.engine.engine_app import WORLD_ENV
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS wf_runs (task TEXT, step TEXT, seen TEXT)"
+
+#: Each step's result, by step name.
+RESULTS: dict[str, Any] = {
+    "extract": {"total": 120, "vendor": "acme"},
+    "validate": {"valid": True},
+    "save": {"saved": True, "id": "inv_123"},
+    "notify": {"notified": True},
+}
+
+
+def _world() -> sqlite3.Connection:
+    db = sqlite3.connect(os.environ[WORLD_ENV], timeout=30, isolation_level=None)
+    db.execute(_SCHEMA)
+    return db
+
+
+def runs(path: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """Return the step bodies' runs of a task, in order: (step, what it saw).
+
+    Args:
+        path: The world database.
+        task_id: The task.
+
+    Returns:
+        The runs.
+    """
+    db = sqlite3.connect(path, timeout=30)
+    try:
+        db.execute(_SCHEMA)
+        rows = db.execute("SELECT step, seen FROM wf_runs WHERE task = ? ORDER BY rowid", (task_id,)).fetchall()
+    finally:
+        db.close()
+    return [(step, json.loads(seen)) for step, seen in rows]
+
+
+def _body(name: str) -> Any:
+    async def body(ctx: StepContext) -> Any:
+        state = ctx.get_state()
+        seen = {
+            "previous": ctx.previous,
+            "last_checkpoint": ctx.last_checkpoint,
+            "state": [state.step, state.current_step, state.total_steps, state.attempt],
+            "input": ctx.input,
+        }
+        db = _world()
+        try:
+            db.execute("INSERT INTO wf_runs VALUES (?, ?, ?)", (ctx.task_id, name, json.dumps(seen)))
+        finally:
+            db.close()
+        ctx.log(f"{name} running")
+        await ctx.checkpoint({"at": name})
+        failpoint(f"wftest.in_{name}")
+        return RESULTS[name]
+
+    return body
+
+
+invoice = Workflow("process-invoice", steps=[Step(n, _body(n), description=f"{n} the invoice") for n in RESULTS])
+
+app = App(agent=None)
+app.workflow(invoice)
