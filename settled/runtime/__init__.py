@@ -64,7 +64,7 @@ from settled.runtime._tools import (
     recovered,
     still_unknown,
 )
-from settled.runtime._workflow import Step, StepContext, StepFunction, StepState, Workflow
+from settled.runtime._workflow import Step, StepContext, StepFunction, StepState, StepTimeoutError, Workflow
 
 __all__ = [
     "OPERATION_ID_HEADER",
@@ -94,6 +94,7 @@ __all__ = [
     "StepContext",
     "StepFunction",
     "StepState",
+    "StepTimeoutError",
     "TextDelta",
     "ToolApprovalDeniedError",
     "ToolArgumentsDelta",

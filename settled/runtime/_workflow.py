@@ -27,6 +27,12 @@ anywhere resumes by itself at its first step without a recorded result, with ``p
 ``last_checkpoint`` the step's last canonical checkpoint. The run's reply is the dict of step results by name. A
 step body runs at least once per recorded success (an interrupted body runs again), like ``ctx.step`` (DUR-010).
 
+A step that raises, or runs past ``step_timeout`` (its late return is dropped), does not end the attempt: the run
+appends a canonical ``StepRetryScheduled`` (retry number, error type, absolute wake-up with backoff and jitter) and a
+timed wait until that wake-up, and the attempt ends holding no worker slot; once the wait expires the next attempt
+runs the step again. ``max_retries=3`` is at most 4 executions of a step; the failure after the last settles the
+run failed with that error (not retried). Only deaths count toward ``App.max_attempts``.
+
 This module is the author-facing API; the machinery that runs a workflow inside a run is
 `settled/runtime/_workflow_run.py`.
 """
@@ -39,16 +45,40 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from settled._errors import ErrorCategory, SettledError
+
 if TYPE_CHECKING:
     from settled.runtime._workflow_run import WorkflowRun
 
-__all__ = ["Step", "StepContext", "StepFunction", "StepState", "Workflow"]
+__all__ = ["Step", "StepContext", "StepFunction", "StepState", "StepTimeoutError", "Workflow"]
 
 #: A step body: ``fn(ctx: StepContext) -> JSON value``, sync (run on a thread) or async (on the run loop).
 StepFunction = Callable[["StepContext"], Any]
 
 #: Names: what the record's ``step:<name>`` keys and the result dict's keys are made of.
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+class StepTimeoutError(SettledError, TimeoutError):
+    """A workflow step's execution ran past its workflow's ``step_timeout`` (a failure: retried, its return dropped).
+
+    Attributes:
+        step: The step's name.
+        timeout_s: The timeout, in seconds.
+    """
+
+    category = ErrorCategory.UNAVAILABLE
+
+    def __init__(self, step: str, timeout_s: float) -> None:
+        """Build the error.
+
+        Args:
+            step: The step's name.
+            timeout_s: The timeout, in seconds.
+        """
+        super().__init__(f"step {step!r} did not return within its step_timeout of {timeout_s} s")
+        self.step = step
+        self.timeout_s = timeout_s
 
 
 @dataclass(frozen=True)
@@ -86,13 +116,15 @@ class StepState:
         step: The current step's name.
         current_step: The current step's position, 1-based.
         total_steps: The workflow's number of steps.
-        attempt: The run's attempt number (1, 2, ...; a resume after a crash is a new attempt).
+        attempt: The run's attempt number (1, 2, ...; a resume after a crash or a retry's wake-up is a new attempt).
+        retry: The retries of this step scheduled before this execution (0 for its first; at most ``max_retries``).
     """
 
     step: str
     current_step: int
     total_steps: int
     attempt: int
+    retry: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,9 +134,12 @@ class Workflow:
     Attributes:
         name: The workflow's name (``Client.run_workflow(name, ...)``; same characters as a step name).
         steps: The steps, run in order; at least one, names unique.
-        max_retries: Re-executions of a failed step (issue 17 item 3; recorded for now: a failed step ends the
-            attempt, and ``App.max_attempts`` bounds the attempts).
-        step_timeout: How long one execution of a step may take (issue 17 item 3; recorded for now).
+        max_retries: Re-executions of a failed step: at most ``max_retries + 1`` executions (module docstring).
+        step_timeout: How long one execution of a step may take; past it, the execution failed and its late return
+            is dropped.
+        retry_backoff: The wait before the first retry; doubled per retry up to ``max_retry_backoff``, plus up to
+            20% jitter.
+        max_retry_backoff: The longest wait before a retry (jitter aside).
         on_approval_needed: Who answers a step's approval (issue 17 item 2; must be None for now).
         on_denial: What a denied approval does: ``"pause"`` or ``"fail"`` (issue 17 item 2).
 
@@ -117,6 +152,8 @@ class Workflow:
     steps: Sequence[Step]
     max_retries: int = 3
     step_timeout: timedelta = timedelta(seconds=60)
+    retry_backoff: timedelta = timedelta(seconds=1)
+    max_retry_backoff: timedelta = timedelta(seconds=60)
     on_approval_needed: Callable[[Step], Awaitable[bool] | bool] | None = None
     on_denial: Literal["pause", "fail"] = "pause"
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False)
@@ -135,6 +172,11 @@ class Workflow:
             raise ValueError(f"Workflow {self.name!r}: max_retries must be >= 0, got {self.max_retries}")
         if self.step_timeout <= timedelta(0):
             raise ValueError(f"Workflow {self.name!r}: step_timeout must be positive, got {self.step_timeout}")
+        if self.retry_backoff < timedelta(0) or self.max_retry_backoff < self.retry_backoff:
+            raise ValueError(
+                f"Workflow {self.name!r}: need 0 <= retry_backoff <= max_retry_backoff, got {self.retry_backoff} and "
+                f"{self.max_retry_backoff}"
+            )
         if self.on_denial not in ("pause", "fail"):
             raise ValueError(f"Workflow {self.name!r}: on_denial must be 'pause' or 'fail', got {self.on_denial!r}")
         gated = [s.name for s in steps if s.requires_approval]
@@ -175,8 +217,12 @@ class StepContext:
         run_id: The run's id (stable across attempts).
     """
 
-    def __init__(self, run: WorkflowRun, step: Step, previous: Mapping[str, Any], last_checkpoint: Any) -> None:
+    def __init__(
+        self, run: WorkflowRun, step: Step, previous: Mapping[str, Any], last_checkpoint: Any, retry: int
+    ) -> None:
         self._run = run
+        self._retry = retry
+        self._over = False  # set when the execution ended (returned, failed or timed out): late calls are refused
         self.workflow = run.workflow.name
         self.task_id = run.task_id
         self.step = step.name
@@ -196,7 +242,9 @@ class StepContext:
         Raises:
             CanonicalJsonError: ``data`` is not representable as canonical JSON.
             ValueError: ``data`` is larger than `RunOptions.max_result_bytes`.
+            RuntimeError: The step's execution is over (a body that ran past ``step_timeout``).
         """
+        self._check_live("checkpoint")
         await self._run.checkpoint(self.step, data)
         self.last_checkpoint = data
 
@@ -210,7 +258,9 @@ class StepContext:
 
         Raises:
             TypeError: ``message`` is not a string.
+            RuntimeError: The step's execution is over (a body that ran past ``step_timeout``).
         """
+        self._check_live("log")
         if not isinstance(message, str):
             raise TypeError(f"StepContext.log: message must be a str, got {type(message).__name__}")
         self._run.log(self.step, message)
@@ -226,4 +276,13 @@ class StepContext:
             current_step=self._run.workflow.position(self.step),
             total_steps=len(self._run.workflow.steps),
             attempt=self._run.attempt,
+            retry=self._retry,
         )
+
+    def _check_live(self, what: str) -> None:
+        if self._over:
+            raise RuntimeError(f"step {self.step!r}: {what} after its execution ended (timed out); nothing recorded")
+
+    def end(self) -> None:
+        """Mark the execution over: a late ``checkpoint`` or ``log`` (a timed-out body still running) is refused."""
+        self._over = True

@@ -5,6 +5,10 @@ Every run of a step body is a row in ``step_runs`` of the world database (path i
 ``get_state()``. Each body logs a line, commits a checkpoint ``{"at": <step>}``, then hits the failpoint
 ``wftest.in_<step>`` (a test kills the worker there: inside the step, after its checkpoint, before its result) and
 returns its result.
+
+Retries (issue 17 item 3): ``flaky`` fails its first two executions then passes; ``broken`` always fails (one retry
+allowed); ``hung``'s first execution blocks until the test creates the file ``<world db>.release`` (past its 1 s
+``step_timeout``), then tries to log and returns "late", writing what happened to ``wf_runs`` as step ``hung-late``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from settled._failpoints import failpoint
@@ -76,7 +83,57 @@ def _body(name: str) -> Any:
     return body
 
 
+def _note(task_id: str, step: str, seen: Any) -> int:
+    """Write a run of a body; return how many runs of that step the task had before."""
+    db = _world()
+    try:
+        (before,) = db.execute("SELECT count(*) FROM wf_runs WHERE task = ? AND step = ?", (task_id, step)).fetchone()
+        db.execute("INSERT INTO wf_runs VALUES (?, ?, ?)", (task_id, step, json.dumps(seen)))
+    finally:
+        db.close()
+    return int(before)
+
+
+def flaky(ctx: StepContext) -> Any:
+    if _note(ctx.task_id, "flaky", {"retry": ctx.get_state().retry}) < 2:
+        raise ValueError("flaky: not yet")
+    return {"flaky": "ok"}
+
+
+def broken(ctx: StepContext) -> Any:
+    _note(ctx.task_id, "broken", {"retry": ctx.get_state().retry})
+    raise KeyError("broken: always")
+
+
+def hung(ctx: StepContext) -> Any:
+    if _note(ctx.task_id, "hung", {"retry": ctx.get_state().retry}) == 0:
+        release = Path(os.environ[WORLD_ENV] + ".release")
+        while not release.exists():  # the test's barrier: it creates the file once the run settled
+            time.sleep(0.05)
+        try:
+            ctx.log("too late")
+            outcome = "logged"
+        except RuntimeError as exc:
+            outcome = str(exc)
+        _note(ctx.task_id, "hung-late", {"log": outcome})
+        return "late"
+    return "on time"
+
+
+retries = Workflow(
+    "retries",
+    steps=[Step("flaky", flaky)],
+    retry_backoff=timedelta(milliseconds=200),
+)
+exhausted = Workflow("exhausted", steps=[Step("broken", broken)], max_retries=1, retry_backoff=timedelta(0))
+timeouts = Workflow(
+    "timeouts", steps=[Step("hung", hung)], step_timeout=timedelta(seconds=1), retry_backoff=timedelta(0)
+)
+
 invoice = Workflow("process-invoice", steps=[Step(n, _body(n), description=f"{n} the invoice") for n in RESULTS])
 
 app = App(agent=None)
 app.workflow(invoice)
+app.workflow(retries)
+app.workflow(exhausted)
+app.workflow(timeouts)

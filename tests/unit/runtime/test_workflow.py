@@ -5,17 +5,31 @@ The recorder stands where the conductor stands (`AgentRun.record`), as in `tests
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from settled.processors import AgentRun, CancelSignal, RunFailedError
 from settled.protocol import workflow_input
-from settled.runtime import App, Step, StepContext, Workflow
-from settled.schemas import LogEvent, StepRecorded, canonical_json
+from settled.runtime import App, RunCancelledError, RunOptions, Step, StepContext, Workflow
+from settled.schemas import (
+    LogEvent,
+    StepRecorded,
+    StepRetryScheduled,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
+    canonical_json,
+)
+from tests._promise import promise
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 class Recorder:
@@ -54,16 +68,28 @@ def attempt(recorder: Recorder, n: int, input_value: Any, journal: Sequence[LogE
     )
 
 
+def expired(recorder: Recorder) -> list[LogEvent]:
+    """The journal of the next attempt: the record so far plus the expiry of every open wait (the sweeper's)."""
+    decided = {e.wait_id for e in recorder.events if isinstance(e, WaitResolved)}
+    out = list(recorder.events)
+    for e in recorder.events:
+        if isinstance(e, WaitRequested) and e.wait_id not in decided:
+            out.append(WaitResolved(submission_id="s1", wait_id=e.wait_id, outcome=WaitOutcome.EXPIRED, decided_at=T0))
+    return out
+
+
 def test_a_resumed_run_skips_recorded_steps_and_sees_previous_and_its_last_checkpoint() -> None:
-    seen: list[tuple[str, Any, Any, int]] = []
+    seen: list[tuple[str, Any, Any, int, int]] = []
     crash = {"on": True}
 
     async def first(ctx: StepContext) -> Any:
-        seen.append(("first", ctx.previous, ctx.last_checkpoint, ctx.get_state().attempt))
+        state = ctx.get_state()
+        seen.append(("first", ctx.previous, ctx.last_checkpoint, state.attempt, state.retry))
         return {"n": 1}
 
     async def second(ctx: StepContext) -> Any:
-        seen.append(("second", ctx.previous, ctx.last_checkpoint, ctx.get_state().attempt))
+        state = ctx.get_state()
+        seen.append(("second", ctx.previous, ctx.last_checkpoint, state.attempt, state.retry))
         start = (ctx.last_checkpoint or {}).get("page", 0)
         for page in range(start, 3):
             ctx.log(f"page {page}")
@@ -72,11 +98,11 @@ def test_a_resumed_run_skips_recorded_steps_and_sees_previous_and_its_last_check
                 raise RuntimeError("crash")
         return {"pages": 3}
 
-    app = App(agent=None, max_attempts=3)
+    app = App(agent=None, max_attempts=3, options=RunOptions(clock=lambda: T0))
     app.workflow(Workflow("w", steps=[Step("first", first), Step("second", second)]))
     envelope = workflow_input("w", "t", {"x": 1})
     recorder = Recorder()
-    with pytest.raises(RuntimeError, match="crash"):
+    with pytest.raises(RunCancelledError, match="retry:second#1"):
         app.runner()(attempt(recorder, 1, envelope))
     assert recorder.names() == [
         "step:first",
@@ -86,16 +112,129 @@ def test_a_resumed_run_skips_recorded_steps_and_sees_previous_and_its_last_check
         "checkpoint:second",
     ]
     crash["on"] = False
-    reply = app.runner()(attempt(recorder, 2, envelope, recorder.events))
+    reply = app.runner()(attempt(recorder, 2, envelope, expired(recorder)))
     assert reply == canonical_json({"first": {"n": 1}, "second": {"pages": 3}})
     assert seen == [
-        ("first", {}, None, 1),
-        ("second", {"first": {"n": 1}}, None, 1),
-        ("second", {"first": {"n": 1}}, {"page": 2}, 2),  # resumed at its last checkpoint; first never ran again
+        ("first", {}, None, 1, 0),
+        ("second", {"first": {"n": 1}}, None, 1, 0),
+        ("second", {"first": {"n": 1}}, {"page": 2}, 2, 1),  # resumed at its last checkpoint; first never ran again
     ]
-    steps = [e for e in recorder.events if isinstance(e, StepRecorded)]
-    assert len({e.ordinal for e in steps}) == len(steps), "every record has its own ordinal"
-    assert [e.name for e in steps][-3:] == ["log:second", "checkpoint:second", "step:second"]
+    ordinals = [e.ordinal for e in recorder.events if isinstance(e, (StepRecorded, StepRetryScheduled))]
+    assert len(set(ordinals)) == len(ordinals), "every record has its own ordinal (a retry's wait shares its retry's)"
+    assert recorder.names()[-3:] == ["log:second", "checkpoint:second", "step:second"]
+
+
+def test_a_step_failing_twice_then_passing_has_two_canonical_retries_and_one_result() -> None:
+    runs: list[int] = []
+
+    def flaky(ctx: StepContext) -> Any:
+        runs.append(ctx.get_state().retry)
+        if len(runs) <= 2:
+            raise ValueError(f"flaky {len(runs)}")
+        return "ok"
+
+    wf = Workflow("w", steps=[Step("flaky", flaky)], retry_backoff=timedelta(seconds=2))
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(wf)
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    for n in (1, 2):
+        with pytest.raises(RunCancelledError, match=f"retry:flaky#{n}"):
+            app.runner()(attempt(recorder, n, envelope, expired(recorder)))
+        # the retry and its timed wait are one batch, the run's last
+        retry, wait = recorder.batches[-1]
+        assert isinstance(retry, StepRetryScheduled) and isinstance(wait, WaitRequested)
+        assert (retry.step, retry.retry, retry.error_type, retry.error_message) == (
+            "flaky",
+            n,
+            "ValueError",
+            f"flaky {n}",
+        )
+        backoff_s = 2.0 * 2 ** (n - 1)
+        assert T0 + timedelta(seconds=backoff_s) <= retry.wake_at <= T0 + timedelta(seconds=backoff_s * 1.2)
+        assert (wait.wait_id, wait.deadline, wait.kind) == (retry.wait_id, retry.wake_at, WaitKind.SIGNAL)
+    reply = app.runner()(attempt(recorder, 3, envelope, expired(recorder)))
+    assert reply == canonical_json({"flaky": "ok"})
+    assert runs == [0, 1, 2]
+    assert len([e for e in recorder.events if isinstance(e, StepRetryScheduled)]) == 2
+    assert recorder.names() == ["step:flaky"]
+
+
+def test_exhausted_retries_settle_the_run_failed_with_the_last_error() -> None:
+    def broken(ctx: StepContext) -> Any:
+        raise KeyError(f"missing {ctx.get_state().retry}")
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(Workflow("w", steps=[Step("broken", broken)], max_retries=1, retry_backoff=timedelta(0)))
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    with pytest.raises(RunCancelledError):
+        app.runner()(attempt(recorder, 1, envelope))
+    with pytest.raises(RunFailedError, match="missing 1") as failed:
+        app.runner()(attempt(recorder, 2, envelope, expired(recorder)))
+    assert failed.value.error_type == "KeyError" and failed.value.non_retryable
+    assert [e.retry for e in recorder.events if isinstance(e, StepRetryScheduled)] == [1]
+    assert recorder.names() == []
+
+
+def test_a_hung_step_times_out_is_retried_and_its_late_return_changes_nothing() -> None:
+    release, finished = threading.Event(), threading.Event()
+    late: list[BaseException] = []
+
+    def hung(ctx: StepContext) -> Any:
+        if ctx.get_state().retry == 0:
+            try:
+                release.wait(30)
+                ctx.log("too late")
+            except RuntimeError as exc:
+                late.append(exc)
+            finally:
+                finished.set()
+            return "late"
+        return "on time"
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(
+        Workflow("w", steps=[Step("hung", hung)], step_timeout=timedelta(seconds=0.2), retry_backoff=timedelta(0))
+    )
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    with pytest.raises(RunCancelledError, match="retry:hung#1"):
+        app.runner()(attempt(recorder, 1, envelope))
+    (retry,) = [e for e in recorder.events if isinstance(e, StepRetryScheduled)]
+    assert retry.error_type == "StepTimeoutError" and "step_timeout of 0.2 s" in retry.error_message
+    before = list(recorder.events)
+    release.set()
+    assert finished.wait(10)
+    assert len(late) == 1 and "after its execution ended" in str(late[0])
+    assert recorder.events == before, "the late return and log recorded nothing"
+    reply = app.runner()(attempt(recorder, 2, envelope, expired(recorder)))
+    assert reply == canonical_json({"hung": "on time"})
+
+
+def test_retry_without_its_canonical_record_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the fault switch ``workflow_retry_unrecorded`` (a retry with no canonical StepRetryScheduled)."""
+    runs: list[int] = []
+
+    def flaky(ctx: StepContext) -> Any:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ValueError("once")
+        return "ok"
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(Workflow("w", steps=[Step("flaky", flaky)], retry_backoff=timedelta(0)))
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    with contextlib.suppress(RunCancelledError):
+        app.runner()(attempt(recorder, 1, envelope))
+    retries = [e for e in recorder.events if isinstance(e, StepRetryScheduled)]
+    promise(
+        "DUR-010.retry-canonical",
+        len(retries) == 1 and recorder.names() == [],
+        f"the failed execution left {len(retries)} StepRetryScheduled and step records {recorder.names()}; expected "
+        "one canonical retry before any second execution",
+    )
 
 
 def test_sync_bodies_and_state() -> None:
