@@ -62,8 +62,10 @@ SUITES = [
     # +45 s for what runs wait for in the projection and the CLI (test_engine_wait_views.py, ~40 s here under load);
     # +80 s for issue 16's wait acceptance tests and scenarios 1, 3, 9, 16
     # (tests/integration/engine/test_engine_waits.py: 79 s measured alone here, 103-111 s on a loaded machine);
-    # +20 s for issue 19's stream across a kill (tests/integration/engine/test_engine_stream.py, ~12 s here).
-    Suite("engine", 750, (_pytest("tests/integration/engine"),), junit=True),
+    # +20 s for issue 19's stream across a kill (tests/integration/engine/test_engine_stream.py, ~12 s here);
+    # +60 s for issue 17's workflows (tests/integration/engine/test_engine_workflows.py: the invoice killed in each of
+    # its 4 steps, retries, exhaustion, a step timeout, the task id as idempotency key; ~50 s here under load).
+    Suite("engine", 810, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
     # (the settled-bfcl example, examples/bfcl).
@@ -89,8 +91,9 @@ SUITES = [
         ),
     ),
     # 190 s, +110 s for the switches of issues 25 and 16 (claim rewind, id contract, projection data errors, signals);
-    # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up).
-    Suite("fault-switches", 310, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up);
+    # +5 s for issue 17's workflow_retry_unrecorded (a unit test, ~4 s with the runner's start-up).
+    Suite("fault-switches", 315, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 
