@@ -169,3 +169,20 @@ def test_a_hung_step_hits_its_timeout_and_its_late_return_changes_nothing(
     later, _ = _settle(s, client, "retries", "r-after")
     assert events_of(s, sid) == before
     assert [r.submission_id for r in settlements(s)] == [sid, later]
+
+
+def test_a_worker_killed_after_a_retry_is_scheduled_resumes_it_on_another_worker(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path, client: Client
+) -> None:
+    s = topics
+    a = spawn_worker("a", app=APP, failpoints="engine.after_wait_commit=1*kill")  # retry 1 and its wait committed
+    receipt = client.run_workflow("retries", None, task_id="r-kill")
+    killed(a, tmp_path / "a.log")
+    assert [seen["retry"] for _, seen in runs(str(world_db), "r-kill")] == [0]
+    spawn_worker("b", app=APP)
+    wait_for(lambda: settled(s, receipt.request_id) is not None, TIMEOUT_S, "the run to settle on worker b")
+    result = settled(s, receipt.request_id)
+    assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
+    assert [seen["retry"] for _, seen in runs(str(world_db), "r-kill")] == [0, 1, 2]
+    retries = [e.retry for e in events_of(s, receipt.request_id) if isinstance(e, StepRetryScheduled)]
+    assert retries == [1, 2], retries
