@@ -123,6 +123,8 @@ def test_a_step_failing_twice_then_passing_has_two_canonical_retries_and_one_res
     sid, result = _settle(s, client, "retries", "r-1")
     assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
     assert result.reply_json == canonical_json({"flaky": {"flaky": "ok"}})
+    # Three attempts within the app's max_attempts=2: a retry's wake-up is not charged, only a death is.
+    assert result.attempt_count == 3, result
     assert [seen["retry"] for step, seen in runs(str(world_db), "r-1")] == [0, 1, 2]
     events = events_of(s, sid)
     retries = [e for e in events if isinstance(e, StepRetryScheduled)]

@@ -132,7 +132,9 @@ timeouts = Workflow(
 
 invoice = Workflow("process-invoice", steps=[Step(n, _body(n), description=f"{n} the invoice") for n in RESULTS])
 
-app = App(agent=None)
+#: Two attempts: a death is charged (the kill tests need one more attempt), a retry's wake-up is not, so ``flaky``'s
+#: three executions (two retries) within ``max_attempts=2`` show that only deaths count.
+app = App(agent=None, max_attempts=2)
 app.workflow(invoice)
 app.workflow(retries)
 app.workflow(exhausted)
