@@ -63,9 +63,10 @@ SUITES = [
     # +80 s for issue 16's wait acceptance tests and scenarios 1, 3, 9, 16
     # (tests/integration/engine/test_engine_waits.py: 79 s measured alone here, 103-111 s on a loaded machine);
     # +20 s for issue 19's stream across a kill (tests/integration/engine/test_engine_stream.py, ~12 s here);
-    # +60 s for issue 17's workflows (tests/integration/engine/test_engine_workflows.py: the invoice killed in each of
-    # its 4 steps, retries, exhaustion, a step timeout, the task id as idempotency key; ~50 s here under load).
-    Suite("engine", 810, (_pytest("tests/integration/engine"),), junit=True),
+    # +80 s for issue 17's workflows (tests/integration/engine/test_engine_workflows.py: the invoice killed in each of
+    # its 4 steps, retries, a kill after a retry, exhaustion, a step timeout, the task id as idempotency key; 50-70 s
+    # here under load).
+    Suite("engine", 830, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
     # (the settled-bfcl example, examples/bfcl).
