@@ -62,8 +62,11 @@ SUITES = [
     # +45 s for what runs wait for in the projection and the CLI (test_engine_wait_views.py, ~40 s here under load);
     # +80 s for issue 16's wait acceptance tests and scenarios 1, 3, 9, 16
     # (tests/integration/engine/test_engine_waits.py: 79 s measured alone here, 103-111 s on a loaded machine);
-    # +20 s for issue 19's stream across a kill (tests/integration/engine/test_engine_stream.py, ~12 s here).
-    Suite("engine", 750, (_pytest("tests/integration/engine"),), junit=True),
+    # +20 s for issue 19's stream across a kill (tests/integration/engine/test_engine_stream.py, ~12 s here);
+    # +80 s for issue 17's workflows (tests/integration/engine/test_engine_workflows.py: the invoice killed in each of
+    # its 4 steps, retries, a kill after a retry, exhaustion, a step timeout, the task id as idempotency key; 50-70 s
+    # here under load).
+    Suite("engine", 830, (_pytest("tests/integration/engine"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
     # (the settled-bfcl example, examples/bfcl).
@@ -78,7 +81,8 @@ SUITES = [
     # peers that .ci/run installs with bench/peers/install.sh (fails when a peer does not install or start, a row
     # lacks a class or a baseline, or a ratio pairs classes without saying which side is weaker).
     # +20 s for bench/waits.py's smoke run (issue 16; ~15 s measured here under load).
-    Suite("bench", 80, (_pytest("tests/bench"),), junit=True),
+    # +15 s for bench/workflows.py's smoke run (issue 17; ~5 s measured here under load).
+    Suite("bench", 95, (_pytest("tests/bench"),), junit=True),
     # + bench/client_wait.py on 40 submissions, one round (issue 24 item 5; ~10 s here, within the cap).
     Suite(
         "bench-smoke",
@@ -89,8 +93,9 @@ SUITES = [
         ),
     ),
     # 190 s, +110 s for the switches of issues 25 and 16 (claim rewind, id contract, projection data errors, signals);
-    # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up).
-    Suite("fault-switches", 310, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up);
+    # +5 s for issue 17's workflow_retry_unrecorded (a unit test, ~4 s with the runner's start-up).
+    Suite("fault-switches", 315, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

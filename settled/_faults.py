@@ -61,6 +61,10 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"
         ),
+        "workflow_retry_unrecorded": (
+            "a failed workflow step is retried in the same attempt after its backoff, with no canonical "
+            "StepRetryScheduled and no timed wait, so the retry leaves no trace in the log (DUR-010, issue 17 item 3)"
+        ),
         "signal_honoured_before_canonical": (
             "ctx.signal returns a signal found in the run's journal at once, with no canonical wait request and "
             "delivery, so nothing records which wait consumed it and a later wait takes it again (issue 16; "

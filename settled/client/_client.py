@@ -326,6 +326,47 @@ class Client:
             raise SubmissionRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
+    def run_workflow(
+        self,
+        name: str,
+        input: Any,
+        *,
+        task_id: str,
+        conversation_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Start a run of the workflow ``name`` registered on the worker's app (issue 17); return its receipt.
+
+        The run is one submission (`settled.protocol.workflow_input`) in ``conversation_id``, by default
+        ``wf:<name>:<task_id>`` (so runs of different tasks spread over the partitions), whose idempotency key is
+        ``task_id``: the same task id and input again returns the original run's receipt (outcome ``duplicate``).
+        The worker resumes an interrupted run by itself; `wait` reads its settlement, whose reply is the dict of
+        step results by name.
+
+        Args:
+            name: The workflow's name.
+            input: The run's input, a JSON-compatible value (``StepContext.input``).
+            task_id: The run's task id, its idempotency key.
+            conversation_id: The conversation (default ``wf:<name>:<task_id>``).
+            principal: Who starts it (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The receipt: ``admitted``, or ``duplicate`` pointing at the original run.
+
+        Raises:
+            ValueError: ``name`` or ``task_id`` is empty, or an argument breaks the input contract (as `submit`).
+            IdempotencyConflictError: The task id started a run with another input (the message names the id).
+            SubmissionRejectedError: Any other rejection.
+            SubmissionOutcomeUnknownError: No receipt within the deadline; run it again with the same task id.
+        """
+        envelope = protocol.workflow_input(name, task_id, input)
+        conversation = (
+            conversation_id if conversation_id is not None else protocol.workflow_conversation_id(name, task_id)
+        )
+        return self.submit(conversation, envelope, idempotency_key=task_id, principal=principal, timeout_s=timeout_s)
+
     # ---------------------------------------------------------------------------------------------- signal
 
     def signal(

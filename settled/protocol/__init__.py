@@ -15,6 +15,8 @@
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
 * `may_access`, `conversation_owner`, `hidden`, `api_signing_bytes`, `api_signature_of` (`_access`): who may see a
   conversation, for inbox records the HTTP API signed (issue 20 item 3).
+* `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
+  names a workflow run (issue 17).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -127,6 +129,13 @@ from settled.protocol._states import (
     outcome_state,
 )
 from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
+from settled.protocol._workflows import (
+    WORKFLOW_KEY,
+    WorkflowInvocation,
+    workflow_conversation_id,
+    workflow_input,
+    workflow_invocation,
+)
 
 __all__ = [
     "ACCESS_ALL",
@@ -142,6 +151,7 @@ __all__ = [
     "NONTERMINAL_STATES",
     "RESERVED_CONVERSATION_PREFIXES",
     "TERMINAL_STATES",
+    "WORKFLOW_KEY",
     "ApiSignature",
     "BatchLike",
     "ConversationState",
@@ -170,6 +180,7 @@ __all__ = [
     "Transition",
     "UnknownSubmissionError",
     "Violation",
+    "WorkflowInvocation",
     "WrongConversationError",
     "abort",
     "admit",
@@ -223,4 +234,7 @@ __all__ = [
     "start_attempt",
     "terminalize",
     "wait_id_for",
+    "workflow_conversation_id",
+    "workflow_input",
+    "workflow_invocation",
 ]

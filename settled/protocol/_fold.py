@@ -72,6 +72,7 @@ from settled.schemas import (
     SettlementOutcome,
     SignalReceived,
     StepRecorded,
+    StepRetryScheduled,
     SubmissionAdmitted,
     SubmissionDuplicate,
     SubmissionReady,
@@ -870,7 +871,8 @@ class _ConvBuilder:
         | ModelResponseInterrupted
         | ToolCallRefused
         | StepRecorded
-        | EffectRecorded,
+        | EffectRecorded
+        | StepRetryScheduled,
         batch_epoch: int,
     ) -> None:
         sub = self.get(event.submission_id, event, None)
@@ -1097,6 +1099,7 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     UnknownResolved: _ConvBuilder.on_unknown_resolved,
     StepRecorded: _ConvBuilder.on_running_record,
     EffectRecorded: _ConvBuilder.on_running_record,
+    StepRetryScheduled: _ConvBuilder.on_running_record,  # a workflow retry (issue 17): its wait suspends the run
     Settlement: _ConvBuilder.on_settlement,
     RecoveryDecision: _ConvBuilder.on_recovery_decision,
     WaitRequested: _ConvBuilder.on_wait_requested,

@@ -7,6 +7,9 @@
   ``await ctx.model(provider, messages)``, ``await ctx.signal(name)``,
   ``await ctx.approve(title, description)`` (an `ApprovalDecision`) — recorded in ``settled.log`` and replayed on
   re-entry (docs/design.md §3, §5; DUR-003, 008-010).
+* `Workflow`, `Step`, `StepContext`, `StepState` (``app.workflow(Workflow(name, steps=[Step(name, fn)]))``, started by
+  ``Client.run_workflow``): named multi-step runs on durable steps, with ``previous``, ``checkpoint``, ``log`` and
+  ``get_state`` (issue 17).
 * `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
 * Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefusedError`,
   `ToolApprovalDeniedError` (a call of a tool that needs approval was denied; a model gets `denial_result`),
@@ -61,6 +64,7 @@ from settled.runtime._tools import (
     recovered,
     still_unknown,
 )
+from settled.runtime._workflow import Step, StepContext, StepFunction, StepState, StepTimeoutError, Workflow
 
 __all__ = [
     "OPERATION_ID_HEADER",
@@ -86,6 +90,11 @@ __all__ = [
     "RunOptions",
     "RunSuspended",
     "ScriptedProvider",
+    "Step",
+    "StepContext",
+    "StepFunction",
+    "StepState",
+    "StepTimeoutError",
     "TextDelta",
     "ToolApprovalDeniedError",
     "ToolArgumentsDelta",
@@ -102,6 +111,7 @@ __all__ = [
     "UnsafeReplayError",
     "UnsafeToolsError",
     "WaitExpiredError",
+    "Workflow",
     "declared_call",
     "denial_result",
     "execute",

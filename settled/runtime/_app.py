@@ -15,6 +15,11 @@
     async def my_agent(ctx: RunContext) -> dict:
         receipt = await ctx.tool("charge", {"amount": 5})
         return {"receipt": receipt, "at": ctx.now().isoformat()}
+
+    app.workflow(Workflow("process-invoice", steps=[Step("extract", extract), Step("save", save)]))
+
+A submission started by ``Client.run_workflow`` names its workflow (`settled.protocol.workflow_input`); the worker
+runs that workflow (`settled/runtime/_workflow_run.py`) instead of the agent (issue 17).
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from settled._errors import ErrorCategory, SettledError
-from settled.processors import Agent
+from settled.processors import Agent, RunFailedError
+from settled.protocol import workflow_invocation
+from settled.runtime._context import RunContext
 from settled.runtime._errors import UnsafeToolsError
 from settled.runtime._options import RunOptions
 from settled.runtime._runloop import AgentFunction, execute
 from settled.runtime._tools import ApprovalPolicy, Reconciler, ToolFunction, ToolRegistry, ToolSpec
+from settled.runtime._workflow import Workflow
+from settled.runtime._workflow_run import run_workflow
 
 __all__ = ["App", "AppLoadError", "load_app"]
 
@@ -49,7 +58,8 @@ class App:
 
     Attributes:
         agent: ``async def agent(ctx: RunContext) -> reply``: the reply is any JSON value; an uncaught error ends
-            the attempt (``max_attempts`` bounds the retries).
+            the attempt (``max_attempts`` bounds the retries). None: the app runs workflows only (a submission
+            that names none fails with ``no_agent``).
         max_attempts: Attempts per submission before it settles failed (docs/design.md §5).
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
         approver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``DecideApproval`` (approve
@@ -61,12 +71,13 @@ class App:
         options: How runs execute effects (clock, abort grace, result size limit, model retries).
         keep_history: Hand runs the conversation's earlier settled submissions (`RunContext.history`); on by
             default for an agent with ``needs_history`` (the model-driven `ModelAgent`).
+        workflows: The registered workflows by name (`workflow` adds to it; issue 17).
 
     Raises:
         ValueError: ``max_attempts`` or ``concurrency`` is below 1.
     """
 
-    agent: AgentFunction
+    agent: AgentFunction | None
     max_attempts: int = 3
     resolver_keys: Mapping[str, str] = field(default_factory=dict)
     approver_keys: Mapping[str, str] = field(default_factory=dict)
@@ -75,6 +86,7 @@ class App:
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     options: RunOptions = field(default_factory=RunOptions)
     keep_history: bool | None = None
+    workflows: dict[str, Workflow] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -185,6 +197,35 @@ class App:
 
         return register if fn is None else register(fn)
 
+    def workflow(self, workflow: Workflow) -> Workflow:
+        """Register a workflow: ``Client.run_workflow(workflow.name, ...)`` runs it (issue 17).
+
+        Args:
+            workflow: The workflow.
+
+        Returns:
+            The workflow unchanged.
+
+        Raises:
+            ValueError: A workflow of that name is already registered.
+        """
+        if workflow.name in self.workflows:
+            raise ValueError(f"a workflow named {workflow.name!r} is already registered")
+        self.workflows[workflow.name] = workflow
+        return workflow
+
+    async def _dispatch(self, ctx: RunContext) -> Any:
+        """The run body: the workflow the submission names, else the agent."""
+        try:
+            invocation = workflow_invocation(ctx.input_json)
+        except ValueError as exc:
+            raise RunFailedError("bad_workflow_input", str(exc)) from exc
+        if invocation is not None:
+            return await run_workflow(ctx, self.workflows.get(invocation.name), invocation)
+        if self.agent is None:
+            raise RunFailedError("no_agent", "the app has no agent: it runs workflows only (Client.run_workflow)")
+        return await self.agent(ctx)
+
     def check(self) -> None:
         """Refuse a configuration that could leave a run Unknown with nobody able to resolve it (DUR-017).
 
@@ -209,7 +250,7 @@ class App:
 
     def runner(self) -> Agent:
         """The run body the conductor calls on a pool thread: one attempt of `agent` on its own event loop."""
-        return functools.partial(execute, self.agent, self.tools, self.options)
+        return functools.partial(execute, self._dispatch, self.tools, self.options)
 
 
 def load_app(reference: str) -> App:

@@ -76,6 +76,7 @@ __all__ = [
     "SettlementRecord",
     "SignalReceived",
     "StepRecorded",
+    "StepRetryScheduled",
     "SubmissionAdmitted",
     "SubmissionDuplicate",
     "SubmissionPayload",
@@ -1221,6 +1222,35 @@ class RecoveryDecision(AvroRecord):
     call_ids: tuple[str, ...]
 
 
+class StepRetryScheduled(AvroRecord):
+    """A workflow step failed and will run again at ``wake_at`` (issue 17 item 3): a retry is due, never a result.
+
+    Appended with the timed wait (`WaitRequested`, ``wait_id``) the run holds until ``wake_at``; replay never
+    re-raises the error, it only counts the retries already scheduled.
+
+    Attributes:
+        submission_id: The submission.
+        attempt_id: The attempt whose execution of the step failed.
+        step: The workflow step's name.
+        retry: Which retry this schedules (1, 2, ...; at most the workflow's ``max_retries``).
+        ordinal: The record's ordinal within the run.
+        error_type: The failed execution's error type (``StepTimeout`` for a timeout).
+        error_message: Its message, bounded.
+        wake_at: When the step runs again: absolute, backoff and jitter included, never recomputed.
+        wait_id: The timed wait the run holds until ``wake_at``.
+    """
+
+    submission_id: str
+    attempt_id: str
+    step: str
+    retry: NonNegInt32
+    ordinal: NonNegInt64
+    error_type: str
+    error_message: str
+    wake_at: UtcMillis
+    wait_id: str
+
+
 class WaitRequested(AvroRecord):
     """A run asks to wait (issue 16): canonical, it suspends the run (Running → Waiting) until every wait is decided.
 
@@ -1420,6 +1450,7 @@ LogEvent = (
     | SignalReceived
     | ApprovalDecided
     | ModelResponseInterrupted
+    | StepRetryScheduled
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1464,6 +1495,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     SignalReceived,
     ApprovalDecided,
     ModelResponseInterrupted,
+    StepRetryScheduled,
 )
 """Branches of the log-event union, in Avro union order."""
 

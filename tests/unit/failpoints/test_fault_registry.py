@@ -26,6 +26,7 @@ EXPECTED_SWITCHES = {
     "approval_digest_unchecked",
     "tool_runs_before_approval",
     "api_access_unchecked",
+    "workflow_retry_unrecorded",
 }
 
 

@@ -42,6 +42,7 @@ from settled.schemas import (
     QuarantineReason,
     SettlementOutcome,
     SignalReceived,
+    StepRetryScheduled,
     WaitKind,
     WaitOutcome,
     WaitRequested,
@@ -251,5 +252,7 @@ def _other_event_types() -> LogBatch:
             ModelResponseInterrupted(submission_id="s", attempt_id="a", response_ordinal=0, provider="openai",
                                      model="m", operation_id="op", first_delta_index=0, delta_count=1,
                                      output_chars=2, usage=None, error="cut"),
+            StepRetryScheduled(submission_id="s", attempt_id="a", step="save", retry=1, ordinal=5,
+                               error_type="ValueError", error_message="no", wake_at=T0, wait_id="s#w5"),
         ],
     )  # fmt: skip

@@ -1,0 +1,295 @@
+"""Workflows without Kafka (issue 17 item 1): records go to an in-memory recorder; a new attempt gets them back.
+
+The recorder stands where the conductor stands (`AgentRun.record`), as in `tests/unit/runtime/test_context.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from settled.processors import AgentRun, CancelSignal, RunFailedError
+from settled.protocol import workflow_input
+from settled.runtime import App, RunCancelledError, RunOptions, Step, StepContext, Workflow
+from settled.schemas import (
+    LogEvent,
+    StepRecorded,
+    StepRetryScheduled,
+    WaitKind,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
+    canonical_json,
+)
+from tests._promise import promise
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+class Recorder:
+    """Commits every batch at once; ``batches`` is the log in order."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[LogEvent, ...]] = []
+
+    def __call__(self, events: Sequence[LogEvent]) -> Future[None]:
+        self.batches.append(tuple(events))
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    @property
+    def events(self) -> list[LogEvent]:
+        return [e for b in self.batches for e in b]
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.events if isinstance(e, StepRecorded)]
+
+
+def attempt(recorder: Recorder, n: int, input_value: Any, journal: Sequence[LogEvent] = ()) -> AgentRun:
+    return AgentRun(
+        conversation_id="wf:w:t",
+        submission_id="s1",
+        attempt_id=f"a{n}",
+        attempt=n,
+        input_json=canonical_json(input_value),
+        owner_epoch=1,
+        cancelled=CancelSignal(),
+        run_id="s1",
+        tools_offered=(),
+        journal=tuple(journal),
+        record=recorder,
+    )
+
+
+def expired(recorder: Recorder) -> list[LogEvent]:
+    """The journal of the next attempt: the record so far plus the expiry of every open wait (the sweeper's)."""
+    decided = {e.wait_id for e in recorder.events if isinstance(e, WaitResolved)}
+    out = list(recorder.events)
+    for e in recorder.events:
+        if isinstance(e, WaitRequested) and e.wait_id not in decided:
+            out.append(WaitResolved(submission_id="s1", wait_id=e.wait_id, outcome=WaitOutcome.EXPIRED, decided_at=T0))
+    return out
+
+
+def test_a_resumed_run_skips_recorded_steps_and_sees_previous_and_its_last_checkpoint() -> None:
+    seen: list[tuple[str, Any, Any, int, int]] = []
+    crash = {"on": True}
+
+    async def first(ctx: StepContext) -> Any:
+        state = ctx.get_state()
+        seen.append(("first", ctx.previous, ctx.last_checkpoint, state.attempt, state.retry))
+        return {"n": 1}
+
+    async def second(ctx: StepContext) -> Any:
+        state = ctx.get_state()
+        seen.append(("second", ctx.previous, ctx.last_checkpoint, state.attempt, state.retry))
+        start = (ctx.last_checkpoint or {}).get("page", 0)
+        for page in range(start, 3):
+            ctx.log(f"page {page}")
+            await ctx.checkpoint({"page": page + 1})
+            if crash["on"] and page == 1:
+                raise RuntimeError("crash")
+        return {"pages": 3}
+
+    app = App(agent=None, max_attempts=3, options=RunOptions(clock=lambda: T0))
+    app.workflow(Workflow("w", steps=[Step("first", first), Step("second", second)]))
+    envelope = workflow_input("w", "t", {"x": 1})
+    recorder = Recorder()
+    with pytest.raises(RunCancelledError, match="retry:second#1"):
+        app.runner()(attempt(recorder, 1, envelope))
+    assert recorder.names() == [
+        "step:first",
+        "log:second",
+        "checkpoint:second",
+        "log:second",
+        "checkpoint:second",
+    ]
+    crash["on"] = False
+    reply = app.runner()(attempt(recorder, 2, envelope, expired(recorder)))
+    assert reply == canonical_json({"first": {"n": 1}, "second": {"pages": 3}})
+    assert seen == [
+        ("first", {}, None, 1, 0),
+        ("second", {"first": {"n": 1}}, None, 1, 0),
+        ("second", {"first": {"n": 1}}, {"page": 2}, 2, 1),  # resumed at its last checkpoint; first never ran again
+    ]
+    ordinals = [e.ordinal for e in recorder.events if isinstance(e, (StepRecorded, StepRetryScheduled))]
+    assert len(set(ordinals)) == len(ordinals), "every record has its own ordinal (a retry's wait shares its retry's)"
+    assert recorder.names()[-3:] == ["log:second", "checkpoint:second", "step:second"]
+
+
+def test_a_step_failing_twice_then_passing_has_two_canonical_retries_and_one_result() -> None:
+    runs: list[int] = []
+
+    def flaky(ctx: StepContext) -> Any:
+        runs.append(ctx.get_state().retry)
+        if len(runs) <= 2:
+            raise ValueError(f"flaky {len(runs)}")
+        return "ok"
+
+    wf = Workflow("w", steps=[Step("flaky", flaky)], retry_backoff=timedelta(seconds=2))
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(wf)
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    for n in (1, 2):
+        with pytest.raises(RunCancelledError, match=f"retry:flaky#{n}"):
+            app.runner()(attempt(recorder, n, envelope, expired(recorder)))
+        # the retry and its timed wait are one batch, the run's last
+        retry, wait = recorder.batches[-1]
+        assert isinstance(retry, StepRetryScheduled) and isinstance(wait, WaitRequested)
+        assert (retry.step, retry.retry, retry.error_type, retry.error_message) == (
+            "flaky",
+            n,
+            "ValueError",
+            f"flaky {n}",
+        )
+        backoff_s = 2.0 * 2 ** (n - 1)
+        assert T0 + timedelta(seconds=backoff_s) <= retry.wake_at <= T0 + timedelta(seconds=backoff_s * 1.2)
+        assert (wait.wait_id, wait.deadline, wait.kind) == (retry.wait_id, retry.wake_at, WaitKind.SIGNAL)
+    reply = app.runner()(attempt(recorder, 3, envelope, expired(recorder)))
+    assert reply == canonical_json({"flaky": "ok"})
+    assert runs == [0, 1, 2]
+    assert len([e for e in recorder.events if isinstance(e, StepRetryScheduled)]) == 2
+    assert recorder.names() == ["step:flaky"]
+
+
+def test_exhausted_retries_settle_the_run_failed_with_the_last_error() -> None:
+    def broken(ctx: StepContext) -> Any:
+        raise KeyError(f"missing {ctx.get_state().retry}")
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(Workflow("w", steps=[Step("broken", broken)], max_retries=1, retry_backoff=timedelta(0)))
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    with pytest.raises(RunCancelledError):
+        app.runner()(attempt(recorder, 1, envelope))
+    with pytest.raises(RunFailedError, match="missing 1") as failed:
+        app.runner()(attempt(recorder, 2, envelope, expired(recorder)))
+    assert failed.value.error_type == "KeyError" and failed.value.non_retryable
+    assert [e.retry for e in recorder.events if isinstance(e, StepRetryScheduled)] == [1]
+    assert recorder.names() == []
+
+
+def test_a_hung_step_times_out_is_retried_and_its_late_return_changes_nothing() -> None:
+    release, finished = threading.Event(), threading.Event()
+    late: list[BaseException] = []
+
+    def hung(ctx: StepContext) -> Any:
+        if ctx.get_state().retry == 0:
+            try:
+                release.wait(30)
+                ctx.log("too late")
+            except RuntimeError as exc:
+                late.append(exc)
+            finally:
+                finished.set()
+            return "late"
+        return "on time"
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(
+        Workflow("w", steps=[Step("hung", hung)], step_timeout=timedelta(seconds=0.2), retry_backoff=timedelta(0))
+    )
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    with pytest.raises(RunCancelledError, match="retry:hung#1"):
+        app.runner()(attempt(recorder, 1, envelope))
+    (retry,) = [e for e in recorder.events if isinstance(e, StepRetryScheduled)]
+    assert retry.error_type == "StepTimeoutError" and "step_timeout of 0.2 s" in retry.error_message
+    before = list(recorder.events)
+    release.set()
+    assert finished.wait(10)
+    assert len(late) == 1 and "after its execution ended" in str(late[0])
+    assert recorder.events == before, "the late return and log recorded nothing"
+    reply = app.runner()(attempt(recorder, 2, envelope, expired(recorder)))
+    assert reply == canonical_json({"hung": "on time"})
+
+
+def test_retry_without_its_canonical_record_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the fault switch ``workflow_retry_unrecorded`` (a retry with no canonical StepRetryScheduled)."""
+    runs: list[int] = []
+
+    def flaky(ctx: StepContext) -> Any:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ValueError("once")
+        return "ok"
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(Workflow("w", steps=[Step("flaky", flaky)], retry_backoff=timedelta(0)))
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    with contextlib.suppress(RunCancelledError):
+        app.runner()(attempt(recorder, 1, envelope))
+    retries = [e for e in recorder.events if isinstance(e, StepRetryScheduled)]
+    promise(
+        "DUR-010.retry-canonical",
+        len(retries) == 1 and recorder.names() == [],
+        f"the failed execution left {len(retries)} StepRetryScheduled and step records {recorder.names()}; expected "
+        "one canonical retry before any second execution",
+    )
+
+
+def test_sync_bodies_and_state() -> None:
+    def only(ctx: StepContext) -> Any:
+        state = ctx.get_state()
+        return [ctx.input, state.step, state.current_step, state.total_steps, ctx.task_id, ctx.workflow]
+
+    app = App(agent=None)
+    app.workflow(Workflow("w", steps=[Step("a", lambda ctx: 1), Step("b", only)]))
+    reply = app.runner()(attempt(Recorder(), 1, workflow_input("w", "t", "in")))
+    assert reply == canonical_json({"a": 1, "b": ["in", "b", 2, 2, "t", "w"]})
+
+
+def test_an_unknown_workflow_or_a_missing_agent_fails_without_retry() -> None:
+    app = App(agent=None)
+    with pytest.raises(RunFailedError, match="'nope'") as unknown:
+        app.runner()(attempt(Recorder(), 1, workflow_input("nope", "t", None)))
+    assert unknown.value.error_type == "unknown_workflow" and unknown.value.non_retryable
+    with pytest.raises(RunFailedError, match="no agent") as no_agent:
+        app.runner()(attempt(Recorder(), 1, "hello"))
+    assert no_agent.value.error_type == "no_agent"
+    with pytest.raises(RunFailedError, match=r"input\.settled_workflow\.name") as bad:
+        app.runner()(attempt(Recorder(), 1, {"settled_workflow": {"task_id": "t"}}))
+    assert bad.value.error_type == "bad_workflow_input"
+
+
+def test_the_agent_still_runs_what_names_no_workflow() -> None:
+    async def agent(ctx: Any) -> Any:
+        return {"agent": ctx.input}
+
+    app = App(agent=agent)
+    app.workflow(Workflow("w", steps=[Step("a", lambda ctx: 1)]))
+    assert app.runner()(attempt(Recorder(), 1, "hi")) == canonical_json({"agent": "hi"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": []}, "steps must not be empty"),
+        ({"steps": [Step("a", print), Step("a", print)]}, r"step names \['a'\] repeat"),
+        ({"max_retries": -1}, "max_retries must be >= 0, got -1"),
+        ({"step_timeout": timedelta(0)}, "step_timeout must be positive"),
+        ({"on_denial": "ignore"}, "on_denial must be 'pause' or 'fail', got 'ignore'"),
+    ],
+)
+def test_workflow_refuses_bad_values_naming_them(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"steps": [Step("a", print)], **kwargs}
+    with pytest.raises(ValueError, match=message):
+        Workflow("w", **args)
+
+
+def test_names_and_registration() -> None:
+    with pytest.raises(ValueError, match=r"Step\.name 'a b'"):
+        Step("a b", print)
+    app = App(agent=None)
+    app.workflow(Workflow("w", steps=[Step("a", print)]))
+    with pytest.raises(ValueError, match="'w' is already registered"):
+        app.workflow(Workflow("w", steps=[Step("a", print)]))
