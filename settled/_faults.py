@@ -85,6 +85,12 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "principal aborts, signals, approves or resolves on a conversation another principal opened (issue 20 "
             "item 3; as with DUR-009's signed resolutions, a signed record authorizes only what its signer may do)"
         ),
+        "collateral_condemned": (
+            "the appender's group policy takes the delivery errors of a shared transaction as the culprits and "
+            "replaces every conversation with a failed record at once, so a healthy neighbour whose records failed "
+            "only as collateral of one rejected record fails with it (DUR-014: a poison submission never fails its "
+            "neighbours; settled/producers/_policy.py)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

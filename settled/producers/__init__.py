@@ -43,6 +43,7 @@ from settled.producers._topics import (
     read_genesis,
     topic_configs,
 )
+from settled.producers._txproducer import PartitionLog, TransactionalProducer
 
 __all__ = [
     "BATCH_ID_HEADER",
@@ -55,6 +56,7 @@ __all__ = [
     "OpenTransactionError",
     "OutRecord",
     "PartitionCountMismatchError",
+    "PartitionLog",
     "ProducerFencedError",
     "ProducerIdExpiredError",
     "Run",
@@ -63,6 +65,7 @@ __all__ = [
     "StreamPublisher",
     "TopicInfo",
     "TransactionalAppender",
+    "TransactionalProducer",
     "admin_config",
     "consume_promptly",
     "consumer_config",

@@ -6,6 +6,11 @@ transaction makes canonical. The caller (a partition's processor) hands over can
 encoded; :meth:`TransactionalAppender.checkpoint` commits them and returns what became canonical. It never folds
 anything itself: the caller advances its in-memory state only with what ``checkpoint`` reports committed.
 
+The appender reaches Kafka only through `settled.producers._txproducer.TransactionalProducer` (the confluent-kafka
+producer, wrapped by the fault-injecting adapter that raises the broker errors the ``appender.*`` failpoints stand
+for) and `settled.producers._txproducer.PartitionLog`; ``_transaction`` runs steps 2-5 and returns a
+`settled.producers._policy.TransactionOutcome`.
+
 The checkpoint, in numbered steps (the numbers appear in the code):
 
 1. Size check: a batch with a record over the limit is replaced, before it joins, by the caller's typed failure
@@ -31,6 +36,7 @@ The checkpoint, in numbered steps (the numbers appear in the code):
    its next checkpoint raises `ProducerFencedError`. On a retriable
    error: call the same function again. On a fatal error (``_FENCED`` included): raise; the caller drops the producer
    and the partition's in-memory state.
+   What follows an abort is decided by the pure group policy, `settled.producers._policy.after_abort`.
 7. When a commit or abort times out its outcome is unknown: replace the producer (its ``init_transactions`` fences
    any request still in flight; librdkafka has no KIP-890 part 2), check that no transaction is open on the log
    partition (LSO = high watermark), read the log tail written since this checkpoint began, and count the batches
@@ -39,20 +45,28 @@ The checkpoint, in numbered steps (the numbers appear in the code):
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from settled._errors import ErrorCategory, SettledError
-from settled._failpoints import FailpointError, failpoint
+from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled._settings import Settings
-from settled.producers._kafka import end_offsets, producer_config, read_partition, transactional_id
+from settled.producers._batches import AppendBatch, OutRecord, Run
+from settled.producers._kafka import producer_config, transactional_id
+from settled.producers._policy import Defer, Group, Replace, TransactionOutcome, after_abort, runs_of
+from settled.producers._txproducer import (
+    BATCH_ID_HEADER,
+    KafkaPartitionLog,
+    PartitionLog,
+    TransactionalProducer,
+    default_producer_factory,
+)
 
 __all__ = [
     "BATCH_ID_HEADER",
@@ -63,28 +77,14 @@ __all__ = [
     "OutRecord",
     "ProducerFencedError",
     "ProducerIdExpiredError",
+    "Run",
     "TransactionalAppender",
     "low_watermark",
 ]
 
 _log = logging.getLogger(__name__)
 
-#: Kafka header carrying a log record's batch id, so the appender can recognise its batches without decoding them.
-BATCH_ID_HEADER = "settled.batch_id"
 _MAX_RETRIABLE = 20
-_MAX_COLLATERAL = 3
-#: Delivery errors that a record itself causes (a conversation failing alone with one of them twice is poison).
-_RECORD_FAULTS = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-        KafkaError.INVALID_MSG,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.INVALID_TIMESTAMP,
-        KafkaError.INVALID_REQUIRED_ACKS,
-        KafkaError.POLICY_VIOLATION,
-    }
-)
 
 #: Step-4 refusals that mean the producer's cached group coordinator is stale (after a broker restart): the producer
 #: is replaced before the next checkpoint (step 6; librdkafka#5456, #5511). Membership refusals are not in it.
@@ -129,61 +129,6 @@ class OpenTransactionError(SettledError):
 
 
 @dataclass(frozen=True)
-class OutRecord:
-    """One encoded record to produce inside the transaction.
-
-    Attributes:
-        topic: Destination topic (co-partitioned with the inbox; the record goes to the owned partition).
-        key: Record key: the conversation id, UTF-8.
-        value: Encoded value.
-        headers: Kafka headers.
-    """
-
-    topic: str
-    key: bytes
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-@dataclass(frozen=True)
-class AppendBatch:
-    """A canonical batch of one conversation, encoded, with its side records and the inputs it decides.
-
-    Attributes:
-        batch_id: The batch's id (deterministic: a repeated batch id in the log is a bug, and readers raise on it).
-        conversation_id: The conversation the batch belongs to.
-        log_record: The encoded canonical batch envelope for ``settled.log``.
-        side_records: Receipts, settlements and quarantine records produced in the same transaction.
-        inputs: Inbox offsets whose decision this batch carries (docs/design.md §3: every consumed inbox record yields
-            exactly one log record carrying its offset).
-    """
-
-    batch_id: str
-    conversation_id: str
-    log_record: OutRecord
-    side_records: tuple[OutRecord, ...] = ()
-    inputs: frozenset[int] = frozenset()
-
-    @functools.cached_property
-    def records(self) -> tuple[OutRecord, ...]:
-        """The log record (with its batch-id header) followed by the side records; computed once."""
-        log = self.log_record
-        if not any(k == BATCH_ID_HEADER for k, _ in log.headers):
-            log = OutRecord(log.topic, log.key, log.value, (*log.headers, (BATCH_ID_HEADER, self.batch_id.encode())))
-        return (log, *self.side_records)
-
-    @functools.cached_property
-    def largest_record_bytes(self) -> int:
-        """The size of the largest record (key + value + headers), in bytes; computed once."""
-        return max(len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers) for r in self.records)
-
-
-Run = tuple[AppendBatch, ...]
-"""One conversation's batches within a checkpoint, in order: they join, leave and are replaced together, so a
-conversation's chain (event sequences, previous-batch digests) is never reordered or broken by a retry."""
-
-
-@dataclass(frozen=True)
 class CheckpointResult:
     """What one :meth:`TransactionalAppender.checkpoint` made canonical.
 
@@ -222,22 +167,12 @@ def low_watermark(pending_inputs: Sequence[int], canonical: set[int] | frozenset
     return next_offset
 
 
-def _runs(batches: Sequence[AppendBatch]) -> list[Run]:
-    by_conversation: dict[str, list[AppendBatch]] = {}
-    for batch in batches:
-        by_conversation.setdefault(batch.conversation_id, []).append(batch)
-    return [tuple(run) for run in by_conversation.values()]
+@dataclass(frozen=True)
+class _Attempt:
+    """How one transaction (steps 2-5) ended, and the delivery error codes of its records, by batch id."""
 
-
-@dataclass
-class _Group:
-    runs: list[Run]
-    alone: bool = False
-    failures: int = 0
-    poisoned: bool = False
-
-    def batches(self) -> list[AppendBatch]:
-        return [b for run in self.runs for b in run]
+    outcome: TransactionOutcome
+    failed: dict[str, set[int]]
 
 
 @dataclass
@@ -256,6 +191,9 @@ class TransactionalAppender:
         max_record_bytes: Largest record accepted, in bytes (the smaller of the topics' ``max.message.bytes`` and
             the producer's ``message.max.bytes``).
         open_transaction_wait_s: How long claim step 3 waits for a foreign open transaction, in seconds.
+        producer_factory: Builds the transactional producer from its librdkafka configuration (default: the
+            confluent-kafka producer inside the failpoints' fault-injecting one, `settled/producers/_txproducer.py`).
+        partition_log: Reads the owned log partition (claim step 3, step 7); default: from the broker.
     """
 
     settings: Settings
@@ -265,10 +203,16 @@ class TransactionalAppender:
     replace_poison: Callable[[Run, str], Run]
     max_record_bytes: int = 1_000_000
     open_transaction_wait_s: float = 10.0
-    _producer: Producer | None = field(default=None, init=False, repr=False)
+    producer_factory: Callable[[dict[str, Any]], TransactionalProducer] = default_producer_factory
+    partition_log: PartitionLog | None = None
+    _producer: TransactionalProducer | None = field(default=None, init=False, repr=False)
     _renew_producer: bool = field(default=False, init=False, repr=False)  # step 6: a stale coordinator refused offsets
     _log_end: int = field(default=0, init=False, repr=False)
     _delivered_log_offsets: list[int] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.partition_log is None:
+            self.partition_log = KafkaPartitionLog(self.settings, self.log_topic, self.partition)
 
     @property
     def log_topic(self) -> str:
@@ -297,9 +241,9 @@ class TransactionalAppender:
         """Drop the producer (after a revoke, a loss or a fatal error). Nothing is flushed or committed."""
         self._producer = None
 
-    def _new_producer(self) -> Producer:
+    def _new_producer(self) -> TransactionalProducer:
         tid = transactional_id(self.settings, self.partition)
-        producer = Producer(producer_config(self.settings, transactional_id=tid))
+        producer = self.producer_factory(producer_config(self.settings, transactional_id=tid))
         self._call(lambda: producer.init_transactions(self.timeout_s), "init_transactions")
         _log.info("producer ready", extra={"transactional_id": tid, "partition": self.partition})
         return producer
@@ -310,9 +254,10 @@ class TransactionalAppender:
         Raises:
             OpenTransactionError: It did not within ``open_transaction_wait_s``.
         """
+        assert self.partition_log is not None  # set by __post_init__
         deadline = time.monotonic() + self.open_transaction_wait_s
         while True:
-            ends = end_offsets(self.settings, self.log_topic, self.partition, self.timeout_s)
+            ends = self.partition_log.end_offsets(self.timeout_s)
             if not ends.has_open_transaction:
                 self._log_end = max(self._log_end, ends.last_stable)
                 return
@@ -357,7 +302,7 @@ class TransactionalAppender:
 
         # Step 1: size check before joining.
         joined: list[Run] = []
-        for run in _runs(batches):
+        for run in runs_of(batches):
             sizes = [b.largest_record_bytes for b in run]
             if max(sizes) > self.max_record_bytes:
                 run = self._replacement(
@@ -367,20 +312,20 @@ class TransactionalAppender:
 
         # With nothing to append but an input offset to move (inputs re-read after a restart whose decisions are
         # already canonical), one transaction carries just the offset.
-        queue: list[_Group] = [_Group(joined)] if joined or next_input_offset is not None else []
+        queue: list[Group] = [Group(tuple(joined))] if joined or next_input_offset is not None else []
         while queue:
             group = queue.pop(0)
             group_batches = group.batches()
             include = {o for b in group_batches for o in b.inputs} | canonical
             offset = None if next_input_offset is None else low_watermark(pending_inputs, include, next_input_offset)
-            outcome, failed = self._transaction(group_batches, offset)
-            if outcome == "committed":
+            attempt = self._transaction(group_batches, offset)
+            if attempt.outcome is TransactionOutcome.COMMITTED:
                 committed.extend(group_batches)
                 canonical |= {o for b in group_batches for o in b.inputs}
                 transactions += 1
                 input_offset = offset
                 continue
-            if outcome == "unknown":
+            if attempt.outcome is TransactionOutcome.UNKNOWN:
                 # Step 7: the outcome is unknown. Fence whatever is in flight, then read what the log holds.
                 read_from = self._log_end  # the log end before this transaction (the wait below moves _log_end)
                 try:
@@ -401,32 +346,18 @@ class TransactionalAppender:
                 else:
                     queue.insert(0, group)
                 continue
-            # Step 6: aborted.
+            # Step 6: aborted; the group policy (settled/producers/_policy.py) decides what follows.
             aborts += 1
-            if not failed:
-                # No record failed (a rebalance fenced the group metadata, a coordinator error): nothing to blame.
-                # Defer the rest to the caller's next turn, after it polls (which rejoins the group).
+            decision = after_abort(group, attempt.failed)
+            if isinstance(decision, Defer):
                 deferred = [b for g in [group, *queue] for b in g.batches()]
                 break
-            if not group.alone:
-                # Records failed in a shared transaction. A broker rejects whole record batches and the idempotent
-                # producer's later batches fail too, so delivery errors cannot pin the culprit: retry every
-                # conversation alone.
-                queue[0:0] = [_Group([run], alone=True) for run in group.runs]
+            if isinstance(decision, Replace):
+                queue[0:0] = [
+                    Group((self._replacement(run, decision.reason, replaced),), alone=True) for run in decision.runs
+                ]
                 continue
-            (run,) = group.runs
-            faults = sorted({KafkaError(code).name() for codes in failed.values() for code in codes})
-            if not any(codes & _RECORD_FAULTS for codes in failed.values()):
-                if group.failures >= _MAX_COLLATERAL:
-                    deferred = [b for g in [group, *queue] for b in g.batches()]
-                    break
-                queue.insert(0, _Group([run], alone=True, failures=group.failures + 1))
-                continue
-            if group.poisoned:
-                why = f"its records failed alone twice ({', '.join(faults)})"
-                queue.insert(0, _Group([self._replacement(run, why, replaced)], alone=True))
-                continue
-            queue.insert(0, _Group([run], alone=True, poisoned=True))
+            queue[0:0] = decision.groups
         return CheckpointResult(tuple(committed), tuple(replaced), tuple(deferred), input_offset, transactions, aborts)
 
     def _renew(self) -> None:
@@ -466,8 +397,21 @@ class TransactionalAppender:
         replaced.append((run, replacement))
         return replacement
 
-    def _transaction(self, batches: Sequence[AppendBatch], input_offset: int | None) -> tuple[str, dict[str, set[int]]]:
-        """Run steps 2-5 once. Returns ("committed" | "aborted" | "unknown", ids of batches with delivery errors)."""
+    def _transaction(self, batches: Sequence[AppendBatch], input_offset: int | None) -> _Attempt:
+        """Run steps 2-5 once.
+
+        Args:
+            batches: The group's batches.
+            input_offset: The input offset to commit with them (step 4), or ``None``.
+
+        Returns:
+            The outcome, with the delivery error codes of the records that failed, by batch id.
+
+        Raises:
+            ProducerFencedError: A newer owner fenced this producer.
+            ProducerIdExpiredError: The coordinator no longer maps the ``transactional.id`` to a producer id.
+            AppenderFatalError: Any other fatal error, or an error neither retriable nor abortable.
+        """
         producer = self._producer
         assert producer is not None  # checked by checkpoint()
         failed: dict[str, set[int]] = {}
@@ -475,17 +419,7 @@ class TransactionalAppender:
         sending_offsets = False
         try:
             if input_offset is not None and fault_enabled("offsets_in_separate_transaction"):
-                # Fault switch: the input offset commits in its own transaction before the records (the classic
-                # "offset stored before the durable write"): a crash in between loses inputs. Breaks it on purpose.
-                self._call(producer.begin_transaction, "begin_transaction")
-                offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
-                meta = self.group_metadata()
-                self._call(
-                    lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
-                    "send_offsets_to_transaction",
-                )
-                self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
-                failpoint("appender.between_split_transactions")
+                self._offsets_in_their_own_transaction(producer, input_offset)
                 input_offset = None
             # Step 2.
             self._call(producer.begin_transaction, "begin_transaction")
@@ -503,14 +437,6 @@ class TransactionalAppender:
                 offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
                 meta = self.group_metadata()
                 sending_offsets = True
-                try:
-                    failpoint("appender.offsets_refused_by_coordinator")
-                except FailpointError as exc:
-                    # Test hook: the group coordinator refuses the offsets as right after a broker restart (the
-                    # real refusal needs the coordinator still loading its state: scenario 20 under load).
-                    raise KafkaException(
-                        KafkaError(KafkaError.NOT_COORDINATOR, f"injected: {exc}", txn_requires_abort=True)
-                    ) from exc
                 self._call(
                     lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s),
                     "send_offsets_to_transaction",
@@ -518,64 +444,70 @@ class TransactionalAppender:
                 sending_offsets = False
             # Step 5.
             failpoint("appender.before_commit")
-            try:
-                failpoint("appender.abortable_commit_error")
-            except FailpointError as exc:
-                # Test hook: the coordinator answers the commit with an abortable error that blames no record.
-                raise KafkaException(KafkaError(KafkaError._APPLICATION, f"injected abortable error: {exc}")) from exc
-            try:
-                failpoint("appender.fatal_commit_error")
-            except FailpointError as exc:
-                # Test hook: the commit fails with a fatal producer error (the worker drops and claims again).
-                raise KafkaException(KafkaError(KafkaError._FATAL, f"injected fatal error: {exc}", fatal=True)) from exc
-            try:
-                failpoint("appender.invalid_producer_id_mapping")
-            except FailpointError as exc:
-                # Test hook: the coordinator no longer maps our transactional.id to a producer id (it expired after
-                # transactional.id.expiration.ms while this owner was stopped), reported as librdkafka does: abortable.
-                raise KafkaException(
-                    KafkaError(KafkaError.INVALID_PRODUCER_ID_MAPPING, f"injected: {exc}", txn_requires_abort=True)
-                ) from exc
             self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
         except KafkaException as exc:
-            err: KafkaError = exc.args[0]
-            if err.code() == KafkaError._TIMED_OUT:
-                return "unknown", failed
-            if err.code() == KafkaError.INVALID_PRODUCER_ID_MAPPING:
-                # Fatal, as in Kafka's own clients: aborting would have librdkafka re-acquire the transactional.id
-                # (a new producer id or epoch), fencing whoever owns the partition now. The producer is dropped
-                # without aborting; the coordinator aborts its transaction after transaction.timeout.ms.
-                raise self._fatal(err) from exc
-            if err.txn_requires_abort() or err.code() in (KafkaError._INCONSISTENT, KafkaError._APPLICATION):
-                _log.warning("transaction aborted", extra={"error": str(err), "partition": self.partition})
-                try:
-                    self._call(lambda: producer.abort_transaction(self.timeout_s), "abort_transaction")
-                except KafkaException as abort_exc:
-                    if abort_exc.args[0].code() == KafkaError._TIMED_OUT:
-                        return "unknown", failed
-                    raise self._fatal(abort_exc.args[0]) from abort_exc
-                # Step 6: a stale group coordinator refused the offsets: a new producer for the next checkpoint.
-                self._renew_producer = sending_offsets and err.code() in _STALE_COORDINATOR
-                return "aborted", failed
-            raise self._fatal(err) from exc
-        except SystemError as exc:
-            # confluent-kafka still runs delivery callbacks after a fatal error (e.g. _FENCED) set its exception, so
-            # the callback fails with a SystemError chained to that fatal error (tests/integration/test_fencing.py).
-            cause = exc.__cause__
-            if not (isinstance(cause, KafkaException) and cause.args[0].fatal()):
-                raise
-            raise self._fatal(cause.args[0]) from exc
-        try:
-            failpoint("appender.commit_outcome_lost")
-        except FailpointError:
-            # Test hook: the commit succeeded but its answer is treated as lost (a commit that timed out).
-            return "unknown", failed
+            return _Attempt(self._failed_transaction(producer, exc, sending_offsets), failed)
         if self._delivered_log_offsets:
             self._log_end = max(self._log_end, max(self._delivered_log_offsets) + 1)
         failpoint("appender.after_commit")
-        return "committed", failed
+        return _Attempt(TransactionOutcome.COMMITTED, failed)
 
-    def _produce_batch(self, producer: Producer, batch: AppendBatch, failed: dict[str, set[int]]) -> None:
+    def _failed_transaction(
+        self, producer: TransactionalProducer, exc: KafkaException, sending_offsets: bool
+    ) -> TransactionOutcome:
+        """Classify a failed transaction: abort it when the error asks for it (step 6), or raise when it is fatal.
+
+        Args:
+            producer: The transaction's producer.
+            exc: What steps 2-5 raised.
+            sending_offsets: Whether it came from step 4.
+
+        Returns:
+            ``ABORTED``, or ``UNKNOWN`` when the commit or the abort timed out (step 7).
+
+        Raises:
+            ProducerFencedError: A newer owner fenced this producer.
+            ProducerIdExpiredError: The coordinator no longer maps the ``transactional.id`` to a producer id.
+            AppenderFatalError: Any other fatal error, or an error neither retriable nor abortable.
+        """
+        err: KafkaError = exc.args[0]
+        if err.fatal():
+            raise self._fatal(err) from exc
+        if err.code() == KafkaError._TIMED_OUT:
+            return TransactionOutcome.UNKNOWN
+        if err.code() == KafkaError.INVALID_PRODUCER_ID_MAPPING:
+            # Fatal, as in Kafka's own clients: aborting would have librdkafka re-acquire the transactional.id
+            # (a new producer id or epoch), fencing whoever owns the partition now. The producer is dropped
+            # without aborting; the coordinator aborts its transaction after transaction.timeout.ms.
+            raise self._fatal(err) from exc
+        if not (err.txn_requires_abort() or err.code() in (KafkaError._INCONSISTENT, KafkaError._APPLICATION)):
+            raise self._fatal(err) from exc
+        _log.warning("transaction aborted", extra={"error": str(err), "partition": self.partition})
+        try:
+            self._call(lambda: producer.abort_transaction(self.timeout_s), "abort_transaction")
+        except KafkaException as abort_exc:
+            if abort_exc.args[0].code() == KafkaError._TIMED_OUT:
+                return TransactionOutcome.UNKNOWN
+            raise self._fatal(abort_exc.args[0]) from abort_exc
+        # Step 6: a stale group coordinator refused the offsets: a new producer for the next checkpoint.
+        self._renew_producer = sending_offsets and err.code() in _STALE_COORDINATOR
+        return TransactionOutcome.ABORTED
+
+    def _offsets_in_their_own_transaction(self, producer: TransactionalProducer, input_offset: int) -> None:
+        """Fault switch ``offsets_in_separate_transaction``: commit the input offset alone, before the records.
+
+        The classic "offset stored before the durable write": a crash in between loses inputs. Breaks DUR-002.
+        """
+        self._call(producer.begin_transaction, "begin_transaction")
+        offsets = [TopicPartition(self.input_topic, self.partition, input_offset)]
+        meta = self.group_metadata()
+        self._call(
+            lambda: producer.send_offsets_to_transaction(offsets, meta, self.timeout_s), "send_offsets_to_transaction"
+        )
+        self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
+        failpoint("appender.between_split_transactions")
+
+    def _produce_batch(self, producer: TransactionalProducer, batch: AppendBatch, failed: dict[str, set[int]]) -> None:
         batch_id, log_topic, delivered = batch.batch_id, self.log_topic, self._delivered_log_offsets
 
         def on_delivery(err: KafkaError | None, msg: Any) -> None:  # one callback per batch, not per record
@@ -636,11 +568,5 @@ class TransactionalAppender:
         return AppenderFatalError(f"partition {self.partition}: fatal producer error {err}")
 
     def _batch_ids_since(self, start_offset: int) -> set[str]:
-        ids: set[str] = set()
-        for msg in read_partition(self.settings, self.log_topic, self.partition, start_offset, 30.0):
-            headers = msg.headers() or []
-            pairs = headers.items() if isinstance(headers, dict) else headers
-            for key, value in pairs:
-                if key == BATCH_ID_HEADER and isinstance(value, bytes):
-                    ids.add(value.decode())
-        return ids
+        assert self.partition_log is not None  # set by __post_init__
+        return self.partition_log.batch_ids_since(start_offset, 30.0)

@@ -27,6 +27,7 @@ EXPECTED_SWITCHES = {
     "tool_runs_before_approval",
     "api_access_unchecked",
     "workflow_retry_unrecorded",
+    "collateral_condemned",
 }
 
 
