@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -458,76 +459,24 @@ _RUNNING_OR_WAITING = frozenset({S.RUNNING, S.WAITING})
 
 
 _SUBMISSION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Submission))
-if any(not f.init for f in dataclasses.fields(Submission)) or hasattr(Submission, "__post_init__"):  # pragma: no cover
-    raise TypeError("Submission gained init=False fields or __post_init__: _replace must follow")
-_REPLACERS: dict[tuple[str, ...], Callable[..., Submission]] = {}
-
-
-def _slot_setters(cls: type[Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """Return the ``__set__`` of each field's slot descriptor, as ``SET_<name>``.
-
-    What a frozen dataclass's ``__init__`` reaches through ``object.__setattr__(self, name, value)``, without the
-    per-call lookup of the name (about 3x faster per field).
-    """
-    out: dict[str, Any] = {}
-    for name in names:
-        owner = next(klass for klass in cls.__mro__ if name in vars(klass))
-        out[f"SET_{name}"] = vars(owner)[name].__set__
-    return out
-
-
-def _replacer(changed: tuple[str, ...]) -> Callable[..., Submission]:
-    """Generate a replace for one set of changed fields (as dataclasses generates ``__init__``).
-
-    The function copies every other slot from the original and sets the changed ones: the fields
-    ``dataclasses.replace`` would pass to ``__init__`` (no field has ``init=False``, there is no ``__post_init__``,
-    checked above), so the result is equal to its.
-    """
-    lines = [f"def replace(sub, {', '.join(changed)}):", "    new = NEW(Submission)"]
-    for name in _SUBMISSION_FIELDS:
-        lines.append(f"    SET_{name}(new, {name if name in changed else f'sub.{name}'})")
-    lines.append("    return new")
-    scope: dict[str, Any] = {"NEW": object.__new__, "Submission": Submission}
-    scope.update(_slot_setters(Submission, _SUBMISSION_FIELDS))
-    exec("\n".join(lines), scope)  # the source is generated from the dataclass's own field names
-    replace: Callable[..., Submission] = scope["replace"]
-    return replace
-
-
-def _constructor(cls: type[Any]) -> Callable[..., Any]:
-    """Generate a positional constructor of a frozen slots dataclass, equal to its ``__init__`` with every field.
-
-    Raises:
-        TypeError: A field has ``init=False`` or the class has ``__post_init__`` (its ``__init__`` does more).
-    """
-    found = dataclasses.fields(cls)
-    if any(not f.init for f in found) or hasattr(cls, "__post_init__"):  # pragma: no cover - none of the fold's
-        raise TypeError(f"{cls.__name__} has init=False fields or __post_init__: its __init__ must be used")
-    names = tuple(f.name for f in found)
-    lines = [f"def new({', '.join(names)}):", "    obj = NEW(CLS)"]
-    lines += [f"    SET_{name}(obj, {name})" for name in names]
-    lines.append("    return obj")
-    scope: dict[str, Any] = {"NEW": object.__new__, "CLS": cls, **_slot_setters(cls, names)}
-    exec("\n".join(lines), scope)  # the source is generated from the dataclass's own field names
-    new: Callable[..., Any] = scope["new"]
-    return new
-
-
-_new_conversation: Callable[..., ConversationState] = _constructor(ConversationState)
-"""``ConversationState(...)`` with every field, positionally, in field order (`_ConvBuilder.freeze`)."""
-_new_transition: Callable[[str, str, Edge, AvroRecord], Transition] = _constructor(Transition)
-"""``Transition(conversation_id, submission_id, edge, event)`` (`_ConvBuilder.move`)."""
+_SUBMISSION_FIELD_SET = frozenset(_SUBMISSION_FIELDS)
+_submission_values: Callable[[Submission], tuple[Any, ...]] = operator.attrgetter(*_SUBMISSION_FIELDS)
 
 
 def _replace(sub: Submission, **changes: Any) -> Submission:
-    """``dataclasses.replace`` for `Submission`, without its per-call field introspection (the fold's hot path)."""
-    key = tuple(changes)
-    replace = _REPLACERS.get(key)
-    if replace is None:
-        if not set(key) <= set(_SUBMISSION_FIELDS):
-            return dataclasses.replace(sub, **changes)  # an unknown field: the usual TypeError
-        replace = _REPLACERS[key] = _replacer(key)
-    return replace(sub, **changes)
+    """``dataclasses.replace`` for `Submission`, without its per-call field introspection (the fold's hot path).
+
+    Raises:
+        TypeError: A change names no field of `Submission` (as ``dataclasses.replace`` does).
+    """
+    if not _SUBMISSION_FIELD_SET.issuperset(changes):
+        raise TypeError(f"Submission has no field {sorted(changes.keys() - _SUBMISSION_FIELD_SET)[0]!r}")
+    return Submission(
+        *[
+            changes[name] if name in changes else value
+            for name, value in zip(_SUBMISSION_FIELDS, _submission_values(sub), strict=True)
+        ]
+    )
 
 
 _EDGES: dict[tuple[SubmissionState, SubmissionState, type[AvroRecord], str | None], Edge | None] = {}
@@ -626,7 +575,7 @@ class _ConvBuilder:
 
     def freeze(self) -> ConversationState:
         base = self.base
-        return _new_conversation(  # ConversationState's fields in their order
+        return ConversationState(  # its fields in their order
             self.cid,
             base.submissions if self._subs is None else MappingProxyType(self._subs),
             self.queue,
@@ -661,7 +610,7 @@ class _ConvBuilder:
                 _name(event),
                 "not an edge of the state table (docs/semantics.md §3)",
             )
-        self.trace.append(_new_transition(self.cid, sub.submission_id, edge, event))
+        self.trace.append(Transition(self.cid, sub.submission_id, edge, event))
         moved = _replace(sub, state=target, **changes)
         self.put(moved)
         return moved
