@@ -86,7 +86,6 @@ from settled.producers import (
 from settled.producers._topics import genesis_conversation
 from settled.projections import (
     TABLES,
-    FastBatchDecoder,
     ProjectionNames,
     RebuildResult,
     check,
@@ -118,6 +117,7 @@ from settled.schemas import (
     Codec,
     DeclaredToolCall,
     DeltaKind,
+    FastBatchDecoder,
     InputRef,
     LogBatch,
     LogEvent,

@@ -22,7 +22,6 @@ Never imports `settled.processors`: the worker and the projections are independe
 """
 
 from settled.projections._bulk import RebuildWorkerError, ReplayTimings
-from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._metrics import ProjectionMetrics
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig
 from settled.projections._queries import ProjectionReader, ReadYourWritesTimeoutError
@@ -82,7 +81,6 @@ __all__ = [
     "Difference",
     "DuplicateRowError",
     "ErrorKind",
-    "FastBatchDecoder",
     "MergeRule",
     "Migration",
     "OffsetConflictError",

@@ -44,15 +44,14 @@ from psycopg import sql
 from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.producers import consume_promptly, reader_config
-from settled.projections._avroread import READ_ERRORS
-from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._projector import ChunkApplied, Projector, ProjectorConfig, is_record
 from settled.projections._rows import ProjectionState, Row, RowSet, project_chunk
 from settled.projections._schema import ProjectionNames
 from settled.projections._sqlstate import ErrorKind, classify, describe
 from settled.projections._store import ProjectionWriter
 from settled.projections._tables import TABLES, TRANSCRIPT, TableSpec
-from settled.schemas import Codec, LogBatch
+from settled.schemas import Codec, FastBatchDecoder, LogBatch
+from settled.schemas._avroread import READ_ERRORS
 
 __all__ = [
     "BulkReplay",

@@ -52,14 +52,13 @@ from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled._settings import Settings
 from settled.producers import admin_config, consume_promptly, reader_config
-from settled.projections._fastdecode import FastBatchDecoder
 from settled.projections._metrics import ProjectionMetrics
 from settled.projections._rows import ProjectionState, RowSet, project_batch
 from settled.projections._schema import ProjectionNames, check_layout, migrate
 from settled.projections._sqlstate import ErrorKind, classify, describe
 from settled.projections._store import OffsetConflictError, ProjectionWriter, QuarantinedRecord
 from settled.projections._tables import SETTLEMENTS
-from settled.schemas import Codec, LogBatch
+from settled.schemas import Codec, FastBatchDecoder, LogBatch
 
 __all__ = ["ChunkApplied", "Projector", "ProjectorConfig"]
 

@@ -108,6 +108,7 @@ from settled.schemas._events import (
     WaitResolved,
     payload_digest,
 )
+from settled.schemas._fastdecode import FastBatchDecoder
 from settled.schemas._schemaset import (
     NamedSchema,
     SchemaError,
@@ -153,6 +154,7 @@ __all__ = [
     "EffectKind",
     "EffectRecorded",
     "EncodeError",
+    "FastBatchDecoder",
     "Genesis",
     "InboxRecord",
     "InputApplied",

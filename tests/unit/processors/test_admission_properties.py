@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from settled.processors import Decision, LedgerDecider
 from settled.processors._inbox import decode_input
-from settled.projections._fastdecode import FastBatchDecoder
 from settled.protocol import MAX_ID_CHARS, check_input
 from settled.schemas import (
     LOG_EVENT_TYPES,
@@ -32,6 +31,7 @@ from settled.schemas import (
     Codec,
     CommandRejected,
     DecodeError,
+    FastBatchDecoder,
     InputQuarantined,
     LogBatch,
     ResolveUnknown,

@@ -12,7 +12,6 @@ import pytest
 from settled.projections import (
     TABLES,
     DuplicateRowError,
-    FastBatchDecoder,
     MergeRule,
     ProjectionState,
     RowSet,
@@ -34,6 +33,7 @@ from settled.schemas import (
     DeltaKind,
     EffectKind,
     EffectRecorded,
+    FastBatchDecoder,
     InputQuarantined,
     InputRef,
     LogBatch,

@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from settled.projections._avroread import READ_ERRORS, compile_reader
+from settled.schemas._avroread import READ_ERRORS, compile_reader
 
 SCHEMA = parse_schema(
     {

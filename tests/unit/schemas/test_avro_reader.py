@@ -9,14 +9,14 @@ import pytest
 from fastavro import schemaless_reader
 from hypothesis import given, settings
 
-from settled.projections import FastBatchDecoder
-from settled.projections._avroread import READ_ERRORS, UnsupportedSchemaError, compile_reader
 from settled.schemas import (
     LOG_EVENT_TYPES,
     Codec,
     DecodeError,
+    FastBatchDecoder,
     LogBatch,
 )
+from settled.schemas._avroread import READ_ERRORS, UnsupportedSchemaError, compile_reader
 from tests.integration.projection_script import script_log
 from tests.unit.projections.test_rows import _other_event_types
 from tests.unit.schemas._strategies import batches

@@ -12,7 +12,8 @@ It covers the Avro the log's schemas use (records, arrays, enums, unions, null, 
 ``timestamp-millis``); `compile_reader` raises `UnsupportedSchemaError` for anything else. It checks what it reads (a
 string or varint past the end, a union branch or enum symbol out of range, bytes after the body) by raising; the
 caller then decodes the record the slow way, which names what is wrong. A unit test compares it with fastavro on
-every log event type and on generated batches.
+every log event type and on generated batches. `settled.schemas._fastdecode` subclasses its compiler to build the
+models directly; `compile_reader` is the compiler's entry point for a plain record schema (its unit tests).
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def compile_reader(parsed: Mapping[str, Any]) -> Callable[[bytes, int], dict[str
     top = compiler.record(parsed)
     source = "\n\n\n".join(compiler.sources)
     # The source is generated above from the schema's structure; names and symbols enter only as repr() literals.
-    exec(compile(source, f"<settled.projections avro reader {parsed['name']}>", "exec"), compiler.scope)
+    exec(compile(source, f"<settled.schemas avro reader {parsed['name']}>", "exec"), compiler.scope)
     function: Callable[[bytes, int, int], tuple[dict[str, Any], int]] = compiler.scope[top]
 
     def read(value: bytes, start: int) -> dict[str, Any]:

@@ -1,9 +1,13 @@
-"""Pydantic off the projector's hot path: build `LogBatch` models from the decoded Avro without validating them.
+"""The codec's fast path for log records: `LogBatch` models from the Avro body without validating them again.
+
+settled has one decoder, `settled.schemas.Codec` (fastavro; framing, upcasting, the precise `DecodeError`); this
+class puts a faster path in front of it for the one place a benchmark shows it pays, reading the whole log in a
+projection rebuild (`bench/rebuild.py`, "consume + decode"). It lives beside the codec, never in the pure core.
 
 The log is written only by partition owners, which build every batch from validated models; re-validating each
 record on the way into Postgres costs about half of the projector's decoding time. `FastBatchDecoder` decodes the
 Avro body — a record written with the current `LogBatch` schema (`settled.schemas.Codec.current_header`) through a
-reader compiled from that schema (`settled.projections._avroread`, fastavro's values without its per-value dispatch),
+reader compiled from that schema (`settled.schemas._avroread`, fastavro's values without its per-value dispatch),
 anything else, or a body that reader cannot read, through `settled.schemas.Codec.decode_dict` (same framing and
 upcasting checks, and the precise `DecodeError`) — and assembles the models as ``model_construct`` does (generated
 constructors), converting only what the fold relies on: enums to their members, nested records to models, arrays to
@@ -19,15 +23,10 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from settled.projections._avroread import READ_ERRORS, RecordCompiler, UnsupportedSchemaError, compile_reader
-from settled.schemas import (
-    LOG_EVENT_TYPES,
-    AvroRecord,
-    Codec,
-    DecodeError,
-    DecodeFailure,
-    LogBatch,
-)
+from settled.schemas._avroread import READ_ERRORS, RecordCompiler, UnsupportedSchemaError
+from settled.schemas._codec import Codec, DecodeError, DecodeFailure
+from settled.schemas._envelope import LogBatch
+from settled.schemas._events import LOG_EVENT_TYPES, AvroRecord
 
 __all__ = ["FastBatchDecoder"]
 
@@ -111,7 +110,7 @@ def _builder(cls: type[AvroRecord]) -> Converter:
     )
     scope["set_"] = set
     # The source is generated from the model's own field names above, nothing else.
-    exec(compile(source, f"<settled.projections build {cls.__name__}>", "exec"), scope)
+    exec(compile(source, f"<settled.schemas build {cls.__name__}>", "exec"), scope)
     build: Converter = scope["build"]
     _BUILDERS[cls] = build
     return build
@@ -305,7 +304,7 @@ def _compile_batch_reader(codec: Codec) -> Callable[[bytes, int], LogBatch] | No
         return None
     source = "\n\n\n".join(compiler.sources)
     # The source is generated from the schema's structure and the models' field names (repr() literals only).
-    exec(compile(source, "<settled.projections LogBatch reader>", "exec"), compiler.scope)
+    exec(compile(source, "<settled.schemas LogBatch reader>", "exec"), compiler.scope)
     function: Callable[[bytes, int, int], tuple[LogBatch, int]] = compiler.scope[top]
 
     def read(value: bytes, start: int) -> LogBatch:
@@ -334,28 +333,15 @@ class FastBatchDecoder:
         self._events = {name: _builder(cls) for name, cls in _EVENTS.items()}
         self._batch = _builder(LogBatch)
         self._header = codec.current_header(_BATCH_NAME)
-        self._read: Callable[[bytes, int], dict[str, Any]] | None = None
-        self._read_compiled = False  # the dict reader is compiled on first need (`_dict_reader`)
         self._read_batch: Callable[[bytes, int], LogBatch] | None = None
         if self._header:
             self._read_batch = _compile_batch_reader(codec)  # None: a field it does not cover; dicts then
-
-    def _dict_reader(self) -> Callable[[bytes, int], dict[str, Any]] | None:
-        """The compiled dict reader of current records (None: fastavro reads them), compiled on first use."""
-        if not self._read_compiled:
-            self._read_compiled = True
-            if self._header:
-                try:
-                    self._read = compile_reader(self.codec.schema(_BATCH_NAME).parsed)
-                except UnsupportedSchemaError:
-                    self._read = None  # fastavro reads it
-        return self._read
 
     def fast_path(self) -> tuple[bytes, Callable[[bytes, int], LogBatch]] | None:
         """The fused reader of current records, for a caller decoding many records in a loop (a bulk replay).
 
         ``read(value, len(header))`` for a ``value`` starting with ``header`` returns what `decode` returns, or raises
-        one of `settled.projections._avroread.READ_ERRORS`: then `decode` decodes the record or
+        one of `settled.schemas._avroread.READ_ERRORS`: then `decode` decodes the record or
         raises the precise `DecodeError`. `decode` itself takes this path first; the loop only saves its call.
 
         Returns:
@@ -385,17 +371,11 @@ class FastBatchDecoder:
                 return self._read_batch(value, len(self._header))
             except READ_ERRORS:
                 pass  # the full path decodes it or says why
-        datum = None
-        read = self._dict_reader()
-        if read is not None and value is not None and value.startswith(self._header):
-            try:
-                datum = read(value, len(self._header))
-            except READ_ERRORS:
-                datum = None
-        if datum is None:  # another framing or version, or a broken record: the full path decodes it or says why
-            datum = self.codec.decode_dict(
-                value, topic=topic, partition=partition, offset=offset, expected=_BATCH_NAMES, body_digest=False
-            ).datum
+        # Another framing or version, a schema the compiled reader does not cover, or a broken record: the codec's
+        # fastavro path decodes it or says why.
+        datum = self.codec.decode_dict(
+            value, topic=topic, partition=partition, offset=offset, expected=_BATCH_NAMES, body_digest=False
+        ).datum
         events = self._events
         raw = datum["events"]
         try:
