@@ -51,7 +51,6 @@ from settled.projections._sqlstate import ErrorKind, classify, describe
 from settled.projections._store import ProjectionWriter
 from settled.projections._tables import TABLES, TRANSCRIPT, TableSpec
 from settled.schemas import Codec, FastBatchDecoder, LogBatch
-from settled.schemas._avroread import READ_ERRORS
 
 __all__ = [
     "BulkReplay",
@@ -295,9 +294,6 @@ class BulkReplay:
             # Built (unless this process has one already) while the first fetch is in flight.
             decoder = shared_decoder()
             decode = decoder.decode
-            fast = decoder.fast_path()
-            header, read = (b"", None) if fast is None else fast
-            skip = len(header)
             while active:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the replay of {topic} did not reach {want} in time (at {nexts})")
@@ -336,16 +332,7 @@ class BulkReplay:
                             self._done(consumer, topic, p, target, nexts, active)
                             last_p = None
                             continue
-                        value = msg.value()
-                        batch: LogBatch | None = None
-                        if read is not None and value is not None and value.startswith(header):
-                            try:
-                                batch = read(value, skip)
-                            except READ_ERRORS:
-                                batch = None  # `decode` decodes it the slow way or says why
-                        if batch is None:
-                            batch = decode(value, topic=topic, partition=p, offset=offset)
-                        chunk.append((offset, batch))
+                        chunk.append((offset, decode(msg.value(), topic=topic, partition=p, offset=offset)))
                         nexts[p] = offset + 1
                         if offset + 1 >= target:
                             self._done(consumer, topic, p, target, nexts, active)

@@ -337,20 +337,6 @@ class FastBatchDecoder:
         if self._header:
             self._read_batch = _compile_batch_reader(codec)  # None: a field it does not cover; dicts then
 
-    def fast_path(self) -> tuple[bytes, Callable[[bytes, int], LogBatch]] | None:
-        """The fused reader of current records, for a caller decoding many records in a loop (a bulk replay).
-
-        ``read(value, len(header))`` for a ``value`` starting with ``header`` returns what `decode` returns, or raises
-        one of `settled.schemas._avroread.READ_ERRORS`: then `decode` decodes the record or
-        raises the precise `DecodeError`. `decode` itself takes this path first; the loop only saves its call.
-
-        Returns:
-            (header, read), or None when current records are not read this way (`decode` only).
-        """
-        if self._read_batch is None or not self._header:
-            return None
-        return self._header, self._read_batch
-
     def decode(self, value: bytes | None, *, topic: str, partition: int, offset: int) -> LogBatch:
         """Decode one log record.
 
