@@ -9,8 +9,9 @@ folder set to its own tree, so the benchmark and every process it starts import 
 
 It prints, per figure, each side's median and min-max over the pairs and the median of the pairwise after/before
 ratios with their range; the noise to compare a ratio with is the before side's own spread (max / min). Figures: the
-rebuild's consume, consume + decode and rebuild events/s per size (``--no-lag``), and the engine's bare commit p50
-and, per model, the settled p50 per call and the 1- and N-conversation calls/s.
+rebuild's consume, consume + decode and rebuild events/s per size (``--no-lag``) and its replay CPU per batch and
+CPU-bound events/s (CPU time, which other processes on a shared machine do not stretch), and the engine's bare
+commit p50 and, per model, the settled p50 per call and the 1- and N-conversation calls/s.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ HERE = Path(__file__).resolve().parent.parent
 
 _SIZE = re.compile(r"^fill ([\d,]+) events")
 _REBUILD = re.compile(r"^\s+(consume|consume \+ decode|rebuild) ([\d,]+) ev/s")
+_US = re.compile(r"\(([\d.]+) us\)")
 _BARE = re.compile(r"^bare transactional commit: p50 ([\d.]+) ms")
 _ROW = re.compile(r"^\|\s*(instant|100 ms)\s*\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|([^|]*)\|")
 
@@ -64,6 +66,11 @@ def _figures(rebuild_out: str, engine_out: str) -> dict[str, float]:
             size = m.group(1)
         elif m := _REBUILD.match(line):
             out[f"rebuild {size}: {m.group(1)} ev/s"] = float(m.group(2).replace(",", ""))
+        # The breakdown table: | size | setup | ... | decode (N us) | ... | replay CPU (N us) | CPU-bound ev/s | ...
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 13 and cells[6].endswith("us)") and (m := _US.search(cells[11])):
+            out[f"rebuild {cells[0]}: replay CPU us/batch"] = float(m.group(1))
+            out[f"rebuild {cells[0]}: CPU-bound ev/s"] = float(cells[12].replace(",", ""))
     for line in engine_out.splitlines():
         if m := _BARE.match(line):
             out["engine: bare commit p50 ms"] = float(m.group(1))

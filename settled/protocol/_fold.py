@@ -458,25 +458,60 @@ _RUNNING_OR_RECOVERY = frozenset({S.RUNNING, S.RECOVERY})
 _RUNNING_OR_WAITING = frozenset({S.RUNNING, S.WAITING})
 
 
+def _slot_setters(cls: type[Any]) -> tuple[Callable[[Any, Any], None], ...]:
+    """Return the ``__set__`` of each field's slot descriptor, in field order.
+
+    What a frozen slots dataclass's ``__init__`` reaches through ``object.__setattr__(self, name, value)``, without
+    the per-call lookup of the name. Only for a class whose ``__init__`` does nothing else.
+
+    Raises:
+        TypeError: A field has ``init=False`` or the class has ``__post_init__`` (its ``__init__`` does more).
+    """
+    found = dataclasses.fields(cls)
+    if any(not f.init for f in found) or hasattr(cls, "__post_init__"):  # pragma: no cover - none of the fold's
+        raise TypeError(f"{cls.__name__} has init=False fields or __post_init__: its __init__ must be used")
+    setters: list[Callable[[Any, Any], None]] = []
+    for f in found:
+        owner = next(klass for klass in cls.__mro__ if f.name in vars(klass))
+        setters.append(vars(owner)[f.name].__set__)
+    return tuple(setters)
+
+
 _SUBMISSION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Submission))
-_SUBMISSION_FIELD_SET = frozenset(_SUBMISSION_FIELDS)
+_SUBMISSION_INDEX: dict[str, int] = {name: index for index, name in enumerate(_SUBMISSION_FIELDS)}
+_SUBMISSION_SETTERS = _slot_setters(Submission)
 _submission_values: Callable[[Submission], tuple[Any, ...]] = operator.attrgetter(*_SUBMISSION_FIELDS)
+_CONVERSATION_SETTERS = _slot_setters(ConversationState)
+_new = object.__new__
+
+
+def _new_conversation(*values: Any) -> ConversationState:
+    """``ConversationState(*values)`` (every field, in field order), set slot by slot (the fold's hot path).
+
+    Raises:
+        ValueError: Not one value per field.
+    """
+    state: ConversationState = _new(ConversationState)
+    for set_slot, value in zip(_CONVERSATION_SETTERS, values, strict=True):
+        set_slot(state, value)
+    return state
 
 
 def _replace(sub: Submission, **changes: Any) -> Submission:
-    """``dataclasses.replace`` for `Submission`, without its per-call field introspection (the fold's hot path).
+    """``dataclasses.replace`` for `Submission`, slot by slot, without its per-call introspection (the fold's hot path).
 
     Raises:
         TypeError: A change names no field of `Submission` (as ``dataclasses.replace`` does).
     """
-    if not _SUBMISSION_FIELD_SET.issuperset(changes):
-        raise TypeError(f"Submission has no field {sorted(changes.keys() - _SUBMISSION_FIELD_SET)[0]!r}")
-    return Submission(
-        *[
-            changes[name] if name in changes else value
-            for name, value in zip(_SUBMISSION_FIELDS, _submission_values(sub), strict=True)
-        ]
-    )
+    new: Submission = _new(Submission)
+    for set_slot, value in zip(_SUBMISSION_SETTERS, _submission_values(sub), strict=True):
+        set_slot(new, value)
+    for name, value in changes.items():
+        index = _SUBMISSION_INDEX.get(name)
+        if index is None:
+            raise TypeError(f"Submission has no field {name!r}")
+        _SUBMISSION_SETTERS[index](new, value)
+    return new
 
 
 _EDGES: dict[tuple[SubmissionState, SubmissionState, type[AvroRecord], str | None], Edge | None] = {}
@@ -575,7 +610,7 @@ class _ConvBuilder:
 
     def freeze(self) -> ConversationState:
         base = self.base
-        return ConversationState(  # its fields in their order
+        return _new_conversation(  # ConversationState's fields in their order
             self.cid,
             base.submissions if self._subs is None else MappingProxyType(self._subs),
             self.queue,

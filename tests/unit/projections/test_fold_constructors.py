@@ -1,4 +1,4 @@
-"""The fold's `_replace` builds exactly what ``dataclasses.replace`` builds, without its per-call introspection.
+"""The fold's `_replace` and `_new_conversation` build what ``dataclasses.replace`` and ``__init__`` build.
 
 The projection's rebuild folds every batch through it (`settled.protocol._fold`).
 """
@@ -17,7 +17,7 @@ from settled.protocol import (
     SubmissionState,
     fold,
 )
-from settled.protocol._fold import _replace
+from settled.protocol._fold import _new_conversation, _replace
 from settled.schemas import SettlementOutcome
 from tests.integration.projection_script import script_log
 
@@ -29,6 +29,14 @@ def _values(cls: type[object], obj: object) -> tuple[object, ...]:
 def _folded() -> list[ConversationState]:
     state = fold(PartitionState(partition=0), script_log())
     return [conv for conv in state.conversations.values() if conv.submissions]
+
+
+def test_a_conversation_built_slot_by_slot_equals_its_init() -> None:
+    for made in _folded():
+        fast = _new_conversation(*_values(ConversationState, made))
+        assert type(fast) is ConversationState
+        assert fast == made
+        assert _values(ConversationState, fast) == _values(ConversationState, made)
 
 
 def test_replace_equals_dataclasses_replace_for_every_set_of_changed_fields() -> None:
