@@ -15,6 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "settled"
 
 ALLOWED = {
     "producers/_appender.py": "the transactional appender: log, receipts, settlements, quarantine",
+    "producers/_txproducer.py": "the appender's transactional producer behind its interface (the confluent-kafka "
+    "adapter and the fault-injecting one): called only by the appender",
     "services/_cli_demo.py": "the demo's own non-authoritative topic (still transactional)",
     "client/_inbox.py": "the client's idempotent inbox producer (proposals, commands): not authoritative",
     "services/_doctor.py": "settled doctor's clock probes to its own scratch topic <namespace>.doctor: read by nobody",
