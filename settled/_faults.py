@@ -85,6 +85,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "principal aborts, signals, approves or resolves on a conversation another principal opened (issue 20 "
             "item 3; as with DUR-009's signed resolutions, a signed record authorizes only what its signer may do)"
         ),
+        "ui_csrf_unchecked": (
+            "the operator page (/ui) skips its CSRF check, so a page elsewhere makes a logged-in operator's browser "
+            "approve, deny or resolve (issue 21 item 1; as with DUR-009's signed resolutions, a command acts only "
+            "when its author meant it)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

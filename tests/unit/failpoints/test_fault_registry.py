@@ -27,6 +27,7 @@ EXPECTED_SWITCHES = {
     "tool_runs_before_approval",
     "api_access_unchecked",
     "workflow_retry_unrecorded",
+    "ui_csrf_unchecked",
 }
 
 
