@@ -3,11 +3,13 @@
 A real ``settled worker`` and ``settled api`` and a live projector. Login sets an opaque, HttpOnly, SameSite=Strict
 session cookie (never the token); every POST must carry the session's CSRF token, and one without it, or with a wrong
 one, is refused before anything is published: a barrier command with the right token is decided on the log, the
-refused ones are not there. Another principal's conversation answers exactly like a missing one.
+refused ones are not there. Another principal's conversation answers exactly like a missing one. Deny from the page
+is the API's signed decision, and the same form posted twice is one command (its second answer a duplicate).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -20,6 +22,7 @@ from settled.schemas import CommandRejected
 from tests._promise import promise
 from tests.integration.api.conftest import SpawnWorker, StartApi, TokenFactory, http
 from tests.integration.engine._helpers import log_events
+from tests.integration.engine.engine_app import APPROVER_KEY_ID
 from tests.integration.helpers import wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -119,3 +122,37 @@ def test_a_conversation_the_token_may_not_see_answers_like_a_missing_one(
         missing = page_of_bob.get("/ui/conversations/c-ui-none")
         assert hidden.status_code == missing.status_code == 404, (hidden.text, missing.text)
         assert hidden.text.replace("c-ui-alice", "?") == missing.text.replace("c-ui-none", "?")
+
+
+def test_deny_from_the_page_is_the_apis_decision_and_the_same_form_posted_twice_is_one_command(
+    spawn_worker: SpawnWorker, start_api: StartApi, token: TokenFactory
+) -> None:
+    spawn_worker("w1")
+    api = start_api()
+    bearer = token("alice", "submit", "read", "approve")
+    with http(api, bearer) as alice, _browser(api.url) as page:
+        ask = {"plan": [{"approve": "refund", "description": "order o-9"}]}
+        sid = alice.post("/v1/conversations/c-ui-deny/submissions", json={"input": ask}).json()["submission_id"]
+        csrf = _login(page, bearer)
+        wait_for(lambda: bool(alice.get("/v1/approvals").json()), 60, "the pending approval")
+        (pending,) = alice.get("/v1/approvals").json()
+        listed = page.get("/ui/approvals")
+        assert f'data-approval-id="{pending["approval_id"]}"' in listed.text and "order o-9" in listed.text
+        form = {
+            CSRF_FIELD: csrf,
+            "conversation_id": "c-ui-deny",
+            "submission_id": sid,
+            "approval_id": pending["approval_id"],
+            "args_digest": pending["args_digest"],
+            "command_id": "ui-deny-1",
+            "decision": "deny",
+            "reason": "not today",
+        }
+        first = page.post("/ui/approvals/decide", data=form)
+        again = page.post("/ui/approvals/decide", data=form)  # the same form posted twice: one command
+        assert first.status_code == again.status_code == 303, (first.text, again.text)
+        assert first.headers["location"].endswith("applied") and again.headers["location"].endswith("duplicate")
+        done = alice.get(f"/v1/conversations/c-ui-deny/submissions/{sid}/settlement", params={"wait_s": 60}).json()
+    assert done["settled"] and done["settlement"]["outcome"] == "completed", done
+    (result,) = json.loads(done["settlement"]["reply_json"])["results"]
+    assert result == {"approved": False, "by": APPROVER_KEY_ID, "reason": "not today"}, result
