@@ -53,8 +53,9 @@ SUITES = [
     # +150 s for issue 20's HTTP API tests (tests/integration/api: real worker and API processes, a private broker
     # stopped and started; ~115 s here at load 7 on 2 cores, less on a quiet machine).
     # +60 s for the shared settlements reader and AsyncClient (test_client_waits.py, test_async_client.py; ~45 s here).
-    # +20 s for the operator page's session and CSRF tests (issue 21, tests/integration/api/test_ui_session.py; ~11 s).
-    Suite("integration", 1160, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +40 s for the operator page's session, CSRF and decision tests (issue 21,
+    # tests/integration/api/test_ui_session.py; ~34 s here).
+    Suite("integration", 1180, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);

@@ -63,6 +63,15 @@ SESSION_LIFETIME_S = 8 * 3600.0
 """How long a session lasts after login, in seconds."""
 
 _TEMPLATES = Path(__file__).parent / "templates"
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    # No script, no frame around the page (clickjacking an Approve button), forms post only to this origin.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 _LIST_LIMIT = 200
 
 
@@ -210,7 +219,7 @@ def install_ui(app: FastAPI, backend: UiBackend, *, lifetime_s: float = SESSION_
             can_resolve=principal is not None and principal.allows(Scope.RESOLVE),
             **context,
         )
-        return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+        return HTMLResponse(html, status_code=status, headers=_PAGE_HEADERS)
 
     def message(viewer: _Viewer | None, status: int, title: str, detail: str) -> HTMLResponse:
         return page("message.html", viewer, status=status, title=title, detail=detail)
