@@ -46,6 +46,7 @@ def _login(client: httpx.Client, bearer: str) -> str:
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and bearer not in cookie, cookie
     approvals = client.get("/ui/approvals")
     assert approvals.status_code == 200, approvals.text
+    assert "frame-ancestors 'none'" in approvals.headers["content-security-policy"]  # no clickjacking of a button
     csrf = set(_CSRF.findall(approvals.text))
     assert len(csrf) == 1, csrf  # the logout form's
     return csrf.pop()
