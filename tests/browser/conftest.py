@@ -17,6 +17,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from settled import _failpoints
 from settled._settings import Settings
 from settled.testing import WorkerProcess
+from tests.harness.workers import start_worker
 from tests.integration.api.conftest import key_file, names, start_api, token, tokens, topics
 from tests.integration.engine.engine_app import WORLD_ENV
 
@@ -65,14 +66,13 @@ def world_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def worker(topics: Settings, tmp_path: Path, world_path: Path) -> Iterator[WorkerProcess]:
     """A ``settled worker`` child running `tests/browser/ui_app.py` (killed at teardown if still running)."""
-    proc = WorkerProcess.start(
+    proc = start_worker(
         topics,
+        tmp_path / "worker.log",
+        name="w1",
         app=UI_APP,
-        log_path=tmp_path / "worker.log",
-        worker_id="w1",
         control=_failpoints.FailpointControl(tmp_path / "fp"),
         env={WORLD_ENV: str(world_path)},
-        cwd=ROOT,
         append_log=False,
     )
     yield proc
