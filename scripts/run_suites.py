@@ -53,7 +53,9 @@ SUITES = [
     # +150 s for issue 20's HTTP API tests (tests/integration/api: real worker and API processes, a private broker
     # stopped and started; ~115 s here at load 7 on 2 cores, less on a quiet machine).
     # +60 s for the shared settlements reader and AsyncClient (test_client_waits.py, test_async_client.py; ~45 s here).
-    Suite("integration", 1140, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +40 s for the operator page's session, CSRF and decision tests (issue 21,
+    # tests/integration/api/test_ui_session.py; ~34 s here).
+    Suite("integration", 1180, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
@@ -67,6 +69,9 @@ SUITES = [
     # its 4 steps, retries, a kill after a retry, exhaustion, a step timeout, the task id as idempotency key; 50-70 s
     # here under load).
     Suite("engine", 830, (_pytest("tests/integration/engine"),), junit=True),
+    # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
+    # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
+    Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),
     Suite("chaos", 360, (_pytest("tests/chaos"),), junit=True),
     # BFCL's offline parts (corpus, oracle, tool server, replay model, verdict), then the slice through the real stack
     # (the settled-bfcl example, examples/bfcl).
@@ -94,8 +99,9 @@ SUITES = [
     ),
     # 190 s, +110 s for the switches of issues 25 and 16 (claim rewind, id contract, projection data errors, signals);
     # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up);
-    # +5 s for issue 17's workflow_retry_unrecorded (a unit test, ~4 s with the runner's start-up).
-    Suite("fault-switches", 315, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # +5 s for issue 17's workflow_retry_unrecorded (a unit test, ~4 s with the runner's start-up);
+    # +15 s for issue 21's ui_csrf_unchecked (an integration test, ~6 s with the runner's start-up).
+    Suite("fault-switches", 330, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

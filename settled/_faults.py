@@ -91,6 +91,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "only as collateral of one rejected record fails with it (DUR-014: a poison submission never fails its "
             "neighbours; settled/producers/_policy.py)"
         ),
+        "ui_csrf_unchecked": (
+            "the operator page (/ui) skips its CSRF check, so a page elsewhere makes a logged-in operator's browser "
+            "approve, deny or resolve (issue 21 item 1; as with DUR-009's signed resolutions, a command acts only "
+            "when its author meant it)"
+        ),
         "projection_data_error_retried": (
             "the projector takes a row PostgreSQL refuses (SQLSTATE 22, 23, 54, a NUL byte) for a lost connection: "
             "it reconnects and sends the same row again forever instead of quarantining it (DUR-015, issue 25)"

@@ -46,6 +46,7 @@ from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
 from settled.api._problems import PROBLEM_MEDIA_TYPE, ProblemError, problem_of_error
 from settled.api._tokens import Principal, Scope, TokenStore
+from settled.api._ui import UiBackend, install_ui
 from settled.client import NO_RESULT, Client, CommandRejectedError, SubmissionRejectedError
 from settled.projections import ProjectionReader
 from settled.projections._schema import ProjectionNames
@@ -674,6 +675,11 @@ def create_app(
         principal: Resolver,
         idempotency_key: KeyHeader = None,
     ) -> ReceiptOut:
+        return resolve_unknown(cid, sid, call_id, body, principal, key_of(idempotency_key))
+
+    def resolve_unknown(
+        cid: str, sid: str, call_id: str, body: ResolveIn, principal: Principal, key: str
+    ) -> ReceiptOut:
         signing_key = config.resolver_key
         if signing_key is None:
             raise ProblemError(
@@ -681,7 +687,6 @@ def create_app(
                 "this API has no resolver key (settled api --resolver-key): it cannot sign resolutions",
                 field="resolver_key",
             )
-        key = key_of(idempotency_key)
         result = body.result if "result" in body.model_fields_set else NO_RESULT
         return command_answer(
             lambda: client_of(principal).resolve_unknown(
@@ -701,4 +706,19 @@ def create_app(
             sid,
         )
 
+    # -- the operator's page (/ui, issue 21 item 1): the same commands, under a browser session ------------------
+
+    def ui_decide(
+        cid: str, rid: str, aid: str, args_digest: str, reason: str | None, principal: Principal, key: str, yes: bool
+    ) -> ReceiptOut:
+        body = DecisionIn(args_digest=args_digest, reason=reason)
+        answer: ReceiptOut = decide(cid, rid, aid, body, principal, key, yes)
+        return answer
+
+    def ui_resolve(cid: str, sid: str, call_id: str, result: Any, principal: Principal, key: str) -> ReceiptOut:
+        body = ResolveIn(kind="safe_to_retry") if result is NO_RESULT else ResolveIn(kind="call_outcome", result=result)
+        return resolve_unknown(cid, sid, call_id, body, principal, key)
+
+    backend = UiBackend(reader=the_reader, tokens=the_tokens, visible=visible, decide=ui_decide, resolve=ui_resolve)
+    install_ui(app, backend)
     return app

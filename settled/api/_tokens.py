@@ -285,12 +285,23 @@ class TokenStore:
         Returns:
             Its principal, or None when no live token has that digest.
         """
+        return self.authenticate_digest(token_digest(token))
+
+    def authenticate_digest(self, token_sha256: str) -> Principal | None:
+        """The principal of a live (not revoked) token, by its digest (the operator page's sessions keep only that).
+
+        Args:
+            token_sha256: The token's `token_digest`.
+
+        Returns:
+            Its principal, or None when no live token has that digest.
+        """
         with self._pooled().connection() as conn:
             row = conn.execute(
                 sql.SQL(
                     "SELECT token_id, principal, scopes FROM {} WHERE token_sha256 = %s AND revoked_at IS NULL"
                 ).format(self._table()),
-                (token_digest(token),),
+                (token_sha256,),
             ).fetchone()
         if row is None:
             return None

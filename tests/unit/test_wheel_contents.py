@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from fnmatch import fnmatch
 from pathlib import Path
 
 from setuptools import find_packages
@@ -18,7 +19,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BFCL_DEPENDENCIES = {"bfcl-eval", "mpmath", "fastapi", "uvicorn", "httpx"}
 #: The HTTP API's web stack (issue 20) is declared by its own extra only, never by the core or another extra.
 HTTP_EXTRA = "http"
-HTTP_DEPENDENCIES = {"fastapi", "uvicorn", "httpx"}
+HTTP_DEPENDENCIES = {"fastapi", "uvicorn", "httpx", "jinja2"}
 
 
 def _packaged() -> list[str]:
@@ -55,3 +56,12 @@ def test_the_example_is_its_own_distribution_providing_the_demo_entry_point() ->
     assert example["name"] == "settled-bfcl"
     assert "settled" in {_name(r) for r in example["dependencies"]}
     assert example["entry-points"]["settled.demo"] == {"bfcl": "settled_bfcl._cli:main"}
+
+
+def test_the_wheel_ships_the_operator_pages_templates() -> None:
+    """Every template of the operator's page (``/ui``, issue 21 item 1) matches a ``package-data`` glob."""
+    globs = PYPROJECT["tool"]["setuptools"]["package-data"]["settled"]
+    templates = sorted((ROOT / "settled" / "api" / "templates").iterdir())
+    assert templates, "settled/api/templates is empty"
+    unshipped = [t.name for t in templates if not any(fnmatch(str(t.relative_to(ROOT / "settled")), g) for g in globs)]
+    assert unshipped == [], (unshipped, globs)

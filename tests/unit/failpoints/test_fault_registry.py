@@ -28,6 +28,7 @@ EXPECTED_SWITCHES = {
     "api_access_unchecked",
     "workflow_retry_unrecorded",
     "collateral_condemned",
+    "ui_csrf_unchecked",
 }
 
 
