@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
 import logging
 import queue
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -418,6 +420,10 @@ class ResumeGate:
         return first if partition == member.owner.partition else None
 
 
+#: Longest time between two turns that visit every open conversation, in seconds (`Conductor._turn_conversations`).
+FULL_SCAN_INTERVAL_S = 0.25
+
+
 def _journal_submission(event: LogEvent) -> str | None:
     if not isinstance(event, JOURNAL_EVENT_TYPES):
         return None
@@ -470,6 +476,14 @@ class Conductor:
     _wake: Callable[[], None] = field(default=_nothing, init=False)  # wakes the worker loop (`join_process`)
     _gate: ResumeGate = field(init=False)  # the process's (`join_process`), else one of its own
     _delivery_committed: bool = field(default=False, init=False)  # a WaitResolved committed in this turn's checkpoint
+    # What a turn visits (`_turn_conversations`): conversations a committed batch touched since the last turn, those
+    # a visit left to try again (a run unwinding, evidence pending, the resume gate), those with a resumed suspect,
+    # those whose wait deadline came; and every open conversation at most `FULL_SCAN_INTERVAL_S` apart.
+    _dirty: set[str] = field(default_factory=set, init=False)
+    _revisit: set[str] = field(default_factory=set, init=False)
+    _resumed_conv: dict[str, str] = field(default_factory=dict, init=False)  # submission -> its conversation
+    _deadlines: list[tuple[datetime, str]] = field(default_factory=list, init=False)  # heap of (deadline, conv)
+    _next_full_scan_s: float = field(default=0.0, init=False)  # time.monotonic() of the next full visit
 
     def __post_init__(self) -> None:
         self.owner.committed_listeners.append(self._on_committed)
@@ -496,6 +510,7 @@ class Conductor:
     # -- the journal (committed batches only) ----------------------------------------------------------------
 
     def _on_committed(self, batch: LogBatch) -> None:
+        self._dirty.add(batch.conversation_id)
         for event in batch.events:
             if self.keep_history and isinstance(event, SubmissionAdmitted):
                 self._inputs[event.submission_id] = (event.conversation_id, event.input_json)
@@ -505,11 +520,15 @@ class Conductor:
                 self._journals.pop(event.submission_id, None)
                 self._last_error.pop(event.submission_id, None)
                 self._resumed.pop(event.submission_id, None)
+                self._resumed_conv.pop(event.submission_id, None)
                 continue
             if isinstance(event, WaitResolved):
                 self._delivery_committed = True
+            if isinstance(event, WaitRequested) and event.deadline is not None:
+                heapq.heappush(self._deadlines, (event.deadline, batch.conversation_id))
             if isinstance(event, RecoveryDecision) and event.decision in _RESUMING:
                 self._resumed[event.submission_id] = event.attempt_id or ""
+                self._resumed_conv[event.submission_id] = batch.conversation_id
             sid = _journal_submission(event)
             if sid is not None:
                 self._journals.setdefault(sid, []).append(event)
@@ -572,16 +591,14 @@ class Conductor:
             self._stage_adopted()
             return
         finished = [a for a, running in self._running.items() if running.future.done()]
+        ended = [self._running[a].run.conversation_id for a in finished]
         self._stage_effects()
         for attempt_id in finished:
             self._finish(self._running.pop(attempt_id), now)
+        self._dirty.update(ended)
         if self._draining:
             return  # a graceful revoke is pending: no recovery, no new attempt (the successor does them)
-        # Only conversations with a nonterminal submission can have something to recover or start: the rest (every
-        # conversation whose submissions all settled) are skipped, so a turn's cost does not grow with the log.
-        conversations = [
-            cid for cid, conv in self.owner.overlay.conversations.items() if conv.queue or conv.active_submission_id
-        ]
+        conversations = self._turn_conversations(now)
         for conversation_id in conversations:
             self._recover(conversation_id, now)
             self._deliver(conversation_id, now)
@@ -590,6 +607,35 @@ class Conductor:
         only = self._gate.admit(self, self._suspects(conversations))
         for conversation_id in conversations:
             self._schedule(conversation_id, now, only)
+
+    def _turn_conversations(self, now: datetime) -> list[str]:
+        """The conversations this turn visits for recovery, deliveries and scheduling, in a stable order.
+
+        Only conversations with a nonterminal submission can have something to recover or start, and of those only
+        the ones something happened to since the last turn: a committed batch (the turn's own decisions included), a
+        batch pending now, a run that ended, a visit that asked to be retried, a resumed suspect (the gate needs all
+        of them), a wait deadline that came. So a turn's cost grows with what changed, not with the runs that wait
+        (10,000 suspended runs made every turn visit each of them). Every open conversation is still visited at
+        most `FULL_SCAN_INTERVAL_S` apart, a safety net under the bookkeeping.
+        """
+        overlay = self.owner.overlay.conversations
+        mono = time.monotonic()
+        if mono >= self._next_full_scan_s:
+            self._next_full_scan_s = mono + FULL_SCAN_INTERVAL_S
+            candidates: set[str] | Iterable[str] = overlay.keys()
+        else:
+            candidates = self._dirty | self._revisit | set(self._resumed_conv.values())
+            candidates.update(self.owner.pending_conversations())
+            while self._deadlines and self._deadlines[0][0] <= now:
+                candidates.add(heapq.heappop(self._deadlines)[1])
+        self._dirty = set()
+        self._revisit = set()
+        out = []
+        for cid in candidates:
+            conv = overlay.get(cid)
+            if conv is not None and (conv.queue or conv.active_submission_id):
+                out.append(cid)
+        return sorted(out)
 
     def adopt(self, held: Sequence[HeldSettlement]) -> None:
         """Take tool results this process's previous owner of the partition could not commit before it was dropped.
@@ -796,13 +842,16 @@ class Conductor:
             return
         sid = active.submission_id
         if self._live_run(sid):
+            self._revisit.add(conversation_id)
             return  # its run is still unwinding (e.g. after marking a call Unknown): classify once it ended
         if active.state is SubmissionState.RECOVERY and not self._evidence_ready(active):
+            self._revisit.add(conversation_id)
             return
         attempt, evidence = self._evidence.get(sid, (active.attempt_id or "", {}))
         recovery = protocol.classify(self._snapshot(active, evidence if attempt == active.attempt_id else {}))
         if recovery.action is RecoveryAction.RECONCILE_FIRST:
             self._start_reconcile(active, recovery.reconcile)
+            self._revisit.add(conversation_id)  # until the reconcilers answered
             return
         if recovery.action is RecoveryAction.DECIDE:
             _log.info(
@@ -813,6 +862,7 @@ class Conductor:
             self._evidence.pop(sid, None)
             if recovery.kind in _RESUMING:
                 self._resumed[sid] = active.attempt_id or ""
+                self._resumed_conv[sid] = conversation_id
             if recovery.kind is not RecoveryDecisionKind.TERMINALIZE:
                 return
         elif recovery.action is not RecoveryAction.SETTLE_RESERVED:
@@ -925,6 +975,7 @@ class Conductor:
                 continue  # an aborted queued submission never blocks the rest (docs/semantics.md §13)
             if isinstance(nxt, StartAttempt) and nxt.submission_id not in self._staged:
                 if only is not _ANY and nxt.submission_id != only:
+                    self._revisit.add(conversation_id)
                     return  # resuming interrupted attempts one at a time: this one waits
                 attempt_id = uuid.uuid4().hex
                 d = protocol.start_attempt(conv, nxt.submission_id, attempt_id, self.owner.epoch)

@@ -332,6 +332,10 @@ class PartitionOwner(Generic[S]):
         """
         self._stage(decision, epoch=self.epoch)
 
+    def pending_conversations(self) -> tuple[str, ...]:
+        """The conversations with a batch waiting for a checkpoint."""
+        return tuple(self._pending_heads)
+
     def is_pending(self, conversation_id: str) -> bool:
         """Whether a batch of ``conversation_id`` waits for a checkpoint."""
         return conversation_id in self._pending_heads
