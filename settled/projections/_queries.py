@@ -511,6 +511,25 @@ class ProjectionReader:
             sql.SQL("SELECT * FROM {} ORDER BY unknown_since, call_id").format(self._t("unknown_obligations"))
         )
 
+    def obligations(self, *, after: Receipt | None = None, timeout_s: float = 10.0) -> list[Row]:
+        """List what someone owes a run, oldest first (issue 22 item 5).
+
+        Open Unknowns, pending approvals and unsettled submissions, each with ``kind``, ``item_id``, ``name``,
+        ``since`` and ``age``.
+
+        Args:
+            after: Wait first until the projection holds this receipt's request.
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            ``obligations`` view rows (the ``overdue`` view holds those past the default thresholds).
+
+        Raises:
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
+        """
+        self._after(after, timeout_s)
+        return self._query(sql.SQL("SELECT * FROM {} ORDER BY since, kind, item_id").format(self._t("obligations")))
+
     def approvals(
         self,
         *,

@@ -25,6 +25,9 @@ _POSTGRES_OPTION = typer.Option(True, "--postgres/--no-postgres", help="Check th
 _SCHEMA_OPTION = typer.Option(None, "--schema", help="The projection schema (default: the namespace's).")
 _ONLY_OPTION = typer.Option([], "--only", help="Run only this check (repeatable), of " + ", ".join(CHECK_NAMES) + ".")
 _TIMEOUT_OPTION = typer.Option(10.0, "--timeout-s", help="Bound on each Kafka or PostgreSQL call, in seconds.")
+_UNKNOWN_OPTION = typer.Option(900.0, "--overdue-unknown-s", help="An open Unknown older than this is overdue, in s.")
+_APPROVAL_OPTION = typer.Option(86_400.0, "--overdue-approval-s", help="A pending approval older than this, in s.")
+_SUBMISSION_OPTION = typer.Option(3_600.0, "--overdue-submission-s", help="An unsettled submission older, in s.")
 _SKEW_OPTION = typer.Option(1.0, "--max-clock-skew-s", help="Largest accepted clock difference to the broker, in s.")
 
 
@@ -36,8 +39,11 @@ def doctor(
     only: list[str] = _ONLY_OPTION,
     timeout_s: float = _TIMEOUT_OPTION,
     max_clock_skew_s: float = _SKEW_OPTION,
+    overdue_unknown_s: float = _UNKNOWN_OPTION,
+    overdue_approval_s: float = _APPROVAL_OPTION,
+    overdue_submission_s: float = _SUBMISSION_OPTION,
 ) -> None:
-    """Check the deployment: broker, topics and genesis, projection schema, transactional settings, resolver key, clock.
+    """Check the deployment: broker, topics, projection schema, transactional settings, resolver key, clock, overdue.
 
     Exit code 1 naming each failed check; 0 when none failed (skipped checks do not fail).
     """
@@ -48,6 +54,11 @@ def doctor(
         app=load_app(app) if app else None,
         postgres=postgres,
         projection_schema=schema,
+        overdue_after_s={
+            "unknown": overdue_unknown_s,
+            "approval": overdue_approval_s,
+            "submission": overdue_submission_s,
+        },
     )
     try:
         results = run_checks(settings, options, only)

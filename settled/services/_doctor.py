@@ -12,14 +12,15 @@ The clock check writes one record to a scratch topic of the doctor's own, ``<nam
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
+from psycopg import sql
 
 from settled._settings import Settings
 from settled.producers import admin_config, describe_topics, producer_config, read_genesis
@@ -41,7 +42,15 @@ __all__ = [
 LIBRDKAFKA_DEFAULT_RETRY_BACKOFF_MS = 100
 
 #: The checks, in the order they run.
-CHECK_NAMES = ("broker", "topics", "projection-schema", "transactional-settings", "resolver-key", "clock-skew")
+CHECK_NAMES = (
+    "broker",
+    "topics",
+    "projection-schema",
+    "transactional-settings",
+    "resolver-key",
+    "clock-skew",
+    "overdue",
+)
 
 
 class CheckStatus(StrEnum):
@@ -78,6 +87,8 @@ class DoctorOptions:
         app: The app the workers run (``--app``), for the resolver-key check; None skips it.
         postgres: Check the projection schema (a deployment with a projector); False skips it.
         projection_schema: The projection schema to check; None means the namespace's default.
+        overdue_after_s: Per obligation kind (``unknown``, ``approval``, ``submission``), the age past which it is
+            overdue, in seconds (issue 22 item 5).
     """
 
     timeout_s: float = 10.0
@@ -85,6 +96,9 @@ class DoctorOptions:
     app: App | None = None
     postgres: bool = True
     projection_schema: str | None = None
+    overdue_after_s: Mapping[str, float] = field(
+        default_factory=lambda: {"unknown": 900.0, "approval": 86_400.0, "submission": 3_600.0}
+    )
 
 
 def _ok(name: str, detail: str) -> CheckResult:
@@ -338,6 +352,49 @@ def _ensure_scratch_topic(settings: Settings, topic: str, timeout_s: float) -> N
         raise
 
 
+def check_overdue(settings: Settings, options: DoctorOptions) -> CheckResult:
+    """No obligation is older than its kind's threshold: an open Unknown, a pending approval, an unsettled submission.
+
+    Args:
+        settings: The PostgreSQL DSN and the namespace.
+        options: The thresholds (``overdue_after_s``), the schema and the connect timeout.
+
+    Returns:
+        ok with the open counts, failed naming each overdue kind with its count and the oldest one's age and id, or
+        skipped when PostgreSQL is not checked.
+    """
+    if not options.postgres:
+        return CheckResult("overdue", CheckStatus.SKIPPED, "--no-postgres")
+    if not settings.postgres_dsn:
+        return _failed("overdue", "no PostgreSQL configured: set SETTLED_POSTGRES_DSN or pass --no-postgres")
+    schema = options.projection_schema or default_schema(settings.namespace)
+    query = sql.SQL(
+        "SELECT kind, conversation_id, item_id, extract(epoch FROM age) FROM {} ORDER BY since, kind, item_id"
+    ).format(sql.Identifier(schema, "obligations"))
+    try:
+        with psycopg.connect(settings.postgres_dsn, connect_timeout=max(1, round(options.timeout_s))) as conn:
+            rows = conn.execute(query).fetchall()
+    except psycopg.Error as exc:
+        return _failed("overdue", f"PostgreSQL: {exc}".strip())
+    open_by_kind: dict[str, int] = {}
+    late: dict[str, list[tuple[float, str, str]]] = {}
+    for kind, conversation_id, item_id, age_s in rows:
+        open_by_kind[kind] = open_by_kind.get(kind, 0) + 1
+        if float(age_s) > options.overdue_after_s.get(kind, float("inf")):
+            late.setdefault(kind, []).append((float(age_s), conversation_id, item_id))
+    if late:
+        parts = []
+        for kind, items in sorted(late.items()):
+            age_s, conversation_id, item_id = max(items)
+            parts.append(
+                f"{len(items)} {kind} obligation(s) older than {options.overdue_after_s[kind]:g} s, the oldest "
+                f"{age_s:.0f} s old ({item_id} in conversation {conversation_id})"
+            )
+        return _failed("overdue", "; ".join(parts))
+    counts = ", ".join(f"{n} open {kind}" for kind, n in sorted(open_by_kind.items())) or "nothing open"
+    return _ok("overdue", f"none overdue ({counts})")
+
+
 #: Each check and the earlier check it needs (skipped when that one failed).
 _CHECKS: tuple[tuple[str, Callable[[Settings, DoctorOptions], CheckResult], str | None], ...] = (
     ("broker", check_broker, None),
@@ -346,6 +403,7 @@ _CHECKS: tuple[tuple[str, Callable[[Settings, DoctorOptions], CheckResult], str 
     ("transactional-settings", check_transactional_settings, None),
     ("resolver-key", check_resolver_key, None),
     ("clock-skew", check_clock_skew, "broker"),
+    ("overdue", check_overdue, "projection-schema"),
 )
 
 

@@ -84,6 +84,7 @@ def test_doctor_passes_on_a_healthy_namespace(healthy: Settings) -> None:
         "transactional-settings": "ok",
         "resolver-key": "skipped",
         "clock-skew": "ok",
+        "overdue": "ok",
     }, out
 
 

@@ -298,4 +298,4 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
             sql.SQL("SELECT conversation_id FROM {} ORDER BY 1").format(sql.Identifier(schema, "receipts"))
         ).fetchall()
         assert [r[0] for r in rows] == ["c1", "c2"]
-        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "5"
+        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "6"
