@@ -285,7 +285,7 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
             )
         with pytest.raises(ProjectionLayoutError, match="layout '1'"):
             check_layout(conn, schema)
-        assert migrate(conn, schema) == [2, 3, 4, 5]
+        assert migrate(conn, schema) == [2, 3, 4, 5, 6]
         check_layout(conn, schema)
         # The same request id in a second conversation is a second row now; the first one is kept.
         conn.execute(
