@@ -44,6 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from settled._errors import ErrorCategory, SettledError
 from settled._settings import Settings
+from settled.api._metrics import ApiMetrics
 from settled.api._problems import PROBLEM_MEDIA_TYPE, ProblemError, problem_of_error
 from settled.api._tokens import Principal, Scope, TokenStore
 from settled.api._ui import UiBackend, install_ui
@@ -373,6 +374,12 @@ def create_app(
         responses=_problem_responses(401, 403, 404, 409, 422, 503, 504),
     )
     app.state.tokens = the_tokens
+    metrics = ApiMetrics()
+    app.middleware("http")(metrics.middleware)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:  # aggregate figures only: no token (settled/api/_metrics.py)
+        return metrics.response()
 
     @app.exception_handler(ProblemError)
     async def _on_problem(request: Request, exc: ProblemError) -> JSONResponse:
