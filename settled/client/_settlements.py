@@ -18,10 +18,10 @@ from settled.client._errors import BrokerUnavailableError, SettlementTimeoutErro
 from settled.producers import consume_promptly, partition_for_key, reader_config
 from settled.schemas import Codec, SettlementRecord
 
-__all__ = ["SettlementStream", "read_settlement", "settlement_partitions"]
+__all__ = ["TRANSIENT_CONSUMER_ERRORS", "SettlementStream", "read_settlement", "settlement_partitions"]
 
-#: Consumer errors that say nothing about a record: the read goes on.
-_TRANSIENT = frozenset(
+#: Consumer errors that say nothing about a record: the read goes on (also the shared reader's, `_waits`).
+TRANSIENT_CONSUMER_ERRORS = frozenset(
     {
         KafkaError._PARTITION_EOF,
         KafkaError._TRANSPORT,
@@ -125,7 +125,7 @@ def read_settlement(
             for msg in consume_promptly(consumer, 500, min(remaining, 0.2)):
                 err = msg.error()
                 if err is not None:
-                    if err.code() in _TRANSIENT:
+                    if err.code() in TRANSIENT_CONSUMER_ERRORS:
                         continue
                     raise KafkaException(err)
                 record = codec.decode(
@@ -222,7 +222,7 @@ class SettlementStream(Iterator[SettlementRecord]):
             msg = self._buffer.pop(0)
             err = msg.error()
             if err is not None:
-                if err.code() in _TRANSIENT:
+                if err.code() in TRANSIENT_CONSUMER_ERRORS:
                     continue
                 raise KafkaException(err)
             self._last_record = time.monotonic()

@@ -28,7 +28,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailableError, SettlementTimeoutError
-from settled.client._settlements import _TRANSIENT, settlement_partitions
+from settled.client._settlements import TRANSIENT_CONSUMER_ERRORS as _TRANSIENT
+from settled.client._settlements import settlement_partitions
 from settled.producers import StreamPart, StreamPartError, consume_promptly, decode_part, reader_config
 from settled.producers._partitioner import partition_for_key
 from settled.schemas import Codec, SettlementRecord

@@ -32,10 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from settled._settings import Settings
 from settled.client._errors import BrokerUnavailableError, SettlementTimeoutError
+from settled.client._settlements import TRANSIENT_CONSUMER_ERRORS as _TRANSIENT
 from settled.producers import consume_promptly, partition_for_key, reader_config
 from settled.schemas import Codec, DecodeError, SettlementRecord
 
@@ -46,17 +47,6 @@ _log = logging.getLogger(__name__)
 #: Bytes of recent settlement records kept for waits that register after their settlement was read.
 DEFAULT_CACHE_BYTES = 32 * 1024 * 1024
 
-#: Consumer errors that say nothing about a record (the broker is away or a partition has no leader for a moment).
-_TRANSIENT = frozenset(
-    {
-        KafkaError._PARTITION_EOF,
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TIMED_OUT,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-    }
-)
 
 _Key = tuple[str, str]  # (conversation id, submission id)
 

@@ -619,15 +619,16 @@ class Conductor:
         most `FULL_SCAN_INTERVAL_S` apart, a safety net under the bookkeeping.
         """
         overlay = self.owner.overlay.conversations
+        due: set[str] = set()
+        while self._deadlines and self._deadlines[0][0] <= now:  # drained on every turn, full ones included
+            due.add(heapq.heappop(self._deadlines)[1])
         mono = time.monotonic()
         if mono >= self._next_full_scan_s:
             self._next_full_scan_s = mono + FULL_SCAN_INTERVAL_S
             candidates: set[str] | Iterable[str] = overlay.keys()
         else:
-            candidates = self._dirty | self._revisit | set(self._resumed_conv.values())
+            candidates = self._dirty | self._revisit | due | set(self._resumed_conv.values())
             candidates.update(self.owner.pending_conversations())
-            while self._deadlines and self._deadlines[0][0] <= now:
-                candidates.add(heapq.heappop(self._deadlines)[1])
         self._dirty = set()
         self._revisit = set()
         out = []
