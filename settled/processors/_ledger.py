@@ -28,11 +28,13 @@ from settled.schemas import (
     AttemptStarted,
     CommandRejectReason,
     DecideApproval,
+    GrantAccess,
     InboxRecord,
     InputApplied,
     LogBatch,
     QuarantineReason,
     ResolveUnknown,
+    RevokeAccess,
     SendSignal,
     Settlement,
     SettlementOutcome,
@@ -155,9 +157,19 @@ class LedgerDecider:
                 return [to_loop_decision(filed_under, self._refuse(conv, record, inp, now, refused), inputs)]
             # Fault switch (issue 20; tests/fault_switches.toml): the owner skips the access check, so a token of
             # another principal acts on a conversation it may not see. Breaks the access check only, on purpose.
-            if not fault_enabled("api_access_unchecked") and not protocol.may_access(
-                conv, record.principal, signed.access
-            ):
+            checked = not fault_enabled("api_access_unchecked")
+            granting = isinstance(record, GrantAccess | RevokeAccess)
+            sees = protocol.may_access(conv, record.principal, signed.access, acting=False)
+            acts = protocol.may_access(conv, record.principal, signed.access) and (
+                not granting or protocol.may_grant(conv, record.principal, signed.access)
+            )
+            if checked and not acts:
+                refused_why = (
+                    f"principal {record.principal!r} may not "
+                    + ("grant or revoke access to" if granting else "act on")
+                    + f" conversation {protocol.excerpt(record.conversation_id)}: "
+                    + ("only its opener or an admin may" if granting else "its access is read")
+                )
                 if isinstance(record, SubmissionProposed):
                     d = protocol.reject_submission(
                         conv,
@@ -166,7 +178,14 @@ class LedgerDecider:
                         now,
                         reason=SubmissionRejectReason.UNAUTHORIZED,
                         field="conversation_id",
-                        detail=f"conversation {protocol.excerpt(record.conversation_id)} is not found",
+                        detail=refused_why
+                        if sees
+                        else f"conversation {protocol.excerpt(record.conversation_id)} is not found",
+                    )
+                    return [to_loop_decision(filed_under, d, inputs)]
+                if sees:  # it may see the conversation, so it learns it may not act: unauthorized
+                    d = protocol.reject_command(
+                        conv, record, inp.ref, now, reason=CommandRejectReason.UNAUTHORIZED, detail=refused_why
                     )
                     return [to_loop_decision(filed_under, d, inputs)]
                 conv = protocol.hidden(conv)  # decided exactly as if nothing it names existed: unknown_target
@@ -189,6 +208,10 @@ class LedgerDecider:
             d = protocol.abort(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, SendSignal):
             d = protocol.signal(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, GrantAccess):
+            d = protocol.grant_access(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, RevokeAccess):
+            d = protocol.revoke_access(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, ResolveUnknown):
             problem = None if violation is not None else self._signature_problem(record)
             if problem is not None:

@@ -13,8 +13,9 @@
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
 * `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
-* `may_access`, `conversation_owner`, `hidden`, `api_signing_bytes`, `api_signature_of` (`_access`): who may see a
-  conversation, for inbox records the HTTP API signed (issue 20 item 3).
+* `may_access`, `may_grant`, `conversation_owner`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
+  `api_signature_of` (`_access`): who may see and act on a conversation, for inbox records the HTTP API signed, and
+  access granted and revoked as canonical records (issue 20 item 3).
 * `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
   names a workflow run (issue 17).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
@@ -31,8 +32,11 @@ from settled.protocol._access import (
     api_signature_of,
     api_signing_bytes,
     conversation_owner,
+    grant_access,
     hidden,
     may_access,
+    may_grant,
+    revoke_access,
 )
 from settled.protocol._approvals import (
     approval_details,
@@ -214,10 +218,12 @@ __all__ = [
     "filing_conversation",
     "find_edge",
     "fold",
+    "grant_access",
     "hidden",
     "input_key",
     "interrupt",
     "may_access",
+    "may_grant",
     "open_waits",
     "outcome_state",
     "quarantine",
@@ -228,6 +234,7 @@ __all__ = [
     "reject_submission",
     "resolve",
     "resolve_wait",
+    "revoke_access",
     "schedule",
     "scope_digest",
     "signal",

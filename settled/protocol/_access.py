@@ -1,15 +1,18 @@
-"""Who may see a conversation, for inbox records the HTTP API signed (issue 20 item 3).
+"""Who may see and act on a conversation, for inbox records the HTTP API signed (issue 20 item 3).
 
 The HTTP API publishes every record with the principal of the caller's token and signs it (Kafka headers, see
 `API_HEADERS`) with its Ed25519 key over `api_signing_bytes`: the record's value and the caller's access (``owner``:
 only conversations the principal opened; ``all``: an ``admin`` token). The partition owner verifies the signature and
 then checks access against the conversation's canonical state: a conversation is **opened** by the principal of its
-first admitted submission (``submission_seq`` 1, in the log for good), and a signed record of another principal is
-decided as if the conversation held nothing it could name (`hidden`): a command gets the same ``unknown_target``
-rejection a missing target gets. Records without the API's headers (the Python client, raw producers: trusted inbox
-writers) are decided as before, whatever principal they carry.
-
-Not done yet: access granted to and revoked from other principals (records of their own).
+first admitted submission (``submission_seq`` 1, in the log for good). Its opener (or an admin) grants other
+principals access with a `GrantAccess` (``read``: see it; ``act``: see it, submit turns and send commands) and ends
+it with a `RevokeAccess`; the owner decides them (`grant_access`, `revoke_access`) into canonical `AccessGranted` /
+`AccessRevoked` events, which `ConversationState.access` folds. A signed record of a principal that may not see the
+conversation is decided as if the conversation held nothing it could name (`hidden`): a command gets the same
+``unknown_target`` rejection a missing target gets. A principal that may see it but not act (a ``read`` grant, or a
+grantee granting) gets ``unauthorized``. Records without the API's headers (the Python client, raw producers:
+trusted inbox writers) are decided as before, whatever principal they carry: an unsigned grant is applied whoever it
+names as its principal.
 """
 
 from __future__ import annotations
@@ -17,9 +20,22 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
+from settled.protocol._contract import check_command, excerpt
+from settled.protocol._decide import Decision, check_input_undecided, command_receipt, reject_command, reject_invalid
 from settled.protocol._fold import ConversationState
+from settled.schemas import (
+    AccessGranted,
+    AccessLevel,
+    AccessRevoked,
+    CommandRejectReason,
+    GrantAccess,
+    InputRef,
+    ReceiptOutcome,
+    RevokeAccess,
+)
 
 __all__ = [
     "ACCESS_ALL",
@@ -29,8 +45,11 @@ __all__ = [
     "api_signature_of",
     "api_signing_bytes",
     "conversation_owner",
+    "grant_access",
     "hidden",
     "may_access",
+    "may_grant",
+    "revoke_access",
 ]
 
 ACCESS_OWNER: Final = "owner"
@@ -104,21 +123,166 @@ def conversation_owner(conv: ConversationState) -> str | None:
     return None if first is None else first.principal
 
 
-def may_access(conv: ConversationState, principal: str, access: str) -> bool:
+def may_access(conv: ConversationState, principal: str, access: str, *, acting: bool = True) -> bool:
     """Whether a record the API signed for ``principal`` may name this conversation.
 
     Args:
         conv: The conversation's state.
         principal: The record's principal (the caller's token's).
         access: The signed access, ``owner`` or ``all``.
+        acting: True to ask whether it may act (submit, send a command); False whether it may see it.
 
     Returns:
-        True for ``all``, for a conversation with no submission yet (the record opens it), and for its opener.
+        True for ``all``, for a conversation with no submission yet (the record opens it), for its opener, for a
+        principal granted ``act``, and (when not ``acting``) for one granted ``read``.
     """
     if access == ACCESS_ALL:
         return True
     owner = conversation_owner(conv)
-    return owner is None or owner == principal
+    if owner is None or owner == principal:
+        return True
+    granted = conv.access.get(principal)
+    return granted is AccessLevel.ACT or (granted is AccessLevel.READ and not acting)
+
+
+def may_grant(conv: ConversationState, principal: str, access: str) -> bool:
+    """Whether a signed `GrantAccess` or `RevokeAccess` of ``principal`` may change this conversation's access.
+
+    Args:
+        conv: The conversation's state.
+        principal: The record's principal.
+        access: The signed access, ``owner`` or ``all``.
+
+    Returns:
+        True for ``all``, for the conversation's opener, and for a conversation nobody opened (whose access
+        commands `grant_access` rejects ``unknown_target``); a grantee, even with ``act``, may not.
+    """
+    owner = conversation_owner(conv)
+    return access == ACCESS_ALL or owner is None or owner == principal
+
+
+def _precheck_access(
+    state: ConversationState, command: GrantAccess | RevokeAccess, input_ref: InputRef, now: datetime, check: bool
+) -> Decision | None:
+    """The checks both access commands share: the contract, a reused command id, an unopened conversation."""
+    violation = check_command(command) if check else None
+    if violation is not None:
+        return reject_invalid(state, command, input_ref, now, violation)
+    check_input_undecided(state, command.conversation_id, input_ref)
+    previous_target = state.applied_commands.get(command.command_id)
+    if previous_target is not None and previous_target != command.grantee:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.INVALID,
+            detail=f"command_id {command.command_id!r} was already applied to {previous_target!r}",
+        )
+    owner = conversation_owner(state)
+    if owner is None:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.UNKNOWN_TARGET,
+            detail=f"conversation {excerpt(state.conversation_id)} is not found",
+        )
+    if previous_target is None and command.grantee == owner:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.INVALID,
+            detail=f"grantee {command.grantee!r} opened conversation {excerpt(state.conversation_id)}: "
+            "its access cannot be granted or revoked",
+        )
+    return None
+
+
+def grant_access(
+    state: ConversationState, command: GrantAccess, input_ref: InputRef, now: datetime, *, check_contract: bool = True
+) -> Decision:
+    """Decide a `GrantAccess` (issue 20): `AccessGranted` + applied receipt, replacing any earlier grant.
+
+    * the contract broken → ``invalid`` naming the field; a command id applied to another grantee → ``invalid``;
+    * a conversation with no admitted submission (nobody opened it) → ``unknown_target``;
+    * the grantee is the opener → ``invalid`` (its access comes from opening the conversation);
+    * the same command id again → the same `AccessGranted` with the new ``input_ref`` and a duplicate receipt.
+
+    Who may send it (the opener or an admin, for records the API signed) is the worker's check (`may_grant`).
+
+    Args:
+        state: The conversation's scratch state.
+        command: The decoded command.
+        input_ref: Where it was read.
+        now: The decision time.
+        check_contract: Whether to check the input contract first (`check_command`).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    refused = _precheck_access(state, command, input_ref, now, check_contract)
+    if refused is not None:
+        return refused
+    event = AccessGranted(
+        command_id=command.command_id,
+        grantee=command.grantee,
+        access=command.access,
+        principal=command.principal,
+        input_ref=input_ref,
+    )
+    outcome = ReceiptOutcome.DUPLICATE if command.command_id in state.applied_commands else ReceiptOutcome.APPLIED
+    return Decision(events=(event,), receipt=command_receipt(state, command.command_id, outcome, now))
+
+
+def revoke_access(
+    state: ConversationState, command: RevokeAccess, input_ref: InputRef, now: datetime, *, check_contract: bool = True
+) -> Decision:
+    """Decide a `RevokeAccess` (issue 20): `AccessRevoked` + applied receipt for a principal that holds a grant.
+
+    Rejected as `grant_access` is, and ``unknown_target`` when the grantee holds no granted access; the same command
+    id again is a duplicate.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The decoded command.
+        input_ref: Where it was read.
+        now: The decision time.
+        check_contract: Whether to check the input contract first (`check_command`).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    refused = _precheck_access(state, command, input_ref, now, check_contract)
+    if refused is not None:
+        return refused
+    repeated = command.command_id in state.applied_commands
+    if not repeated and command.grantee not in state.access:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.UNKNOWN_TARGET,
+            detail=f"principal {command.grantee!r} holds no granted access to conversation "
+            f"{excerpt(state.conversation_id)}",
+        )
+    event = AccessRevoked(
+        command_id=command.command_id, grantee=command.grantee, principal=command.principal, input_ref=input_ref
+    )
+    outcome = ReceiptOutcome.DUPLICATE if repeated else ReceiptOutcome.APPLIED
+    return Decision(events=(event,), receipt=command_receipt(state, command.command_id, outcome, now))
 
 
 def hidden(conv: ConversationState) -> ConversationState:
@@ -131,6 +295,8 @@ def hidden(conv: ConversationState) -> ConversationState:
         conv: The conversation's state.
 
     Returns:
-        A copy without submissions, queue, active submission or applied commands.
+        A copy without submissions, queue, active submission, applied commands or access.
     """
-    return dataclasses.replace(conv, submissions={}, queue=(), active_submission_id=None, applied_commands={})
+    return dataclasses.replace(
+        conv, submissions={}, queue=(), active_submission_id=None, applied_commands={}, access={}
+    )

@@ -22,7 +22,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from settled.schemas import AbortRequested, DecideApproval, ResolveUnknown, SendSignal, SubmissionProposed
+from settled.schemas import (
+    AbortRequested,
+    DecideApproval,
+    GrantAccess,
+    ResolveUnknown,
+    RevokeAccess,
+    SendSignal,
+    SubmissionProposed,
+)
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -207,7 +215,9 @@ def check_proposal(proposal: SubmissionProposed) -> Violation | None:
     return found or check_tools("payload.tools_offered", proposal.payload.tools_offered)
 
 
-def check_command(command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval) -> Violation | None:
+def check_command(
+    command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess,
+) -> Violation | None:
     """Check a command against the contract.
 
     A resolution's empty ``key_id`` is not a contract violation: the worker rejects it as ``unsigned``.
@@ -219,6 +229,10 @@ def check_command(command: AbortRequested | ResolveUnknown | SendSignal | Decide
         The first violation, or ``None``.
     """
     found = _check_conversation(command.conversation_id)
+    if isinstance(command, GrantAccess | RevokeAccess):  # access commands name a principal, not a submission
+        for name in ("command_id", "principal", "grantee"):
+            found = found or check_id(name, getattr(command, name))
+        return found
     for name in ("command_id", "submission_id", "principal"):
         found = found or check_id(name, getattr(command, name))
     if isinstance(command, AbortRequested):
@@ -233,7 +247,13 @@ def check_command(command: AbortRequested | ResolveUnknown | SendSignal | Decide
 
 
 def check_input(
-    record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval,
+    record: SubmissionProposed
+    | AbortRequested
+    | ResolveUnknown
+    | SendSignal
+    | DecideApproval
+    | GrantAccess
+    | RevokeAccess,
 ) -> Violation | None:
     """Check any inbox record against the contract (`check_proposal` or `check_command`).
 

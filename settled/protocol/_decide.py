@@ -47,6 +47,7 @@ from settled.schemas import (
     CommandRejected,
     CommandRejectReason,
     DecideApproval,
+    GrantAccess,
     InputApplied,
     InputQuarantined,
     InputRef,
@@ -59,6 +60,7 @@ from settled.schemas import (
     RequestKind,
     ResolutionKind,
     ResolveUnknown,
+    RevokeAccess,
     SendSignal,
     Settlement,
     SettlementOutcome,
@@ -386,7 +388,13 @@ def reject_submission(
 
 def reject_invalid(
     state: ConversationState,
-    record: SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval,
+    record: SubmissionProposed
+    | AbortRequested
+    | ResolveUnknown
+    | SendSignal
+    | DecideApproval
+    | GrantAccess
+    | RevokeAccess,
     input_ref: InputRef,
     now: datetime,
     violation: Violation,
@@ -718,7 +726,7 @@ def terminalize(
 
 def reject_command(
     state: ConversationState,
-    command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval,
+    command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess,
     input_ref: InputRef,
     now: datetime,
     *,
@@ -756,8 +764,11 @@ def reject_command(
         if isinstance(command, SendSignal)
         else CommandKind.APPROVAL
         if isinstance(command, DecideApproval)
+        else CommandKind.ACCESS
+        if isinstance(command, GrantAccess | RevokeAccess)
         else CommandKind.RESOLVE_UNKNOWN
     )
+    target = None if isinstance(command, GrantAccess | RevokeAccess) else bounded_id(command.submission_id)
     command_id = bounded_id(command.command_id)
     detail = bounded_text(detail)
     return Decision(
@@ -765,7 +776,7 @@ def reject_command(
             CommandRejected(
                 command_id=command_id,
                 command_kind=kind,
-                submission_id=bounded_id(command.submission_id),
+                submission_id=target,
                 reason=reason,
                 detail=detail,
                 winning_outcome=winning_outcome,

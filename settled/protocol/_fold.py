@@ -50,6 +50,9 @@ from settled.protocol._states import (
 )
 from settled.schemas import (
     AbortRecorded,
+    AccessGranted,
+    AccessLevel,
+    AccessRevoked,
     ApprovalDecided,
     AttemptInterrupted,
     AttemptStarted,
@@ -276,7 +279,10 @@ class ConversationState:
         key_index: `scope_digest` of (principal, conversation, key) → `KeyEntry`, kept for the life of the log
             (docs/design.md §4).
         decided_inputs: Inbox inputs whose decision is canonical; re-read ones are skipped (docs/design.md §3).
-        applied_commands: Command id → target submission id of every applied command (abort, resolution).
+        applied_commands: Command id → target submission id of every applied command (abort, resolution); an
+            access command's target is its grantee (issue 20).
+        access: Principal → the access granted to it (`AccessGranted`, less `AccessRevoked`; issue 20). The opener
+            (`settled.protocol.conversation_owner`) is not listed: its access comes from opening the conversation.
     """
 
     conversation_id: str
@@ -290,6 +296,7 @@ class ConversationState:
     key_index: Mapping[str, KeyEntry] = field(default_factory=_empty)
     decided_inputs: frozenset[InputKey] = frozenset()
     applied_commands: Mapping[str, str] = field(default_factory=_empty)
+    access: Mapping[str, AccessLevel] = field(default_factory=_empty)
 
     def submission(self, submission_id: str) -> Submission | None:
         """Return a submission by id.
@@ -547,8 +554,8 @@ class _ConvBuilder:
     """Mutable working copy of a `ConversationState`; maps are copied on first write."""
 
     __slots__ = (
-        "_commands", "_inputs", "_keys", "_subs", "active", "base", "cid", "last_batch_digest", "last_event_seq",
-        "last_submission_seq", "owner_epoch", "queue", "trace",
+        "_access", "_commands", "_inputs", "_keys", "_subs", "active", "base", "cid", "last_batch_digest",
+        "last_event_seq", "last_submission_seq", "owner_epoch", "queue", "trace",
     )  # fmt: skip
 
     def __init__(self, base: ConversationState, trace: list[Transition]) -> None:
@@ -565,6 +572,7 @@ class _ConvBuilder:
         self._keys: dict[str, KeyEntry] | None = None
         self._inputs: set[InputKey] | None = None
         self._commands: dict[str, str] | None = None
+        self._access: dict[str, AccessLevel] | None = None
 
     # -- copy-on-write access ---------------------------------------------------------------------------------
 
@@ -591,6 +599,14 @@ class _ConvBuilder:
         if self._commands is None:
             self._commands = _copy(self.base.applied_commands)
         self._commands[command_id] = submission_id
+
+    def set_access(self, grantee: str, access: AccessLevel | None) -> None:
+        if self._access is None:
+            self._access = _copy(self.base.access)
+        if access is None:
+            self._access.pop(grantee, None)
+        else:
+            self._access[grantee] = access
 
     def decide(self, event: AvroRecord, ref: InputRef | None) -> None:
         """Record an inbox input as decided; each input is decided exactly once (docs/design.md §3)."""
@@ -622,6 +638,7 @@ class _ConvBuilder:
             base.key_index if self._keys is None else MappingProxyType(self._keys),
             base.decided_inputs if self._inputs is None else frozenset(self._inputs),
             base.applied_commands if self._commands is None else MappingProxyType(self._commands),
+            base.access if self._access is None else MappingProxyType(self._access),
         )
 
     # -- helpers ----------------------------------------------------------------------------------------------
@@ -1001,6 +1018,30 @@ class _ConvBuilder:
             )
         self.add_command(event.command_id, event.submission_id)
 
+    def on_access_granted(self, event: AccessGranted, batch_epoch: int) -> None:
+        """Access granted to a principal (issue 20): it replaces any earlier grant; a repeated command only decides."""
+        self.decide(event, event.input_ref)
+        if self._repeated_access(event):
+            return
+        self.set_access(event.grantee, event.access)
+        self.add_command(event.command_id, event.grantee)
+
+    def on_access_revoked(self, event: AccessRevoked, batch_epoch: int) -> None:
+        """A principal's granted access ends (issue 20); a repeated command only marks its input decided."""
+        self.decide(event, event.input_ref)
+        if self._repeated_access(event):
+            return
+        self.set_access(event.grantee, None)
+        self.add_command(event.command_id, event.grantee)
+
+    def _repeated_access(self, event: AccessGranted | AccessRevoked) -> bool:
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is None:
+            return False
+        if previous_target != event.grantee:
+            raise self.fail(event, "grantee", event.grantee, f"command already applied to {previous_target!r}")
+        return True
+
     def on_settlement(self, event: Settlement, batch_epoch: int) -> None:
         target = outcome_state(event.outcome)
         sub = self.get(event.submission_id, event, target)
@@ -1090,6 +1131,8 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     WaitResolved: _ConvBuilder.on_wait_resolved,
     SignalReceived: _ConvBuilder.on_signal_received,
     ApprovalDecided: _ConvBuilder.on_approval_decided,
+    AccessGranted: _ConvBuilder.on_access_granted,
+    AccessRevoked: _ConvBuilder.on_access_revoked,
 }
 """Conversation-scoped rules; `Genesis` and `OwnershipClaimed` are partition-scoped (`_PartitionBuilder`)."""
 

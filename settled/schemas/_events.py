@@ -37,6 +37,9 @@ __all__ = [
     "TOPIC_RECORD_TYPES",
     "AbortRecorded",
     "AbortRequested",
+    "AccessGranted",
+    "AccessLevel",
+    "AccessRevoked",
     "ApprovalDecided",
     "AttemptInterrupted",
     "AttemptStarted",
@@ -52,6 +55,7 @@ __all__ = [
     "EffectKind",
     "EffectRecorded",
     "Genesis",
+    "GrantAccess",
     "InboxRecord",
     "InputApplied",
     "InputQuarantined",
@@ -70,6 +74,7 @@ __all__ = [
     "RequestKind",
     "ResolutionKind",
     "ResolveUnknown",
+    "RevokeAccess",
     "SendSignal",
     "Settlement",
     "SettlementOutcome",
@@ -214,6 +219,17 @@ class CommandKind(enum.StrEnum):
     OTHER = "other"
     SIGNAL = "signal"
     APPROVAL = "approval"
+    ACCESS = "access"
+
+
+class AccessLevel(enum.StrEnum):
+    """What a principal granted access to a conversation may do (issue 20)."""
+
+    READ = "read"
+    """See the conversation and everything in it (reads); its commands and submissions are refused as if the
+    conversation did not exist."""
+    ACT = "act"
+    """See it and act on it: submit turns, signal, approve or deny, abort, resolve (within its token's scopes)."""
 
 
 class CommandRejectReason(enum.StrEnum):
@@ -668,6 +684,48 @@ class DecideApproval(AvroRecord):
                 "submission_id": self.submission_id,
             }
         ).encode("utf-8")
+
+
+class GrantAccess(AvroRecord):
+    """A request to grant another principal access to a conversation (topic ``settled.inbox``; issue 20).
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: Client-made id of this command: a repeat is answered as a duplicate.
+        principal: Who grants (the conversation's opener, or an admin).
+        conversation_id: The conversation (the record key).
+        grantee: The principal granted access.
+        access: What the grantee may do: read, or act (read, submit and send commands).
+        requested_at: When it was requested.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    grantee: str
+    access: AccessLevel
+    requested_at: UtcMillis
+
+
+class RevokeAccess(AvroRecord):
+    """A request to revoke a principal's granted access to a conversation (topic ``settled.inbox``; issue 20).
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: Client-made id of this command: a repeat is answered as a duplicate.
+        principal: Who revokes (the conversation's opener, or an admin).
+        conversation_id: The conversation (the record key).
+        grantee: The principal whose access ends.
+        requested_at: When it was requested.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    grantee: str
+    requested_at: UtcMillis
 
 
 def _epoch_ms(value: datetime) -> int:
@@ -1322,6 +1380,40 @@ class ApprovalDecided(AvroRecord):
     input_ref: InputRef | None = None
 
 
+class AccessGranted(AvroRecord):
+    """A `GrantAccess` accepted (issue 20): the grantee holds this access from here on (a later grant replaces it).
+
+    Attributes:
+        command_id: The command's id.
+        grantee: The principal granted access.
+        access: What it may do.
+        principal: Who granted it.
+        input_ref: The inbox record this decides.
+    """
+
+    command_id: str
+    grantee: str
+    access: AccessLevel
+    principal: str
+    input_ref: InputRef | None = None
+
+
+class AccessRevoked(AvroRecord):
+    """A `RevokeAccess` accepted (issue 20): the grantee's access ends here.
+
+    Attributes:
+        command_id: The command's id.
+        grantee: The principal whose access ends.
+        principal: Who revoked it.
+        input_ref: The inbox record this decides.
+    """
+
+    command_id: str
+    grantee: str
+    principal: str
+    input_ref: InputRef | None = None
+
+
 # -------------------------------------------------------------------------------------------- other topics
 
 
@@ -1418,7 +1510,9 @@ class QuarantineRecord(AvroRecord):
     quarantined_at: UtcMillis
 
 
-InboxRecord = SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval
+InboxRecord = (
+    SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess
+)
 """What ``settled.inbox`` carries."""
 
 LogEvent = (
@@ -1451,6 +1545,8 @@ LogEvent = (
     | ApprovalDecided
     | ModelResponseInterrupted
     | StepRetryScheduled
+    | AccessGranted
+    | AccessRevoked
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1460,10 +1556,19 @@ INBOX_TYPES: tuple[type[AvroRecord], ...] = (
     ResolveUnknown,
     SendSignal,
     DecideApproval,
+    GrantAccess,
+    RevokeAccess,
 )
 """Record types of ``settled.inbox``."""
 
-COMMAND_TYPES: tuple[type[AvroRecord], ...] = (AbortRequested, ResolveUnknown, SendSignal, DecideApproval)
+COMMAND_TYPES: tuple[type[AvroRecord], ...] = (
+    AbortRequested,
+    ResolveUnknown,
+    SendSignal,
+    DecideApproval,
+    GrantAccess,
+    RevokeAccess,
+)
 """The inbox's commands."""
 
 LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
@@ -1496,6 +1601,8 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     ApprovalDecided,
     ModelResponseInterrupted,
     StepRetryScheduled,
+    AccessGranted,
+    AccessRevoked,
 )
 """Branches of the log-event union, in Avro union order."""
 

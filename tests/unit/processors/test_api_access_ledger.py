@@ -21,10 +21,15 @@ from settled.processors._ledger import load_public_key
 from settled.schemas import (
     AbortRecorded,
     AbortRequested,
+    AccessGranted,
+    AccessLevel,
+    AccessRevoked,
     Codec,
     CommandRejected,
+    GrantAccess,
     InboxRecord,
     ReceiptOutcome,
+    RevokeAccess,
     SubmissionAdmitted,
     SubmissionRejected,
     SubmissionRejectReason,
@@ -129,3 +134,81 @@ def test_a_record_with_a_forged_api_signature_is_rejected(log: Log) -> None:
     inp = decode_input(CODEC, INBOX, 0, log.ref().offset, b"c1", value, max_input_bytes=1_000_000, headers=headers)
     (decision,) = LEDGER.decide(log.state, inp, at(6))
     assert [type(e) for e in decision.events] == [CommandRejected]
+
+
+def _grant(command_id: str, grantee: str, access: str = "act", *, by: str = "alice") -> GrantAccess:
+    return GrantAccess(
+        command_id=command_id,
+        principal=by,
+        conversation_id="c1",
+        grantee=grantee,
+        access=AccessLevel(access),
+        requested_at=at(1),
+    )
+
+
+def _revoke(command_id: str, grantee: str, *, by: str = "alice") -> RevokeAccess:
+    return RevokeAccess(command_id=command_id, principal=by, conversation_id="c1", grantee=grantee, requested_at=at(1))
+
+
+def _only(decision: Decision) -> CommandRejected:
+    assert [type(e) for e in decision.events] == [CommandRejected], decision.events
+    (rejected,) = decision.events
+    assert isinstance(rejected, CommandRejected)
+    return rejected
+
+
+def test_a_grant_lets_the_grantee_act_and_a_revocation_hides_the_conversation_again(log: Log) -> None:
+    refused = _decide(log, _as(abort_cmd("b1", "s1"), "bob"))
+    assert _only(refused).reason.value == "unknown_target"
+    granted = _decide(log, _grant("g1", "bob"))
+    assert [type(e) for e in granted.events] == [AccessGranted], granted.events
+    assert granted.receipts[0].outcome is ReceiptOutcome.APPLIED
+    _commit(log, granted)
+    assert log.state.conversation("c1").access == {"bob": AccessLevel.ACT}
+    again = _decide(log, _grant("g1", "bob"))  # the same command id: a duplicate, the state unchanged
+    assert again.receipts[0].outcome is ReceiptOutcome.DUPLICATE
+    acted = _decide(log, _as(abort_cmd("b2", "s1"), "bob"))
+    assert isinstance(acted.events[0], AbortRecorded), acted.events
+    submitted = _decide(log, proposal("s2", "kb", principal="bob"))
+    assert isinstance(submitted.events[0], SubmissionAdmitted), submitted.events
+    revoked = _decide(log, _revoke("r1", "bob"))
+    assert [type(e) for e in revoked.events] == [AccessRevoked], revoked.events
+    _commit(log, revoked)
+    assert log.state.conversation("c1").access == {}
+    after = _decide(log, _as(abort_cmd("b3", "s1"), "bob"))
+    assert _only(after).reason.value == "unknown_target"  # exactly as before the grant: its rejection only
+    late = _decide(log, proposal("s3", "kb2", principal="bob"))
+    assert [type(e) for e in late.events] == [SubmissionRejected]
+
+
+def test_a_read_grant_sees_but_may_not_act_and_only_the_opener_or_an_admin_grants(log: Log) -> None:
+    _commit(log, _decide(log, _grant("g1", "carol", "read")))
+    refused = _only(_decide(log, _as(abort_cmd("c1x", "s1"), "carol")))
+    assert refused.reason.value == "unauthorized" and "read" in refused.detail
+    submitted = _decide(log, proposal("s2", "kc", principal="carol"))
+    assert [type(e) for e in submitted.events] == [SubmissionRejected]
+    # A grantee (even one that may act) may not grant; a stranger's grant is as for a missing conversation.
+    _commit(log, _decide(log, _grant("g2", "bob", "act")))
+    by_grantee = _only(_decide(log, _grant("g3", "dave", by="bob")))
+    assert by_grantee.reason.value == "unauthorized"
+    by_stranger = _only(_decide(log, _grant("g4", "dave", by="eve")))
+    assert by_stranger.reason.value == "unknown_target"
+    by_admin = _decide(log, _grant("g5", "dave", by="root"), signed="all")
+    assert [type(e) for e in by_admin.events] == [AccessGranted]
+    trusted = _decide(log, _grant("g6", "dave", by="anyone"), signed=None)  # a trusted inbox writer, as documented
+    assert [type(e) for e in trusted.events] == [AccessGranted]
+
+
+def test_access_commands_that_name_nothing_are_rejected_with_their_reason(log: Log) -> None:
+    assert _only(_decide(log, _revoke("r1", "bob"))).reason.value == "unknown_target"  # bob holds no grant
+    assert _only(_decide(log, _grant("g1", "alice"))).reason.value == "invalid"  # the opener's access is its own
+    unopened = GrantAccess(
+        command_id="g2", principal="alice", conversation_id="c1", grantee="bob", access=AccessLevel.READ,
+        requested_at=at(1),
+    )  # fmt: skip
+    fresh = Log()
+    fresh.claim()
+    assert _only(_decide(fresh, unopened)).reason.value == "unknown_target"  # nobody opened c1 there
+    bad = _only(_decide(log, _grant("g3", "")))
+    assert bad.reason.value == "invalid" and "grantee" in bad.detail

@@ -24,6 +24,9 @@ from settled.projections import (
 from settled.protocol import PartitionState, fold
 from settled.schemas import (
     LOG_EVENT_TYPES,
+    AccessGranted,
+    AccessLevel,
+    AccessRevoked,
     ApprovalDecided,
     AttemptInterrupted,
     Codec,
@@ -254,5 +257,7 @@ def _other_event_types() -> LogBatch:
                                      output_chars=2, usage=None, error="cut"),
             StepRetryScheduled(submission_id="s", attempt_id="a", step="save", retry=1, ordinal=5,
                                error_type="ValueError", error_message="no", wake_at=T0, wait_id="s#w5"),
+            AccessGranted(command_id="g-1", grantee="bob", access=AccessLevel.READ, principal="p", input_ref=ref),
+            AccessRevoked(command_id="r-1", grantee="bob", principal="p", input_ref=ref),
         ],
     )  # fmt: skip
