@@ -353,11 +353,10 @@ def create_app(
         return all_client if Scope.ADMIN in principal.scopes else owner_client
 
     def visible(cid: str, principal: Principal) -> bool:
-        """Whether the caller may see the conversation: an admin, its opener, or nobody opened it yet."""
+        """Whether the caller may see the conversation: an admin, its opener, a grantee, or nobody opened it yet."""
         if Scope.ADMIN in principal.scopes:
             return True
-        owner = the_reader.conversation_owner(cid)
-        return owner is None or owner == principal.name
+        return the_reader.access(cid, principal.name) is not None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -369,22 +369,28 @@ class ProjectionReader:
         rows = self._by_id("settlements", "submission_id", submission_id, conversation_id)
         return rows[0] if rows else None
 
-    def conversation_owner(self, conversation_id: str) -> str | None:
-        """Return the principal that opened a conversation: the one of its first admitted submission (issue 20).
+    def access(self, conversation_id: str, principal: str) -> str | None:
+        """Return what a principal may do with a conversation, from the ``conversation_access`` view (issue 20).
 
         Args:
             conversation_id: The conversation.
+            principal: The principal.
 
         Returns:
-            The principal, or None when no submission of it is projected.
+            ``opener``, ``act`` or ``read``; ``open`` when nobody opened the conversation yet (no admitted submission
+            projected: the first to submit opens it); None when another principal opened it and this one holds no
+            access (never granted, or ``revoked``).
         """
         rows = self._query(
-            sql.SQL("SELECT principal FROM {} WHERE conversation_id = %s ORDER BY submission_seq LIMIT 1").format(
-                self._t("submissions")
-            ),
-            (conversation_id,),
+            sql.SQL(
+                "SELECT principal, access FROM {} WHERE conversation_id = %s AND (principal = %s OR access = 'opener')"
+            ).format(self._t("conversation_access")),
+            (conversation_id, principal),
         )
-        return str(rows[0]["principal"]) if rows else None
+        if not rows:
+            return "open"
+        mine = next((str(r["access"]) for r in rows if r["principal"] == principal), None)
+        return None if mine is None or mine == "revoked" else mine
 
     def runs(
         self,

@@ -32,6 +32,7 @@ from settled._errors import ErrorCategory, SettledError
 from settled.projections._tables import (
     APPROVALS,
     ATTEMPTS,
+    CONVERSATION_ACCESS,
     CONVERSATIONS,
     MODEL_USAGE,
     PARTITIONS,
@@ -58,6 +59,8 @@ from settled.protocol import (
 from settled.schemas import (
     LOG_EVENT_TYPES,
     AbortRecorded,
+    AccessGranted,
+    AccessRevoked,
     ApprovalDecided,
     AttemptStarted,
     CommandRejected,
@@ -1155,6 +1158,24 @@ class _BatchProjector:
     def on_admitted(self, i: int, event: SubmissionAdmitted) -> None:
         self.receipt(event.submission_id, "submission", "admitted", None, event.submission_id, event.submission_seq)
         self.transcript(i, event.submission_id, None, "input", "user", None, None, event.input_json)
+        if event.submission_seq == 1:  # its principal opened the conversation (settled.protocol.conversation_owner)
+            self.access_row(event.principal, "opener", None, None)
+
+    def access_row(self, principal: str, access: str, granted_by: str | None, command_id: str | None) -> None:
+        self.add(
+            CONVERSATION_ACCESS,
+            (self.cid, principal, access, granted_by, command_id, self.t, self.t, self.offset),
+        )
+
+    def on_access_granted(self, i: int, event: AccessGranted) -> None:
+        if self.first_application(event.command_id):  # a repeated command changes nothing (the fold's rule)
+            self.access_row(event.grantee, event.access.value, event.principal, event.command_id)
+        self.receipt(event.command_id, "command", "applied", "access", None, None)
+
+    def on_access_revoked(self, i: int, event: AccessRevoked) -> None:
+        if self.first_application(event.command_id):
+            self.access_row(event.grantee, "revoked", event.principal, event.command_id)
+        self.receipt(event.command_id, "command", "applied", "access", None, None)
 
     def on_duplicate(self, i: int, event: SubmissionDuplicate) -> None:
         conv = self.conv
@@ -1437,6 +1458,8 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         Settlement: _BatchProjector.on_settlement,
         SignalReceived: _BatchProjector.on_signal_received,
         ApprovalDecided: _BatchProjector.on_approval_decided,
+        AccessGranted: _BatchProjector.on_access_granted,
+        AccessRevoked: _BatchProjector.on_access_revoked,
         WaitRequested: _BatchProjector.on_wait_requested,
         WaitResolved: _BatchProjector.on_wait_resolved,
     }

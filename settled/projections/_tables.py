@@ -249,6 +249,12 @@ APPROVALS = _spec(
     requested_at=_S,
 )
 
+CONVERSATION_ACCESS = _spec(
+    "conversation_access",
+    "conversation_id principal access granted_by command_id since updated_at last_offset",
+    "conversation_id principal",
+)
+
 TABLES: Mapping[str, TableSpec] = MappingProxyType(
     {
         spec.name: spec
@@ -263,6 +269,7 @@ TABLES: Mapping[str, TableSpec] = MappingProxyType(
             TRANSCRIPT,
             MODEL_USAGE,
             APPROVALS,
+            CONVERSATION_ACCESS,
         )
     }
 )
@@ -272,7 +279,8 @@ Submissions, attempts, tool calls, settlements and receipts are keyed within the
 sees only its own conversations, so an id reused by a conversation of another partition cannot be refused (layout 2,
 ``settled/projections/sql/0002_conversation_keys.sql``). ``approvals`` (layout 5,
 ``settled/projections/sql/0005_waits.sql``): one row per approval a run requested, pending until decided, expired or
-cancelled."""
+cancelled. ``conversation_access`` (layout 7, ``settled/projections/sql/0007_access.sql``): each conversation's opener
+and the principals granted access (issue 20), a revoked grant kept as ``revoked``."""
 
 QUARANTINE = _spec(
     "projection_quarantine",

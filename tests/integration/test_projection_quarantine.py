@@ -261,7 +261,10 @@ def test_one_submission_id_in_two_conversations_is_admitted_settles_and_projects
 
 
 def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: ProjectionNames) -> None:
-    """A projection written by the previous release (layout 1, keys by id alone) takes the new keys on `migrate`."""
+    """A projection written by the previous release (layout 1, keys by id alone) takes the new keys on `migrate`,
+
+    and layout 7 names the openers of the conversations it holds.
+    """
     schema = names.live
     first = migrations()[0]
     assert first.version == 1
@@ -283,9 +286,18 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
                 "INSERT INTO receipts (request_id, request_kind, conversation_id, outcome, decided_at, log_offset) "
                 "VALUES ('r1', 'submission', 'c1', 'admitted', now(), 3)"
             )
+            for sid, seq, principal in (("s1", 1, "alice"), ("s2", 2, "bob")):
+                conn.execute(
+                    "INSERT INTO submissions (submission_id, conversation_id, partition, submission_seq, principal, "
+                    "idempotency_key, payload_digest, tools_offered, state, receipt_outcome, attempt_count, "
+                    "input_applied, abort_requested, open_calls, unknown_calls, admitted_at, admitted_offset, "
+                    "updated_at, last_offset) VALUES (%s, 'c1', 0, %s, %s, %s, 'd', '{}', 'admitted', 'admitted', 0, "
+                    "false, false, 0, 0, now(), %s, now(), %s)",
+                    (sid, seq, principal, sid, seq, seq),
+                )
         with pytest.raises(ProjectionLayoutError, match="layout '1'"):
             check_layout(conn, schema)
-        assert migrate(conn, schema) == [2, 3, 4, 5, 6]
+        assert migrate(conn, schema) == [2, 3, 4, 5, 6, 7]
         check_layout(conn, schema)
         # The same request id in a second conversation is a second row now; the first one is kept.
         conn.execute(
@@ -298,4 +310,11 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
             sql.SQL("SELECT conversation_id FROM {} ORDER BY 1").format(sql.Identifier(schema, "receipts"))
         ).fetchall()
         assert [r[0] for r in rows] == ["c1", "c2"]
-        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "6"
+        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "7"
+        # Layout 7 names each projected conversation's opener (the API's reads depend on it), and only the opener.
+        access = conn.execute(
+            sql.SQL("SELECT conversation_id, principal, access FROM {}").format(
+                sql.Identifier(schema, "conversation_access")
+            )
+        ).fetchall()
+        assert access == [("c1", "alice", "opener")]
