@@ -13,12 +13,18 @@ Routes (all under ``/v1``; each needs ``Authorization: Bearer <token>`` with the
   rejection receipt, ``unknown_target`` a 404): signal (``approve``), approve and deny (``approve``; signed with the
   API's approver key), abort (``submit``), resolve an Unknown (``resolve``; signed with the API's resolver key). The
   ``Idempotency-Key`` header is the command id (a new UUID when absent).
+* Access (``submit`` to change, ``read`` to list): ``POST /conversations/{cid}/access`` grants a principal ``read``
+  or ``act``, ``DELETE /conversations/{cid}/access/{principal}`` revokes it; only the conversation's opener or an
+  ``admin`` token may (the owner decides it; anyone else's answers 404, or 403 for a principal that sees it).
+  ``GET /conversations/{cid}/access`` lists the opener and the grantees.
 
 The principal of everything the API publishes is the token's, never the body's; with a signing key
 (``settled api --signing-key``) the API signs each record (`settled.protocol.api_signing_bytes`, Kafka headers) so
 that the partition owner checks the conversation's access: a conversation is its opener's (the principal of its first
-submission) and an ``admin`` token's. A target the caller may not see answers exactly like a missing one (404), on
-reads (filtered here from the projection) and commands (rejected ``unknown_target`` by the owner) alike.
+submission), its grantees' (``read``: see it; ``act``: see it and act on it) and an ``admin`` token's. A target the
+caller may not see answers exactly like a missing one (404), on reads (filtered here from the projection's
+``conversation_access``) and commands (rejected ``unknown_target`` by the owner) alike; a ``read`` grantee's
+command or submission is a 403 (rejected ``unauthorized``).
 Errors are RFC 9457 problem details (`settled.api._problems`).
 """
 
@@ -106,7 +112,7 @@ class ReceiptOut(BaseModel):
         outcome: ``admitted``, ``duplicate``, ``applied`` or ``rejected``.
         reason: A rejection's reason code and detail.
         submission_id: For a submission: the admitted submission (the original one for a duplicate); for a
-            command: its target.
+            command: its target submission (None for an access command).
         submission_seq: For a submission: its sequence in the conversation.
         idempotency_key: For a submission: its key; for a command: its command id.
         decided_at: When the owner decided.
@@ -206,6 +212,18 @@ class ResolveIn(BaseModel):
     result: JsonValue = None
     outcome: Literal["completed", "failed", "aborted"] | None = None
     reply: JsonValue = None
+
+
+class AccessIn(BaseModel):
+    """A grant of access to a conversation.
+
+    Attributes:
+        principal: The principal granted access (a token's principal).
+        access: ``read`` (see the conversation) or ``act`` (see it, submit turns and send commands).
+    """
+
+    principal: str = Field(min_length=1)
+    access: Literal["read", "act"] = "read"
 
 
 class SettlementOut(BaseModel):
@@ -432,7 +450,7 @@ def create_app(
     def not_found(what: str, field: str, value: str) -> ProblemError:
         return ProblemError(ErrorCategory.NOT_FOUND, f"{field} {value!r}: no such {what}", field=field, value=value)
 
-    def command_answer(call: Callable[[], Receipt], key: str, target: str) -> ReceiptOut:
+    def command_answer(call: Callable[[], Receipt], key: str, target: str | None) -> ReceiptOut:
         try:
             receipt = call()
         except CommandRejectedError as exc:
@@ -440,6 +458,9 @@ def create_app(
             if exc.reason_code == "unknown_target":
                 problem.status = 404
                 problem.title = "Not found"
+            elif exc.reason_code == "unauthorized":  # it may see the conversation, not act on it (a read grant)
+                problem.status = 403
+                problem.title = "Forbidden"
             raise problem from exc
         except ValueError as exc:
             if isinstance(exc, SettledError):
@@ -465,8 +486,13 @@ def create_app(
                 cid, body.input, idempotency_key=key, principal=principal.name, tools_offered=body.tools_offered
             )
         except SubmissionRejectedError as exc:
-            if exc.reason_code == "unauthorized":  # another principal's conversation: as if there were none
-                raise not_found("conversation", "conversation_id", cid) from exc
+            if exc.reason_code == "unauthorized":
+                if not visible(cid, principal):  # another principal's conversation: as if there were none
+                    raise not_found("conversation", "conversation_id", cid) from exc
+                problem = problem_of_error(exc)  # a read grant: it sees the conversation, it may not submit
+                problem.status = 403
+                problem.title = "Forbidden"
+                raise problem from exc
             raise
         except ValueError as exc:
             if isinstance(exc, SettledError):
@@ -711,6 +737,53 @@ def create_app(
             key,
             sid,
         )
+
+    # -- access (issue 20 item 3) -------------------------------------------------------------------------------
+
+    @app.get("/v1/conversations/{cid}/access", summary="Who may see a conversation: its opener and its grantees")
+    def list_access(
+        cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
+    ) -> list[dict[str, Any]]:
+        wait_after(cid, after, after_timeout_s)
+        rows = the_reader.access_list(cid) if visible(cid, principal) else []
+        if not rows:
+            raise not_found("conversation", "conversation_id", cid)
+        return list(_rows(rows))
+
+    @app.post(
+        "/v1/conversations/{cid}/access",
+        response_model=ReceiptOut,
+        summary="Grant a principal access to a conversation (its opener or an admin)",
+    )
+    def grant_access(cid: Cid, body: AccessIn, principal: Submitter, idempotency_key: KeyHeader = None) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        answer = command_answer(
+            lambda: client_of(principal).grant_access(
+                cid, body.principal, body.access, principal=principal.name, command_id=key
+            ),
+            key,
+            None,
+        )
+        return answer.model_copy(update={"submission_id": None})
+
+    @app.delete(
+        "/v1/conversations/{cid}/access/{grantee}",
+        response_model=ReceiptOut,
+        summary="Revoke a principal's granted access to a conversation (its opener or an admin)",
+    )
+    def revoke_access(
+        cid: Cid,
+        grantee: Annotated[str, Path(description="The principal whose access ends.")],
+        principal: Submitter,
+        idempotency_key: KeyHeader = None,
+    ) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        answer = command_answer(
+            lambda: client_of(principal).revoke_access(cid, grantee, principal=principal.name, command_id=key),
+            key,
+            None,
+        )
+        return answer.model_copy(update={"submission_id": None})
 
     # -- the operator's page (/ui, issue 21 item 1): the same commands, under a browser session ------------------
 

@@ -26,6 +26,8 @@ from settled._settings import Settings
 from settled.client._errors import (
     AbortOutcomeUnknownError,
     AbortRejectedError,
+    AccessOutcomeUnknownError,
+    AccessRejectedError,
     ApprovalOutcomeUnknownError,
     ApprovalRejectedError,
     BrokerUnavailableError,
@@ -50,14 +52,17 @@ from settled.client._stream import RunStream
 from settled.client._waits import SettlementsReader
 from settled.schemas import (
     AbortRequested,
+    AccessLevel,
     CanonicalJsonError,
     Codec,
     DecideApproval,
+    GrantAccess,
     Receipt,
     ReceiptOutcome,
     RequestKind,
     ResolutionKind,
     ResolveUnknown,
+    RevokeAccess,
     SendSignal,
     SettlementOutcome,
     SettlementRecord,
@@ -109,7 +114,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-_E = TypeVar("_E", ResolutionKind, SettlementOutcome)
+_E = TypeVar("_E", ResolutionKind, SettlementOutcome, AccessLevel)
 
 
 def _enum_value(enum_type: type[_E], value: _E | str, name: str) -> _E:
@@ -597,6 +602,115 @@ class Client:
             return receipt
         if receipt.outcome is ReceiptOutcome.REJECTED:
             raise ApprovalRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
+
+    # ---------------------------------------------------------------------------------------------- access
+
+    def grant_access(
+        self,
+        conversation_id: str,
+        grantee: str,
+        access: AccessLevel | str = AccessLevel.READ,
+        *,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Grant another principal access to a conversation and return the owner's reply (issue 20).
+
+        ``read`` lets the grantee see the conversation through the HTTP API; ``act`` also lets it submit turns and
+        send commands. A later grant replaces an earlier one. The owner checks who grants only for records the HTTP
+        API signed (its opener or an admin); this client is a trusted inbox writer (docs/architecture.md).
+
+        Args:
+            conversation_id: The conversation (opened: it has an admitted submission).
+            grantee: The principal granted access.
+            access: ``read`` or ``act``.
+            principal: Who grants (default: the client's).
+            command_id: The command's id; a new UUID when ``None`` (pass the id of an earlier grant whose outcome is
+                unknown to send it again: it is answered as a duplicate if it was applied).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command.
+
+        Raises:
+            ValueError: An argument breaks the input contract (the field is named) or ``access`` is not read or act;
+                nothing was sent.
+            AccessRejectedError: The owner rejected it (``unknown_target``, ``invalid``, ``unauthorized``).
+            AccessOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        command = GrantAccess(
+            command_id=cid,
+            principal=self._principal(principal),
+            conversation_id=conversation_id,
+            grantee=grantee,
+            access=_enum_value(AccessLevel, access, "access"),
+            requested_at=self._clock(),
+        )
+        return self._access_command(command, timeout_s)
+
+    def revoke_access(
+        self,
+        conversation_id: str,
+        grantee: str,
+        *,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Revoke a principal's granted access to a conversation and return the owner's reply (issue 20).
+
+        Args:
+            conversation_id: The conversation.
+            grantee: The principal whose access ends (it must hold a grant).
+            principal: Who revokes (default: the client's).
+            command_id: The command's id; a new UUID when ``None`` (pass the id of an earlier revocation whose
+                outcome is unknown to send it again).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command.
+
+        Raises:
+            ValueError: An argument breaks the input contract (the field is named); nothing was sent.
+            AccessRejectedError: The owner rejected it (``unknown_target``: no grant to revoke, or no such
+                conversation; ``invalid``; ``unauthorized``).
+            AccessOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        command = RevokeAccess(
+            command_id=cid,
+            principal=self._principal(principal),
+            conversation_id=conversation_id,
+            grantee=grantee,
+            requested_at=self._clock(),
+        )
+        return self._access_command(command, timeout_s)
+
+    def _access_command(self, command: GrantAccess | RevokeAccess, timeout_s: float | None) -> Receipt:
+        timeout = self.timeout_s(timeout_s)
+        deadline = time.monotonic() + timeout
+        _keep_contract(protocol.check_command(command))
+        encoded = self._codec.encode(command)
+        receipt = self._request(
+            command.conversation_id,
+            command.command_id,
+            encoded,
+            deadline,
+            lambda: AccessOutcomeUnknownError(command.command_id, command.conversation_id, command.grantee, timeout),
+        )
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceiptError(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise AccessRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
     # ----------------------------------------------------------------------------------------------- abort

@@ -13,6 +13,8 @@ from settled.schemas import Receipt
 __all__ = [
     "AbortOutcomeUnknownError",
     "AbortRejectedError",
+    "AccessOutcomeUnknownError",
+    "AccessRejectedError",
     "ApprovalOutcomeUnknownError",
     "ApprovalRejectedError",
     "BrokerUnavailableError",
@@ -347,6 +349,50 @@ class ResolveRejectedError(CommandRejectedError):
     """
 
     command_name = "resolution"
+
+
+class AccessRejectedError(CommandRejectedError):
+    """The owner rejected a grant or revocation of access (issue 20).
+
+    Reasons: ``unknown_target`` (no such conversation, or a revoked principal holding no grant), ``invalid`` (the
+    grantee is the opener), ``unauthorized`` (a signed record of a principal that is not its opener).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "access"
+
+
+class AccessOutcomeUnknownError(CommandOutcomeUnknownError):
+    """No reply to a grant or revocation of access was read within the deadline (issue 20).
+
+    ``Client.grant_access(..., command_id=err.command_id)`` (or ``revoke_access``) sends it again; one already applied
+    is answered as a duplicate.
+
+    Attributes:
+        command_id: The command id to send it again with.
+        conversation_id: The conversation.
+        submission_id: Empty (an access command names a principal, not a submission).
+        grantee: The principal whose access it changes.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "access"
+
+    def __init__(self, command_id: str, conversation_id: str, grantee: str, timeout_s: float) -> None:
+        """Build the error.
+
+        Args:
+            command_id: The command id to send it again with.
+            conversation_id: The conversation.
+            grantee: The principal whose access it changes.
+            timeout_s: The deadline that passed, in seconds.
+        """
+        self.grantee = grantee
+        super().__init__(command_id, conversation_id, "", timeout_s, target=f"the access of principal {grantee!r}")
 
 
 class SigningKeyError(ClientError, ValueError):

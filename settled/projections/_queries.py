@@ -392,6 +392,24 @@ class ProjectionReader:
         mine = next((str(r["access"]) for r in rows if r["principal"] == principal), None)
         return None if mine is None or mine == "revoked" else mine
 
+    def access_list(self, conversation_id: str) -> list[Row]:
+        """Return who may see a conversation: its opener and every principal granted access (issue 20).
+
+        Args:
+            conversation_id: The conversation.
+
+        Returns:
+            ``conversation_access`` rows (``principal``, ``access``: opener, read or act; ``granted_by``,
+            ``command_id``, ``since``), the opener first, then by principal; revoked grants left out.
+        """
+        return self._query(
+            sql.SQL(
+                "SELECT conversation_id, principal, access, granted_by, command_id, since FROM {} "
+                "WHERE conversation_id = %s AND access <> 'revoked' ORDER BY access <> 'opener', principal"
+            ).format(self._t("conversation_access")),
+            (conversation_id,),
+        )
+
     def runs(
         self,
         *,

@@ -38,6 +38,8 @@ EXPECTED: dict[str, list[str]] = {
     "settled.client": [
         "AbortOutcomeUnknownError",
         "AbortRejectedError",
+        "AccessOutcomeUnknownError",
+        "AccessRejectedError",
         "ApprovalOutcomeUnknownError",
         "ApprovalRejectedError",
         "AsyncClient",
