@@ -1,16 +1,18 @@
 """Access granted and revoked through the API (issue 20 item 3): a grantee sees and acts; once revoked, 404 again.
 
 A real ``settled worker`` (with the API's public key in ``App.api_keys``), a real ``settled api`` signing every record
-with its key, a live projector. Alice opens a conversation whose run waits for a signal. Bob's token gets 404 until
-alice grants him access: ``read`` lets him see the conversation (``after=`` the grant's command id: read-your-writes)
-but his signal is a 403; ``act`` lets him signal the run to completion; he may not grant anyone. Once alice revokes
-him, his reads and commands answer exactly as for a missing target again, and the log holds only rejection decisions
-for his commands after the revocation (and for his own attempt to grant himself).
+with its key, a live projector. Alice opens a conversation whose run waits for a signal, then for an approval. Bob's
+token gets 404 until alice grants him access: ``read`` lets him see the conversation (``after=`` the grant's command
+id: read-your-writes) but his signal is a 403; ``act`` lets him signal the run and approve its pending approval, which
+he reads, to completion; he may not grant anyone. Once alice revokes him, his reads (the approvals list included) and
+commands answer exactly as for a missing target again, and the log holds only rejection decisions for his commands
+after the revocation (and for his own attempt to grant himself).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -19,6 +21,7 @@ from settled.schemas import AccessGranted, AccessRevoked, CommandRejected, Signa
 from tests.integration.api.conftest import SpawnWorker, StartApi, TokenFactory, http
 from tests.integration.api.test_api_access import SUBMIT, _same_as_missing, _waiting
 from tests.integration.engine._helpers import log_events, plan
+from tests.integration.helpers import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -31,7 +34,7 @@ def test_a_granted_principal_sees_and_acts_and_once_revoked_gets_404_and_only_re
     alice = http(api, token("alice", "submit", "read", "approve"))
     bob = http(api, token("bob", "submit", "read", "approve"))
     with alice, bob:
-        opened = alice.post(SUBMIT.format(cid="c-g1"), json={"input": plan({"signal": "go"})})
+        opened = alice.post(SUBMIT.format(cid="c-g1"), json={"input": plan({"signal": "go"}, {"approve": "pay"})})
         assert opened.status_code == 201, opened.text
         sid = opened.json()["submission_id"]
         _waiting(topics, sid)
@@ -61,6 +64,15 @@ def test_a_granted_principal_sees_and_acts_and_once_revoked_gets_404_and_only_re
         assert [(r["principal"], r["access"]) for r in listed] == [("alice", "opener"), ("bob", "act")], listed
         sent = bob.post(signal, json={"payload": "bob"}, headers={"Idempotency-Key": "b-signal"})
         assert sent.status_code == 200 and sent.json()["outcome"] == "applied", sent.text
+        # The pending approval the run asks for next: bob reads it and approves it.
+        wait_for(lambda: bool(bob.get("/v1/approvals", params={"conversation_id": "c-g1"}).json()), 60, "the approval")
+        (pending,) = bob.get("/v1/approvals", params={"conversation_id": "c-g1"}).json()
+        approved = bob.post(
+            f"/v1/conversations/c-g1/runs/{sid}/approvals/{quote(pending['approval_id'], safe='')}/approve",
+            json={"args_digest": pending["args_digest"]},
+            headers={"Idempotency-Key": "b-approve"},
+        )
+        assert approved.status_code == 200 and approved.json()["outcome"] == "applied", approved.text
         done = bob.get(f"/v1/conversations/c-g1/submissions/{sid}/settlement", params={"wait_s": 60}).json()
         assert done["settled"] and done["settlement"]["outcome"] == "completed", done
         onward = bob.post(f"{conversation}/access", json={"principal": "carol"}, headers={"Idempotency-Key": "b-g2"})
@@ -76,6 +88,11 @@ def test_a_granted_principal_sees_and_acts_and_once_revoked_gets_404_and_only_re
         hidden = bob.post(abort.format(s=sid), json={}, headers={"Idempotency-Key": "b-abort"})
         missing = bob.post(abort.format(s="no-such-run"), json={}, headers={"Idempotency-Key": "b-abort-m"})
         _same_as_missing(hidden, missing, sid, "no-such-run", "b-abort")
+        everyone = {"status": "all", "conversation_id": "c-g1"}
+        assert [a["approval_id"] for a in alice.get("/v1/approvals", params=everyone).json()] == [
+            pending["approval_id"]
+        ]
+        assert bob.get("/v1/approvals", params=everyone).json() == []
         again = alice.delete(f"{conversation}/access/bob")  # nothing left to revoke: as for a missing principal
         assert again.status_code == 404, again.text
         assert [r["principal"] for r in alice.get(f"{conversation}/access").json()] == ["alice"]
