@@ -371,7 +371,12 @@ def create_app(
         return all_client if Scope.ADMIN in principal.scopes else owner_client
 
     def visible(cid: str, principal: Principal) -> bool:
-        """Whether the caller may see the conversation: an admin, its opener, a grantee, or nobody opened it yet."""
+        """Whether the caller may see the conversation: an admin, its opener, a grantee, or nobody opened it yet.
+
+        Asked after the rows it guards were read: the opener's access row commits with the admission's rows, so a
+        row read first is never shown as "nobody opened it yet" (asked before, the projection could catch up between
+        the two reads), and a revocation projected in between is honoured.
+        """
         if Scope.ADMIN in principal.scopes:
             return True
         return the_reader.access(cid, principal.name) is not None
@@ -507,7 +512,9 @@ def create_app(
         cid: Cid, sid: str, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> dict[str, Any]:
         wait_after(cid, after, after_timeout_s)
-        row = the_reader.submission(sid, conversation_id=cid) if visible(cid, principal) else None
+        row = the_reader.submission(sid, conversation_id=cid)
+        if row is not None and not visible(cid, principal):
+            row = None
         if row is None:
             raise not_found("submission", "submission_id", sid)
         return dict(_rows(row))
@@ -526,13 +533,11 @@ def create_app(
         after_timeout_s: AfterTimeout = 10.0,
     ) -> SettlementOut:
         await run_in_threadpool(wait_after, cid, after, after_timeout_s)
-        if not await run_in_threadpool(visible, cid, principal):
-            raise not_found("submission", "submission_id", sid)
         deadline = time.monotonic() + min(wait_s, config.max_wait_s)
         pause_s = 0.02
         while True:
             row = await run_in_threadpool(the_reader.submission, sid, conversation_id=cid)
-            if row is None:
+            if row is None or not await run_in_threadpool(visible, cid, principal):
                 raise not_found("submission", "submission_id", sid)
             if row.get("settled_at") is not None:
                 settlement = await run_in_threadpool(the_reader.settlement, sid, conversation_id=cid)
@@ -575,7 +580,9 @@ def create_app(
         cid: Cid, rid: str, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> dict[str, Any]:
         wait_after(cid, after, after_timeout_s)
-        row = the_reader.run(rid, conversation_id=cid) if visible(cid, principal) else None
+        row = the_reader.run(rid, conversation_id=cid)
+        if row is not None and not visible(cid, principal):
+            row = None
         if row is None:
             raise not_found("run", "run_id", rid)
         return dict(_rows(row))
@@ -585,7 +592,9 @@ def create_app(
         cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> dict[str, Any]:
         wait_after(cid, after, after_timeout_s)
-        row = the_reader.conversation(cid) if visible(cid, principal) else None
+        row = the_reader.conversation(cid)
+        if row is not None and not visible(cid, principal):
+            row = None
         if row is None:
             raise not_found("conversation", "conversation_id", cid)
         return dict(_rows(row))
@@ -595,9 +604,9 @@ def create_app(
         cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> list[dict[str, Any]]:
         wait_after(cid, after, after_timeout_s)
+        rows = [r for r in the_reader.unknown_obligations() if r["conversation_id"] == cid]
         if not visible(cid, principal):
             return []  # as for a conversation with no Unknown
-        rows = [r for r in the_reader.unknown_obligations() if r["conversation_id"] == cid]
         return list(_rows(rows))
 
     @app.get("/v1/approvals", summary="Approvals runs asked for: pending ones by default, with the call")
@@ -745,8 +754,8 @@ def create_app(
         cid: Cid, principal: Reader, after: After = None, after_timeout_s: AfterTimeout = 10.0
     ) -> list[dict[str, Any]]:
         wait_after(cid, after, after_timeout_s)
-        rows = the_reader.access_list(cid) if visible(cid, principal) else []
-        if not rows:
+        rows = the_reader.access_list(cid)
+        if not rows or not visible(cid, principal):
             raise not_found("conversation", "conversation_id", cid)
         return list(_rows(rows))
 

@@ -441,7 +441,9 @@ def install_ui(app: FastAPI, backend: UiBackend, *, lifetime_s: float = SESSION_
         viewer = viewer_of(request)
         if viewer is None:
             return to_login()
-        row = backend.reader.conversation(cid) if backend.visible(cid, viewer.principal) else None
+        row = backend.reader.conversation(cid)  # read first, then the access check (see the API's `visible`)
+        if row is not None and not backend.visible(cid, viewer.principal):
+            row = None
         if row is None:  # hidden or missing: the same answer
             return message(viewer, 404, "Not found", f"conversation_id {cid!r}: no such conversation")
         return page("conversation.html", viewer, conversation=row, cid=cid)

@@ -1,6 +1,7 @@
-"""``settled submit|abort``, ``settled settlements tail``, ``settled unknown resolve|keygen``: the client as commands.
+"""``settled submit|abort|signal|approve|deny``, ``settled access grant|revoke``, ``settled unknown resolve|keygen``.
 
-Issue 5 item 8; ``unknown resolve`` sends a signed ``ResolveUnknown`` (DUR-009, docs/design.md §5).
+The client as commands (issue 5 item 8; ``settled access``: issue 20); ``unknown resolve`` sends a signed
+``ResolveUnknown`` (DUR-009, docs/design.md §5).
 
 Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
 come), and its errors on stderr with the exit code of their category (`settled.EXIT_CODES`): 1 rejected (the rejection
@@ -31,9 +32,12 @@ from settled.client import (
 from settled.schemas import Receipt, ResolutionKind
 from settled.services._cli_root import command, fail, resolve_settings
 
-__all__ = ["abort", "keygen", "resolve_unknown", "settlements_app", "signal", "submit"]
+__all__ = ["abort", "access_app", "keygen", "resolve_unknown", "settlements_app", "signal", "submit"]
 
 settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
+access_app = typer.Typer(
+    no_args_is_help=True, help="Grant and revoke other principals' access to a conversation (issue 20)."
+)
 
 
 def _print(record: BaseModel) -> None:
@@ -217,6 +221,42 @@ _KINDS = {
     "outcome": ResolutionKind.OUTCOME_FOR_SUBMISSION,
     "outcome_for_submission": ResolutionKind.OUTCOME_FOR_SUBMISSION,
 }
+
+
+@access_app.command("grant")
+@command
+def access_grant(
+    conversation: str = _CONVERSATION,
+    grantee: str = typer.Argument(..., metavar="PRINCIPAL", help="The principal granted access."),
+    access: str = typer.Option("read", "--access", help="read (see it) or act (see it, submit and send commands)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who grants (default: the client's)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier grant again (same id)."),
+    timeout_s: float = _TIMEOUT_S,
+) -> None:
+    """Grant a principal access to a conversation; print the owner's reply (a command receipt) as a JSON line.
+
+    Sent unsigned, as every command of this client: a trusted inbox writer's (the HTTP API's grants are checked).
+    """
+    _send_command(
+        timeout_s,
+        lambda client: client.grant_access(conversation, grantee, access, principal=principal, command_id=command_id),
+    )
+
+
+@access_app.command("revoke")
+@command
+def access_revoke(
+    conversation: str = _CONVERSATION,
+    grantee: str = typer.Argument(..., metavar="PRINCIPAL", help="The principal whose access ends."),
+    principal: str | None = typer.Option(None, "--principal", help="Who revokes (default: the client's)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier revocation again (same id)."),
+    timeout_s: float = _TIMEOUT_S,
+) -> None:
+    """Revoke a principal's granted access to a conversation; print the owner's reply as a JSON line."""
+    _send_command(
+        timeout_s,
+        lambda client: client.revoke_access(conversation, grantee, principal=principal, command_id=command_id),
+    )
 
 
 def _json_option(name: str, text: str | None) -> Any:

@@ -11,6 +11,10 @@ after the revocation (and for his own attempt to grant himself).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -114,3 +118,39 @@ def test_a_granted_principal_sees_and_acts_and_once_revoked_gets_404_and_only_re
         ], naming
         assert len(naming) == 4, naming
         assert [e.command_id for e in everything if isinstance(e, SignalReceived)] == ["b-signal"]
+
+
+def _cli(s: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SETTLED_NAMESPACE": s.namespace, "SETTLED_KAFKA_BOOTSTRAP": s.kafka_bootstrap}
+    return subprocess.run(
+        [sys.executable, "-m", "settled.services", *args], env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+def test_settled_access_grant_and_revoke_are_trusted_inbox_writers_whose_receipts_the_cli_prints(
+    topics: Settings, spawn_worker: SpawnWorker, start_api: StartApi, token: TokenFactory
+) -> None:
+    spawn_worker("w1")
+    api = start_api()
+    alice = http(api, token("alice", "submit", "read"))
+    bob = http(api, token("bob", "read"))
+    with alice, bob:
+        opened = alice.post(SUBMIT.format(cid="c-cli"), json={"input": plan()})
+        assert opened.status_code == 201, opened.text
+        assert bob.get("/v1/conversations/c-cli").status_code == 404
+        # Unsigned (the command line is a trusted inbox writer): applied whoever it names as the granting principal.
+        granted = _cli(topics, "access", "grant", "c-cli", "bob", "--access", "read", "--principal", "ops")
+        assert granted.returncode == 0, granted.stderr
+        receipt = json.loads(granted.stdout)
+        assert receipt["outcome"] == "applied", receipt
+        assert bob.get("/v1/conversations/c-cli", params={"after": receipt["request_id"]}).status_code == 200
+        revoked = _cli(topics, "access", "revoke", "c-cli", "bob")
+        assert revoked.returncode == 0, revoked.stderr
+        gone = json.loads(revoked.stdout)
+        assert bob.get("/v1/conversations/c-cli", params={"after": gone["request_id"]}).status_code == 404
+        # Nothing left to revoke: the rejection receipt on stdout, exit 1 (rejected), the reason on stderr.
+        again = _cli(topics, "access", "revoke", "c-cli", "bob")
+        assert again.returncode == 1, (again.stdout, again.stderr)
+        assert json.loads(again.stdout)["reason"].startswith("unknown_target"), again.stdout
+        bad = _cli(topics, "access", "grant", "c-cli", "bob", "--access", "write")
+        assert bad.returncode == 2 and "access must be one of read, act, got 'write'" in bad.stderr, bad.stderr
