@@ -1158,7 +1158,7 @@ class _BatchProjector:
     def on_admitted(self, i: int, event: SubmissionAdmitted) -> None:
         self.receipt(event.submission_id, "submission", "admitted", None, event.submission_id, event.submission_seq)
         self.transcript(i, event.submission_id, None, "input", "user", None, None, event.input_json)
-        if event.submission_seq == 1:  # its principal opened the conversation (settled.protocol.conversation_owner)
+        if event.submission_seq == 1:  # its principal opened the conversation (settled.protocol.conversation_opener)
             self.access_row(event.principal, "opener", None, None)
 
     def access_row(self, principal: str, access: str, granted_by: str | None, command_id: str | None) -> None:

@@ -13,7 +13,7 @@
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
 * `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
-* `may_access`, `may_grant`, `conversation_owner`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
+* `may_access`, `may_grant`, `conversation_opener`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
   `api_signature_of` (`_access`): who may see and act on a conversation, for inbox records the HTTP API signed, and
   access granted and revoked as canonical records (issue 20 item 3).
 * `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
@@ -31,7 +31,7 @@ from settled.protocol._access import (
     ApiSignature,
     api_signature_of,
     api_signing_bytes,
-    conversation_owner,
+    conversation_opener,
     grant_access,
     hidden,
     may_access,
@@ -209,7 +209,7 @@ __all__ = [
     "claim",
     "classify",
     "conversation_for_key",
-    "conversation_owner",
+    "conversation_opener",
     "decide_approval",
     "deliveries",
     "edges_from",

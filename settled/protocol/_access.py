@@ -2,17 +2,17 @@
 
 The HTTP API publishes every record with the principal of the caller's token and signs it (Kafka headers, see
 `API_HEADERS`) with its Ed25519 key over `api_signing_bytes`: the record's value and the caller's access (``owner``:
-only conversations the principal opened; ``all``: an ``admin`` token). The partition owner verifies the signature and
-then checks access against the conversation's canonical state: a conversation is **opened** by the principal of its
-first admitted submission (``submission_seq`` 1, in the log for good). Its opener (or an admin) grants other
-principals access with a `GrantAccess` (``read``: see it; ``act``: see it, submit turns and send commands) and ends
-it with a `RevokeAccess`; the owner decides them (`grant_access`, `revoke_access`) into canonical `AccessGranted` /
-`AccessRevoked` events, which `ConversationState.access` folds. A signed record of a principal that may not see the
-conversation is decided as if the conversation held nothing it could name (`hidden`): a command gets the same
-``unknown_target`` rejection a missing target gets. A principal that may see it but not act (a ``read`` grant, or a
-grantee granting) gets ``unauthorized``. Records without the API's headers (the Python client, raw producers:
-trusted inbox writers) are decided as before, whatever principal they carry: an unsigned grant is applied whoever it
-names as its principal.
+the conversations the principal opened or was granted; ``all``: an ``admin`` token). The partition owner verifies
+the signature and then checks access against the conversation's canonical state: a conversation is **opened** by the
+principal of its first admitted submission (``submission_seq`` 1, in the log for good). Its opener (or an admin)
+grants other principals access with a `GrantAccess` (``read``: see it; ``act``: see it, submit turns and send
+commands) and ends it with a `RevokeAccess`; the owner decides them (`grant_access`, `revoke_access`) into canonical
+`AccessGranted` / `AccessRevoked` events, which `ConversationState.access` folds. A signed record of a principal
+that may not see the conversation is decided as if the conversation held nothing it could name (`hidden`): a command
+gets the same ``unknown_target`` rejection a missing target gets. A principal that may see it but not act (a
+``read`` grant, or a grantee granting) gets ``unauthorized``. Records without the API's headers (the Python client,
+raw producers: trusted inbox writers) are decided as before, whatever principal they carry: an unsigned grant is
+applied whoever it names as its principal.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ __all__ = [
     "ApiSignature",
     "api_signature_of",
     "api_signing_bytes",
-    "conversation_owner",
+    "conversation_opener",
     "grant_access",
     "hidden",
     "may_access",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 ACCESS_OWNER: Final = "owner"
-"""A signed record's access: only conversations its principal opened (and new ones, which it opens)."""
+"""A signed record's access: conversations its principal opened (and new ones, which it opens) or was granted."""
 ACCESS_ALL: Final = "all"
 """A signed record's access: every conversation (an ``admin`` token)."""
 
@@ -110,7 +110,7 @@ def api_signature_of(headers: Mapping[str, bytes] | Sequence[tuple[str, bytes]])
     )
 
 
-def conversation_owner(conv: ConversationState) -> str | None:
+def conversation_opener(conv: ConversationState) -> str | None:
     """The principal that opened a conversation: the one of its first admitted submission.
 
     Args:
@@ -138,8 +138,8 @@ def may_access(conv: ConversationState, principal: str, access: str, *, acting: 
     """
     if access == ACCESS_ALL:
         return True
-    owner = conversation_owner(conv)
-    if owner is None or owner == principal:
+    opener = conversation_opener(conv)
+    if opener is None or opener == principal:
         return True
     granted = conv.access.get(principal)
     return granted is AccessLevel.ACT or (granted is AccessLevel.READ and not acting)
@@ -157,8 +157,8 @@ def may_grant(conv: ConversationState, principal: str, access: str) -> bool:
         True for ``all``, for the conversation's opener, and for a conversation nobody opened (whose access
         commands `grant_access` rejects ``unknown_target``); a grantee, even with ``act``, may not.
     """
-    owner = conversation_owner(conv)
-    return access == ACCESS_ALL or owner is None or owner == principal
+    opener = conversation_opener(conv)
+    return access == ACCESS_ALL or opener is None or opener == principal
 
 
 def _precheck_access(
@@ -179,8 +179,8 @@ def _precheck_access(
             reason=CommandRejectReason.INVALID,
             detail=f"command_id {command.command_id!r} was already applied to {previous_target!r}",
         )
-    owner = conversation_owner(state)
-    if owner is None:
+    opener = conversation_opener(state)
+    if opener is None:
         return reject_command(
             state,
             command,
@@ -189,7 +189,7 @@ def _precheck_access(
             reason=CommandRejectReason.UNKNOWN_TARGET,
             detail=f"conversation {excerpt(state.conversation_id)} is not found",
         )
-    if previous_target is None and command.grantee == owner:
+    if previous_target is None and command.grantee == opener:
         return reject_command(
             state,
             command,

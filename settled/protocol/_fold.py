@@ -282,7 +282,7 @@ class ConversationState:
         applied_commands: Command id → target submission id of every applied command (abort, resolution); an
             access command's target is its grantee (issue 20).
         access: Principal → the access granted to it (`AccessGranted`, less `AccessRevoked`; issue 20). The opener
-            (`settled.protocol.conversation_owner`) is not listed: its access comes from opening the conversation.
+            (`settled.protocol.conversation_opener`) is not listed: its access comes from opening the conversation.
     """
 
     conversation_id: str

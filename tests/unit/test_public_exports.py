@@ -263,7 +263,7 @@ EXPECTED: dict[str, list[str]] = {
         "claim",
         "classify",
         "conversation_for_key",
-        "conversation_owner",
+        "conversation_opener",
         "decide_approval",
         "deliveries",
         "edges_from",

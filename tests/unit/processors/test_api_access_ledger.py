@@ -74,7 +74,7 @@ def log() -> Log:
     opened = _decide(log, proposal("s1", "k1", principal="alice"))
     assert isinstance(opened.events[0], SubmissionAdmitted), opened.events
     _commit(log, opened)
-    assert protocol.conversation_owner(log.state.conversation("c1")) == "alice"
+    assert protocol.conversation_opener(log.state.conversation("c1")) == "alice"
     return log
 
 
