@@ -107,8 +107,9 @@ def test_an_abort_racing_the_final_append_returns_the_winner(
             cid = f"c-race-{i}"
             sub = h.post(SUBMIT.format(cid=cid), json={"input": plan({"sleep_s": sleep_s})}).json()
             answer = h.post(f"/v1/conversations/{cid}/submissions/{sub['submission_id']}/abort", json={"reason": "r"})
-            record = h.get(
-                f"/v1/conversations/{cid}/submissions/{sub['submission_id']}/settlement", params={"wait_s": 60}
+            record = h.get(  # after=: the submission may not be projected yet when the abort's answer comes
+                f"/v1/conversations/{cid}/submissions/{sub['submission_id']}/settlement",
+                params={"wait_s": 60, "after": sub["submission_id"]},
             ).json()
             assert record["settled"], record
             outcome = record["settlement"]["outcome"]
