@@ -34,6 +34,7 @@ from settled.client._errors import (
     reason_parts,
 )
 from settled.client._keys import load_signing_key, public_key_b64, write_signing_key
+from settled.client._lifecycle import LifecycleStream
 from settled.client._settlements import SettlementStream
 from settled.client._stream import Part, RunStream, StreamItem, Superseded
 from settled.producers._partitioner import murmur2, partition_for_key
@@ -54,6 +55,7 @@ __all__ = [
     "CommandRejectedError",
     "IdempotencyConflictError",
     "InboxProduceError",
+    "LifecycleStream",
     "OutcomeUnknownError",
     "Part",
     "PayloadTooLargeError",
