@@ -55,7 +55,8 @@ SUITES = [
     # +60 s for the shared settlements reader and AsyncClient (test_client_waits.py, test_async_client.py; ~45 s here).
     # +40 s for the operator page's session, CSRF and decision tests (issue 21,
     # tests/integration/api/test_ui_session.py; ~34 s here).
-    Suite("integration", 1180, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +10 s for the async lifecycle subscriber (issue 17 item 5, tests/integration/test_async_lifecycle.py; ~5 s here).
+    Suite("integration", 1190, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);

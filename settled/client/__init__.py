@@ -7,7 +7,7 @@ idempotency key to submit again with — when none comes in time, never a false 
 resolver's Ed25519 key.
 """
 
-from settled.client._async import AsyncClient
+from settled.client._async import AsyncClient, AsyncLifecycleStream
 from settled.client._client import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PRINCIPAL, NO_RESULT, Client
 from settled.client._errors import (
     AbortOutcomeUnknownError,
@@ -48,6 +48,7 @@ __all__ = [
     "ApprovalOutcomeUnknownError",
     "ApprovalRejectedError",
     "AsyncClient",
+    "AsyncLifecycleStream",
     "BrokerUnavailableError",
     "Client",
     "ClientError",

@@ -30,6 +30,9 @@ from settled.schemas import Codec, LifecycleEvent
 
 __all__ = ["LifecycleStream"]
 
+#: Longest single wait on the consumer, in seconds (an idle stream checks its idle timeout this often).
+_POLL_S = 0.2
+
 
 class LifecycleStream(Iterator[LifecycleEvent]):
     """An iterator over the committed lifecycle events of every partition matching a pattern; each run's in order.
@@ -103,17 +106,41 @@ class LifecycleStream(Iterator[LifecycleEvent]):
             DecodeError: A record is not a lifecycle event.
             KafkaException: A consumer error about a record.
         """
-        while True:
-            consumer = self._consumer
-            if consumer is None:
-                raise StopIteration
+        while self._consumer is not None:
+            event = self.poll(_POLL_S)
+            if event is not None:
+                return event
+            idle = self._idle_timeout_s
+            if idle is not None and time.monotonic() - self._last_record >= idle:
+                self.close()
+        raise StopIteration
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream is closed (by `close`, or by ``idle_timeout_s`` in iteration)."""
+        return self._consumer is None
+
+    def poll(self, timeout_s: float) -> LifecycleEvent | None:
+        """Return the next matching lifecycle event, or ``None`` when none came within ``timeout_s`` (or closed).
+
+        Args:
+            timeout_s: How long to wait for a matching event, in seconds.
+
+        Returns:
+            The event, or ``None``.
+
+        Raises:
+            DecodeError: A record is not a lifecycle event.
+            KafkaException: A consumer error about a record.
+        """
+        deadline = time.monotonic() + timeout_s
+        while (consumer := self._consumer) is not None:
             if not self._buffer:
-                self._buffer = consume_promptly(consumer, 500, 0.2)
-                if not self._buffer:
-                    idle = self._idle_timeout_s
-                    if idle is not None and time.monotonic() - self._last_record >= idle:
-                        self.close()
-                    continue
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    return None
+                self._buffer = consume_promptly(consumer, 500, min(_POLL_S, left_s))
+                continue
             msg = self._buffer.pop(0)
             err = msg.error()
             if err is not None:
@@ -131,6 +158,7 @@ class LifecycleStream(Iterator[LifecycleEvent]):
             assert isinstance(record, LifecycleEvent)  # expected= refuses any other type
             if lifecycle_matches(self._pattern, record.type):
                 return record
+        return None
 
     def __enter__(self) -> LifecycleStream:
         return self

@@ -41,6 +41,7 @@ EXPECTED: dict[str, list[str]] = {
         "ApprovalOutcomeUnknownError",
         "ApprovalRejectedError",
         "AsyncClient",
+        "AsyncLifecycleStream",
         "BrokerUnavailableError",
         "Client",
         "ClientError",
