@@ -57,7 +57,8 @@ SUITES = [
     # tests/integration/api/test_ui_session.py; ~34 s here).
     # +40 s for issue 20's access grants and revocations, API and CLI (tests/integration/api/test_api_access_grants.py;
     # ~35 s here).
-    Suite("integration", 1220, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +10 s for the async lifecycle subscriber (issue 17 item 5, tests/integration/test_async_lifecycle.py; ~5 s here).
+    Suite("integration", 1230, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
@@ -69,8 +70,10 @@ SUITES = [
     # +20 s for issue 19's stream across a kill (tests/integration/engine/test_engine_stream.py, ~12 s here);
     # +80 s for issue 17's workflows (tests/integration/engine/test_engine_workflows.py: the invoice killed in each of
     # its 4 steps, retries, a kill after a retry, exhaustion, a step timeout, the task id as idempotency key; 50-70 s
-    # here under load).
-    Suite("engine", 830, (_pytest("tests/integration/engine"),), junit=True),
+    # here under load);
+    # +50 s for issue 17's lifecycle events (tests/integration/engine/test_engine_lifecycle.py: a workflow and an
+    # agent run across two kills each, a kill right after a commit; ~35 s here).
+    Suite("engine", 880, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),

@@ -91,6 +91,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "only as collateral of one rejected record fails with it (DUR-014: a poison submission never fails its "
             "neighbours; settled/producers/_policy.py)"
         ),
+        "lifecycle_outside_transaction": (
+            "the partition owner publishes a batch's durable.* lifecycle events with a separate idempotent producer "
+            "after the transaction that appends the batch commits, so a crash between the commit and that produce "
+            "loses them (issue 17 item 5; DUR-007's rule: what a transaction makes canonical is produced in it)"
+        ),
         "ui_csrf_unchecked": (
             "the operator page (/ui) skips its CSRF check, so a page elsewhere makes a logged-in operator's browser "
             "approve, deny or resolve (issue 21 item 1; as with DUR-009's signed resolutions, a command acts only "

@@ -7,7 +7,7 @@ idempotency key to submit again with — when none comes in time, never a false 
 resolver's Ed25519 key.
 """
 
-from settled.client._async import AsyncClient
+from settled.client._async import AsyncClient, AsyncLifecycleStream
 from settled.client._client import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PRINCIPAL, NO_RESULT, Client
 from settled.client._errors import (
     AbortOutcomeUnknownError,
@@ -36,6 +36,7 @@ from settled.client._errors import (
     reason_parts,
 )
 from settled.client._keys import load_signing_key, public_key_b64, write_signing_key
+from settled.client._lifecycle import LifecycleStream
 from settled.client._settlements import SettlementStream
 from settled.client._stream import Part, RunStream, StreamItem, Superseded
 from settled.producers._partitioner import murmur2, partition_for_key
@@ -51,6 +52,7 @@ __all__ = [
     "ApprovalOutcomeUnknownError",
     "ApprovalRejectedError",
     "AsyncClient",
+    "AsyncLifecycleStream",
     "BrokerUnavailableError",
     "Client",
     "ClientError",
@@ -58,6 +60,7 @@ __all__ = [
     "CommandRejectedError",
     "IdempotencyConflictError",
     "InboxProduceError",
+    "LifecycleStream",
     "OutcomeUnknownError",
     "Part",
     "PayloadTooLargeError",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -18,9 +19,10 @@ from typing import Any, ParamSpec, Self, TypeVar
 from settled._settings import Settings
 from settled.client._client import Client
 from settled.client._errors import ClientError, SettlementTimeoutError
-from settled.schemas import Receipt, SettlementRecord
+from settled.client._lifecycle import LifecycleStream
+from settled.schemas import LifecycleEvent, Receipt, SettlementRecord
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "AsyncLifecycleStream"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -75,6 +77,36 @@ class AsyncClient:
     async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    async def lifecycle_events(
+        self, pattern: str = "durable.*", *, idle_timeout_s: float | None = None, poll_s: float = 0.5, **options: Any
+    ) -> AsyncLifecycleStream:
+        """`Client.lifecycle_events`, awaitable: positioned when it returns, then iterated with ``async for``.
+
+        Args:
+            pattern: Which types to yield (``fnmatch``), e.g. ``"durable.*"``.
+            idle_timeout_s: Stop after this long without a matching event, in seconds; ``None``: never stop.
+            poll_s: Longest read slice on the stream's own thread, in seconds.
+            **options: `Client.lifecycle_events`'s other keyword arguments (``from_beginning``, ``since``).
+
+        Returns:
+            An async iterator of `settled.schemas.LifecycleEvent` (close it with ``aclose`` or ``async with``).
+
+        Raises:
+            ValueError: ``pattern`` is empty or ``poll_s`` is not positive.
+            BrokerUnavailableError: The topic does not exist, or Kafka did not answer the position lookups.
+        """
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be positive, got {poll_s}")
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="settled-async-lifecycle")
+        try:
+            stream = await asyncio.get_running_loop().run_in_executor(
+                reader, functools.partial(self.client.lifecycle_events, pattern, **options)
+            )
+        except BaseException:
+            reader.shutdown(wait=False)
+            raise
+        return AsyncLifecycleStream(stream, reader, idle_timeout_s=idle_timeout_s, poll_s=poll_s)
 
     async def submit(self, conversation_id: str, input: Any, **options: Any) -> Receipt:
         """`Client.submit`, awaitable: propose one turn and return its receipt.
@@ -184,6 +216,72 @@ class AsyncClient:
             ) from None
         finally:
             reader.forget(found)
+
+
+class AsyncLifecycleStream:
+    """A positioned `LifecycleStream` read on a thread of its own, as an async iterator (issue 17 item 5).
+
+    Each ``__anext__`` reads in slices of ``poll_s`` on that one thread, so the loop is never blocked and the
+    consumer is only ever touched by one thread; ``aclose`` (or leaving ``async with``) closes the stream after the
+    slice in flight.
+    """
+
+    def __init__(
+        self, stream: LifecycleStream, reader: ThreadPoolExecutor, *, idle_timeout_s: float | None, poll_s: float
+    ) -> None:
+        """Wrap a positioned stream.
+
+        Args:
+            stream: The positioned synchronous stream (built on ``reader``).
+            reader: The one thread that touches ``stream``.
+            idle_timeout_s: Stop after this long without a matching event, in seconds; ``None``: never stop.
+            poll_s: Longest read slice, in seconds.
+        """
+        self._stream = stream
+        self._reader = reader
+        self._idle_timeout_s = idle_timeout_s
+        self._poll_s = poll_s
+        self._last_s = time.monotonic()
+        self._closed = False
+
+    def __aiter__(self) -> AsyncLifecycleStream:
+        return self
+
+    async def __anext__(self) -> LifecycleEvent:
+        """Return the next matching event, waiting for one without blocking the loop.
+
+        Raises:
+            StopAsyncIteration: ``idle_timeout_s`` passed without an event, or the stream is closed.
+            DecodeError: A record is not a lifecycle event.
+            KafkaException: A consumer error about a record.
+        """
+        loop = asyncio.get_running_loop()
+        while not self._closed and not self._stream.closed:
+            event = await loop.run_in_executor(self._reader, self._stream.poll, self._poll_s)
+            if event is not None:
+                self._last_s = time.monotonic()
+                return event
+            idle = self._idle_timeout_s
+            if idle is not None and time.monotonic() - self._last_s >= idle:
+                await self.aclose()
+        raise StopAsyncIteration
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the stream (after the read slice in flight, on its thread) and release the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        closing = self._reader.submit(self._stream.close)
+        self._reader.shutdown(wait=False)
+        await asyncio.wrap_future(closing)
 
 
 def _settle_future(future: asyncio.Future[SettlementRecord], result: SettlementRecord | Exception) -> None:

@@ -46,6 +46,7 @@ from settled.client._errors import (
     reason_parts,
 )
 from settled.client._inbox import InboxProducer
+from settled.client._lifecycle import LifecycleStream
 from settled.client._receipts import ReceiptsReader, ReceiptWaiter
 from settled.client._settlements import SettlementStream
 from settled.client._stream import RunStream
@@ -1043,6 +1044,45 @@ class Client:
         return SettlementStream(
             self.settings,
             self._codec,
+            from_beginning=from_beginning,
+            since=since,
+            idle_timeout_s=idle_timeout_s,
+            timeout_s=self._default_timeout_s,
+        )
+
+    def lifecycle_events(
+        self,
+        pattern: str = "durable.*",
+        *,
+        from_beginning: bool = False,
+        since: datetime | None = None,
+        idle_timeout_s: float | None = None,
+    ) -> LifecycleStream:
+        """Subscribe to the runs' ``durable.*`` lifecycle events on ``settled.lifecycle`` (read_committed; issue 17).
+
+        Each event is produced in the transaction that makes its cause canonical (docs/architecture.md, "Lifecycle
+        events"): it is seen once per occurrence, each run's events in order; ``event_id`` dedupes a re-read.
+
+        Args:
+            pattern: Which types to yield (``fnmatch``, case-sensitive): ``"durable.*"``, ``"durable.approval_*"``,
+                or one type.
+            from_beginning: Start at the first record of each partition.
+            since: Start at the first record at or after this time (aware); ignored with ``from_beginning``.
+                Neither: start at the end (only events committed from now on).
+            idle_timeout_s: Stop after this long without a record, in seconds; ``None``: never stop.
+
+        Returns:
+            An iterator of `settled.schemas.LifecycleEvent`, positioned at once (close it, or use it in a ``with``
+            block, to release its consumer).
+
+        Raises:
+            ValueError: ``pattern`` is empty.
+            BrokerUnavailableError: The topic does not exist, or Kafka did not answer the position lookups.
+        """
+        return LifecycleStream(
+            self.settings,
+            self._codec,
+            pattern,
             from_beginning=from_beginning,
             since=since,
             idle_timeout_s=idle_timeout_s,

@@ -25,9 +25,16 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from settled._failpoints import failpoint
+from settled._faults import fault_enabled
 from settled._settings import Settings
-from settled.producers import AppendBatch, OutRecord, TransactionalAppender, read_partition
-from settled.protocol import StaleEpochError, quarantine, quarantine_conversation
+from settled.producers import (
+    AppendBatch,
+    OutRecord,
+    OutsideTransactionPublisher,
+    TransactionalAppender,
+    read_partition,
+)
+from settled.protocol import StaleEpochError, lifecycle_events, quarantine, quarantine_conversation
 from settled.schemas import (
     SCHEMA_VERSION,
     AvroRecord,
@@ -203,10 +210,15 @@ class PartitionOwner(Generic[S]):
     _next_input_offset: int | None = field(default=None, init=False)
     _decided: set[int] = field(default_factory=set, init=False)
     _guard: RepeatedBatchGuard = field(default_factory=RepeatedBatchGuard, init=False)
+    # Fault switch lifecycle_outside_transaction only: lifecycle records held out of the transaction, by batch id.
+    _outside: dict[str, tuple[OutRecord, ...]] = field(default_factory=dict, init=False)
+    _outside_publisher: OutsideTransactionPublisher | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.committed = self.decider.initial_state(self.partition)
         self._overlay = self.committed
+        if fault_enabled("lifecycle_outside_transaction"):
+            self._outside_publisher = OutsideTransactionPublisher(self.settings, self.partition)
 
     @property
     def input_topic(self) -> str:
@@ -390,6 +402,14 @@ class PartitionOwner(Generic[S]):
         side += [OutRecord(self.settings.topic("receipts"), key, self.encode(r)) for r in decision.receipts]
         side += [OutRecord(self.settings.topic("settlements"), key, self.encode(r)) for r in decision.settlements]
         side += [OutRecord(self.settings.topic("quarantine"), key, self.encode(r)) for r in decision.quarantined]
+        # The batch's durable.* events, in its transaction (issue 17 item 5; docs/architecture.md "Lifecycle events").
+        lifecycle = tuple(
+            OutRecord(self.settings.topic("lifecycle"), key, self.encode(e)) for e in lifecycle_events(batch)
+        )
+        if self._outside_publisher is not None:
+            self._outside[batch.batch_id] = lifecycle  # the fault switch: published after the commit instead
+        else:
+            side += lifecycle
         return AppendBatch(
             batch_id=batch.batch_id,
             conversation_id=decision.conversation_id,
@@ -451,6 +471,10 @@ class PartitionOwner(Generic[S]):
         self._pending_inputs = [o for o in self._pending_inputs if o not in self._decided]
         if self._next_input_offset is not None and not self._pending_inputs:
             self._next_input_offset = None
+        if self._outside_publisher is not None:  # fault switch lifecycle_outside_transaction: after the commit
+            self._outside_publisher.publish([r for b in result.committed for r in self._outside.pop(b.batch_id, ())])
+            pending_ids = {b.batch_id for b, _, _ in self._pending}
+            self._outside = {k: v for k, v in self._outside.items() if k in pending_ids}
         if result.deferred:
             failpoint("owner.after_deferred")
         return len(result.committed)

@@ -24,6 +24,7 @@ from settled.producers._kafka import (
     reader_config,
     transactional_id,
 )
+from settled.producers._lifecycle import OutsideTransactionPublisher
 from settled.producers._partitioner import murmur2, partition_for_key
 from settled.producers._stream import (
     STREAM_PART_VERSION,
@@ -55,6 +56,7 @@ __all__ = [
     "EndOffsets",
     "OpenTransactionError",
     "OutRecord",
+    "OutsideTransactionPublisher",
     "PartitionCountMismatchError",
     "PartitionLog",
     "ProducerFencedError",

@@ -1,7 +1,8 @@
 """Topic provisioning: the co-partitioned topics of docs/design.md §2 and the genesis record (issue 4 item 4).
 
-``settled.inbox``, ``settled.log``, ``settled.receipts``, ``settled.settlements``, ``settled.quarantine`` and the
-provisional ``settled.stream`` (issue 19, kept one hour), under the configured namespace, share one partition count.
+``settled.inbox``, ``settled.log``, ``settled.receipts``, ``settled.settlements``, ``settled.quarantine``, the
+provisional ``settled.stream`` (issue 19, kept one hour) and ``settled.lifecycle`` (issue 17 item 5: the ``durable.*``
+events), under the configured namespace, share one partition count.
 ``settled.log`` keeps everything (it is the source of truth) and is stamped by the broker (``LogAppendTime``); receipts
 and settlements are kept as long (a receipt's settlement must stay findable). The first batch of every log partition
 is a ``Genesis`` event fixing the partition count: provisioning refuses, and every partition owner halts, when a
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 #: The short names of settled's co-partitioned topics.
-TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine", "stream")
+TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine", "stream", "lifecycle")
 
 #: Configuration entries `describe_topics` reports for every topic (``settled topics describe`` shows them).
 _DESCRIBED = ("retention.ms", "message.timestamp.type", "max.message.bytes")
@@ -89,6 +90,9 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
             "segment.ms": str(STREAM_SEGMENT_MS),
             "cleanup.policy": "delete",
         },
+        # durable.* lifecycle events (issue 17 item 5), produced in the owner's transactions with their causes; kept
+        # as long as the log, so a subscriber from the beginning sees every event the log explains.
+        settings.topic("lifecycle"): dict(keep_forever),
     }
 
 

@@ -16,6 +16,8 @@
 * `may_access`, `may_grant`, `conversation_opener`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
   `api_signature_of` (`_access`): who may see and act on a conversation, for inbox records the HTTP API signed, and
   access granted and revoked as canonical records (issue 20 item 3).
+* `lifecycle_events`, `lifecycle_matches`, `LIFECYCLE_TYPES` (`_lifecycle`): a canonical batch → its ``durable.*``
+  lifecycle events, one per causing log event (issue 17 item 5).
 * `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
   names a workflow run (issue 17).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
@@ -111,6 +113,14 @@ from settled.protocol._fold import (
     input_key,
     scope_digest,
 )
+from settled.protocol._lifecycle import (
+    LIFECYCLE_TYPES,
+    STEP_LOG_PREFIX,
+    STEP_RESULT_PREFIX,
+    lifecycle_event_id,
+    lifecycle_events,
+    lifecycle_matches,
+)
 from settled.protocol._recovery import (
     OpenCall,
     ReconcileAnswer,
@@ -148,12 +158,15 @@ __all__ = [
     "EDGES",
     "EXCERPT_CHARS",
     "GRACEFUL_REVOKE",
+    "LIFECYCLE_TYPES",
     "MAX_DETAIL_CHARS",
     "MAX_ID_CHARS",
     "MAX_TEXT_CHARS",
     "MAX_TOOLS_OFFERED",
     "NONTERMINAL_STATES",
     "RESERVED_CONVERSATION_PREFIXES",
+    "STEP_LOG_PREFIX",
+    "STEP_RESULT_PREFIX",
     "TERMINAL_STATES",
     "WORKFLOW_KEY",
     "ApiSignature",
@@ -222,6 +235,9 @@ __all__ = [
     "hidden",
     "input_key",
     "interrupt",
+    "lifecycle_event_id",
+    "lifecycle_events",
+    "lifecycle_matches",
     "may_access",
     "may_grant",
     "open_waits",

@@ -32,7 +32,7 @@ from typing import Any
 
 from settled._faults import fault_enabled
 from settled.processors import AttemptSupersededError, RunFailedError
-from settled.protocol import WorkflowInvocation, bounded_text, wait_id_for
+from settled.protocol import STEP_LOG_PREFIX, STEP_RESULT_PREFIX, WorkflowInvocation, bounded_text, wait_id_for
 from settled.runtime._context import RunContext
 from settled.runtime._errors import ReplayDivergenceError, RunSuspended
 from settled.runtime._tools import invoke
@@ -51,9 +51,9 @@ _log = logging.getLogger(__name__)
 __all__ = ["RESULT_PREFIX", "WorkflowRun", "run_workflow"]
 
 #: Record-name prefixes of a workflow run's ``StepRecorded`` records (module docstring).
-RESULT_PREFIX = "step:"
+RESULT_PREFIX = STEP_RESULT_PREFIX  # settled/protocol/_lifecycle.py reads them too
 CHECKPOINT_PREFIX = "checkpoint:"
-LOG_PREFIX = "log:"
+LOG_PREFIX = STEP_LOG_PREFIX
 
 
 class WorkflowRun:

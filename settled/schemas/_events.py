@@ -60,6 +60,7 @@ __all__ = [
     "InputApplied",
     "InputQuarantined",
     "InputRef",
+    "LifecycleEvent",
     "LogEvent",
     "ModelResponseCompleted",
     "ModelResponseDelta",
@@ -1510,6 +1511,36 @@ class QuarantineRecord(AvroRecord):
     quarantined_at: UtcMillis
 
 
+class LifecycleEvent(AvroRecord):
+    """A ``durable.*`` lifecycle event on ``settled.lifecycle`` (issue 17 item 5; docs/architecture.md).
+
+    Derived from exactly one canonical log event by `settled.protocol.lifecycle_events` and produced by the partition
+    owner in the transaction that appends that event, keyed by the conversation id like the log.
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        event_id: ``<batch_id>#<index>``: the causing batch and the causing event's index in it (a consumer
+            dedupes on it).
+        type: The event type, e.g. ``durable.started``.
+        conversation_id: The conversation (the record key).
+        submission_id: The run (its submission).
+        batch_id: The causing canonical batch.
+        index: The causing event's index within that batch (0-based).
+        data_json: What the event tells (attempt, step, retry, error...), canonical JSON.
+        occurred_at: The causing batch's ``recorded_at``.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    event_id: str
+    type: str
+    conversation_id: str
+    submission_id: str
+    batch_id: str
+    index: NonNegInt32
+    data_json: CanonicalJson
+    occurred_at: UtcMillis
+
+
 InboxRecord = (
     SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess
 )
@@ -1606,5 +1637,12 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
 )
 """Branches of the log-event union, in Avro union order."""
 
-TOPIC_RECORD_TYPES: tuple[type[AvroRecord], ...] = (*INBOX_TYPES, Receipt, SettlementRecord, QuarantineRecord)
-"""Top-level records of the inbox, receipts, settlements and quarantine topics (the log's is the batch envelope)."""
+TOPIC_RECORD_TYPES: tuple[type[AvroRecord], ...] = (
+    *INBOX_TYPES,
+    Receipt,
+    SettlementRecord,
+    QuarantineRecord,
+    LifecycleEvent,
+)
+"""Top-level records of the inbox, receipts, settlements, quarantine and lifecycle topics (the log's is the batch
+envelope)."""

@@ -14,7 +14,7 @@ from tests.integration.helpers import CODEC, read_topic
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine", "stream")
+TOPICS = ("inbox", "log", "receipts", "settlements", "quarantine", "stream", "lifecycle")
 
 
 def _env(s: Settings, partitions: int) -> dict[str, str]:
@@ -92,6 +92,9 @@ def test_log_keeps_everything_and_is_stamped_by_the_broker(settings: Settings) -
     assert "forever (-1)" in log_row and "LogAppendTime" in log_row
     inbox_row = next(line for line in out.splitlines() if f" {settings.topic('inbox')} " in line)
     assert "CreateTime" in inbox_row
+    # The durable.* lifecycle events (issue 17 item 5) are kept as long as the log that explains them.
+    lifecycle_row = next(line for line in out.splitlines() if f" {settings.topic('lifecycle')} " in line)
+    assert "forever (-1)" in lifecycle_row
 
 
 def test_the_provisional_stream_is_kept_briefly(settings: Settings) -> None:

@@ -14,7 +14,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "settled"
 
 ALLOWED = {
-    "producers/_appender.py": "the transactional appender: log, receipts, settlements, quarantine",
+    "producers/_appender.py": "the transactional appender: log, receipts, settlements, quarantine, lifecycle",
+    "producers/_lifecycle.py": "the fault switch lifecycle_outside_transaction's deliberately wrong path only (a "
+    "separate producer after the commit); the owner never builds it with the switch off",
     "producers/_txproducer.py": "the appender's transactional producer behind its interface (the confluent-kafka "
     "adapter and the fault-injecting one): called only by the appender",
     "services/_cli_demo.py": "the demo's own non-authoritative topic (still transactional)",

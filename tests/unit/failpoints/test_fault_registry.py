@@ -29,6 +29,7 @@ EXPECTED_SWITCHES = {
     "workflow_retry_unrecorded",
     "collateral_condemned",
     "ui_csrf_unchecked",
+    "lifecycle_outside_transaction",
 }
 
 

@@ -16,8 +16,8 @@ from settled._settings import Settings
 from settled.processors import Decision, LedgerDecider, PartitionOwner
 from settled.processors._ledger import to_loop_decision
 from settled.producers import TransactionalAppender
-from settled.protocol import PartitionState, ProtocolError, admit, claim, start_attempt
-from settled.schemas import Codec, InputRef, LogBatch, ToolCallSettled, body_batch_digest, json_digest
+from settled.protocol import PartitionState, ProtocolError, admit, claim, lifecycle_events, start_attempt
+from settled.schemas import Codec, InputRef, LifecycleEvent, LogBatch, ToolCallSettled, body_batch_digest, json_digest
 from tests.unit.protocol._sim import T0, proposal
 
 CID = "c1"
@@ -85,3 +85,19 @@ def test_a_batch_the_fold_refuses_is_not_staged() -> None:
     with pytest.raises(ProtocolError):
         o.stage(Decision(CID, (never_prepared,), submission_id="s1"))
     assert (list(o._pending), o.overlay, dict(o._pending_heads)) == before
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_batch_carries_its_lifecycle_events_as_side_records_of_its_transaction(fast: bool) -> None:
+    codec = Codec()
+    o = owner(codec, fast=fast)
+    stage_a_run(o)
+    claimed, admitted, started = o._pending
+    lifecycle = "unit-stage.lifecycle"
+    assert [r for r in claimed[0].side_records if r.topic == lifecycle] == []
+    assert [r for r in admitted[0].side_records if r.topic == lifecycle] == []
+    (record,) = [r for r in started[0].side_records if r.topic == lifecycle]
+    assert record.key == CID.encode()
+    event = codec.decode(record.value, expected=(LifecycleEvent,))
+    assert event == lifecycle_events(started[2])[0]
+    assert (event.type, event.event_id, event.submission_id) == ("durable.started", f"{started[2].batch_id}#0", "s1")

@@ -1,0 +1,201 @@
+"""Lifecycle events (issue 17 item 5): a canonical batch → its ``durable.*`` events, one per causing log event.
+
+The partition owner produces what `lifecycle_events` returns to ``settled.lifecycle`` in the transaction that appends
+the batch (docs/architecture.md, "Lifecycle events"), so an event exists exactly when its cause is canonical. Each
+event is derived from exactly one canonical log event; its id is ``<batch_id>#<index>`` (the causing event's index
+in the batch), so a consumer dedupes on it. The mapping (`LIFECYCLE_TYPES` names every type):
+
+====================================  ==============================================================================
+log event                             lifecycle event
+====================================  ==============================================================================
+``AttemptStarted``                    ``durable.started`` (per attempt: a resume is a new attempt)
+``StepRecorded`` ``step:<name>``      ``durable.step_completed`` (a workflow step's one recorded result)
+``StepRecorded`` ``log:<name>``       ``durable.log``
+``WaitRequested`` of kind approval    ``durable.approval_needed``
+``ApprovalDecided`` approved          ``durable.approval_granted``
+``StepRetryScheduled``                ``durable.retry``
+``Settlement`` failed                 ``durable.failed``
+``Settlement`` completed              ``durable.completed``
+(none yet)                            ``durable.paused``: no canonical pause record exists yet; it maps here once
+                                      one does
+====================================  ==============================================================================
+
+Everything else (checkpoints, model responses, tool calls, signals, denials, aborted settlements…) has no lifecycle
+event. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+from settled.schemas import (
+    ApprovalDecided,
+    AttemptStarted,
+    LifecycleEvent,
+    LogEvent,
+    Settlement,
+    SettlementOutcome,
+    StepRecorded,
+    StepRetryScheduled,
+    WaitKind,
+    WaitRequested,
+    canonical_json,
+)
+
+__all__ = [
+    "LIFECYCLE_TYPES",
+    "STEP_LOG_PREFIX",
+    "STEP_RESULT_PREFIX",
+    "lifecycle_event_id",
+    "lifecycle_events",
+    "lifecycle_matches",
+]
+
+#: Every ``durable.*`` event type, in the seed's order (``durable.paused`` has no causing record yet).
+LIFECYCLE_TYPES: Final = (
+    "durable.started",
+    "durable.step_completed",
+    "durable.approval_needed",
+    "durable.approval_granted",
+    "durable.paused",
+    "durable.retry",
+    "durable.failed",
+    "durable.completed",
+    "durable.log",
+)
+
+#: Name prefix of a workflow step's recorded result (``StepRecorded``; settled/runtime/_workflow_run.py records it).
+STEP_RESULT_PREFIX: Final = "step:"
+#: Name prefix of a workflow step's log line (``StepRecorded``).
+STEP_LOG_PREFIX: Final = "log:"
+
+
+class _Batch(Protocol):
+    """What `lifecycle_events` reads of a canonical batch (a `settled.schemas.LogBatch`)."""
+
+    @property
+    def conversation_id(self) -> str: ...  # pragma: no cover - protocol
+
+    @property
+    def batch_id(self) -> str: ...  # pragma: no cover - protocol
+
+    @property
+    def recorded_at(self) -> Any: ...  # pragma: no cover - protocol
+
+    @property
+    def events(self) -> Sequence[LogEvent]: ...  # pragma: no cover - protocol
+
+
+def lifecycle_event_id(batch_id: str, index: int) -> str:
+    """Return the id of the lifecycle event caused by event ``index`` of batch ``batch_id``.
+
+    Args:
+        batch_id: The causing canonical batch.
+        index: The causing event's index within it (0-based).
+
+    Returns:
+        ``<batch_id>#<index>``.
+    """
+    return f"{batch_id}#{index}"
+
+
+def lifecycle_events(batch: _Batch) -> tuple[LifecycleEvent, ...]:
+    """Return the lifecycle events one canonical batch causes, in the batch's event order.
+
+    Args:
+        batch: A canonical (sealed) batch.
+
+    Returns:
+        One `LifecycleEvent` per log event the module docstring's table maps; empty for most batches.
+    """
+    out: list[LifecycleEvent] = []
+    for index, event in enumerate(batch.events):
+        mapped = _map(event)
+        if mapped is None:
+            continue
+        kind, submission_id, data = mapped
+        out.append(
+            LifecycleEvent(
+                event_id=lifecycle_event_id(batch.batch_id, index),
+                type=kind,
+                conversation_id=batch.conversation_id,
+                submission_id=submission_id,
+                batch_id=batch.batch_id,
+                index=index,
+                data_json=canonical_json(data),
+                occurred_at=batch.recorded_at,
+            )
+        )
+    return tuple(out)
+
+
+def lifecycle_matches(pattern: str, event_type: str) -> bool:
+    """Whether ``event_type`` matches a subscription pattern (`fnmatch`, case-sensitive: ``durable.*``).
+
+    Args:
+        pattern: E.g. ``"durable.*"``, ``"durable.approval_*"`` or one exact type.
+        event_type: A lifecycle event's type.
+
+    Returns:
+        True when it matches.
+    """
+    return fnmatch.fnmatchcase(event_type, pattern)
+
+
+def _map(event: LogEvent) -> tuple[str, str, dict[str, Any]] | None:
+    """The lifecycle type, run and data of one log event, or ``None`` (the module docstring's table)."""
+    if isinstance(event, AttemptStarted):
+        return "durable.started", event.submission_id, {"attempt": event.attempt, "attempt_id": event.attempt_id}
+    if isinstance(event, StepRecorded):
+        if event.name.startswith(STEP_RESULT_PREFIX):
+            step = event.name.removeprefix(STEP_RESULT_PREFIX)
+            return "durable.step_completed", event.submission_id, {"step": step, "attempt_id": event.attempt_id}
+        if event.name.startswith(STEP_LOG_PREFIX):
+            step = event.name.removeprefix(STEP_LOG_PREFIX)
+            return (
+                "durable.log",
+                event.submission_id,
+                {"step": step, "message": json.loads(event.result_json), "attempt_id": event.attempt_id},
+            )
+        return None
+    if isinstance(event, WaitRequested):
+        if event.kind is not WaitKind.APPROVAL:
+            return None
+        return "durable.approval_needed", event.submission_id, {"approval_id": event.wait_id, "name": event.name}
+    if isinstance(event, ApprovalDecided):
+        if not event.approved:
+            return None
+        return (
+            "durable.approval_granted",
+            event.submission_id,
+            {"approval_id": event.approval_id, "principal": event.principal},
+        )
+    if isinstance(event, StepRetryScheduled):
+        return (
+            "durable.retry",
+            event.submission_id,
+            {
+                "step": event.step,
+                "retry": event.retry,
+                "error_type": event.error_type,
+                "error_message": event.error_message,
+                "wake_at": event.wake_at.isoformat(),
+            },
+        )
+    if isinstance(event, Settlement):
+        if event.outcome is SettlementOutcome.COMPLETED:
+            return "durable.completed", event.submission_id, {"attempt_count": event.attempt_count}
+        if event.outcome is SettlementOutcome.FAILED:
+            return (
+                "durable.failed",
+                event.submission_id,
+                {
+                    "error_type": event.error_type,
+                    "error_reason": event.error_reason,
+                    "attempt_count": event.attempt_count,
+                },
+            )
+    return None
