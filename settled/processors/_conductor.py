@@ -22,7 +22,8 @@ by the worker loop, one call per phase of a turn:
 The journal (recorded tool calls, steps, ``now``/``uuid`` values, recovery decisions, resolutions, model records)
 is kept per nonterminal submission from committed batches only (the owner's restore and checkpoints) and dropped
 when the submission settles (docs/design.md §3 "Memory"). Runs execute on a thread pool whose size is the worker's
-concurrency permit count; a run in Unknown, or suspended, holds no pool slot.
+concurrency permit count; a run suspended on a wait (`WAITING_STATES`: Unknown calls, signals, approvals) holds no
+pool slot.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from settled._faults import fault_enabled
 from settled.processors._ledger import to_loop_decision
 from settled.processors._partition import Decision, PartitionOwner
 from settled.protocol import (
+    WAITING_STATES,
     OpenCall,
     PartitionState,
     ReconcileAnswer,
@@ -879,16 +881,18 @@ class Conductor:
     # -- waits (issue 16) ------------------------------------------------------------------------------------------
 
     def _deliver(self, conversation_id: str, now: datetime) -> None:
-        """Decide a waiting run's waits: deliver canonical signals, expire waits whose deadline passed (the sweeper).
+        """Decide a suspended run's waits (every kind): deliver signals, expire waits past their deadline (the sweeper).
 
         Reads only what is committed (the journal) and skips a conversation with a batch still pending, so a
         delivery is decided from canonical records only and a signal is never paired twice. Each decision is one
         canonical `WaitResolved`; the fold takes the run back to Ready with the last one, and the scheduler then
-        starts its next attempt (not charged to ``max_attempts``).
+        starts its next attempt (not charged to ``max_attempts``). An approval's or an Unknown's delivery is a signed
+        inbox command the ledger decides (`protocol.decide_approval`, `protocol.resolve`), not this; an Unknown has no
+        deadline, so the sweeper never expires one.
         """
         conv = self._conv(conversation_id)
         active = conv.active()
-        if active is None or active.state is not SubmissionState.WAITING or self.owner.is_pending(conversation_id):
+        if active is None or active.state not in WAITING_STATES or self.owner.is_pending(conversation_id):
             return
         sid = active.submission_id
         journal = self._journals.get(sid, ())

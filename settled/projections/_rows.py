@@ -48,6 +48,7 @@ from settled.projections._tables import (
 )
 from settled.protocol import (
     TERMINAL_STATES,
+    WAITING_STATES,
     ConversationState,
     PartitionState,
     Submission,
@@ -114,13 +115,24 @@ OpenWait = tuple[WaitRequested, datetime]
 
 _PARTITION_PREFIX = "~partition/"
 
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """One open wait of a suspended run as the projection shows it (`_BatchProjector.open_waits`)."""
+
+    kind: WaitKind
+    ordinal: int  # -1 for a wait of kind unknown (a call in doubt): those sort by name
+    name: str | None
+    since: datetime
+    deadline: datetime | None
+
+
 # Attempt status while its submission is in each state (the attempt being the submission's current one).
 _ATTEMPT_STATUS: Mapping[SubmissionState, str] = MappingProxyType(
     {
         S.RUNNING: "running",
         S.RECOVERY: "recovery",
-        S.UNKNOWN: "waiting",
-        S.WAITING: "waiting",
+        **dict.fromkeys(WAITING_STATES, "waiting"),  # the generic wait under both its labels (unknown, waiting)
         S.READY: "interrupted",
         S.TERMINALIZING: "terminalizing",
         S.COMPLETED: "completed",
@@ -1034,26 +1046,14 @@ class _BatchProjector:
     ) -> Row:
         waiting_kind = waiting_name = waiting_since = waiting_deadline = None
         if status == "waiting" and sub is not None:
-            if sub.unknown_calls:  # a call in doubt: an operator's resolution
-                waiting_kind = "unknown"
-                names = sorted(
-                    str(row[_CALL_TOOL_I])
-                    for call_id, row in self.state.calls_of(conversation_id, sid).items()
-                    if call_id in sub.unknown_calls
-                )
+            waiting = self.open_waits(conversation_id, sub)
+            if waiting:
+                waiting_kind = ",".join(sorted({w.kind.value for w in waiting}))
+                names = [w.name for w in waiting if w.name is not None]
                 waiting_name = ",".join(names) if names else None
-                waiting_since = self.t
-            else:  # signals and approvals (the generic wait), in callsite order
-                waits = sorted(
-                    (w for wait_id, w in self.state.waits_of(conversation_id, sid).items() if wait_id in sub.waits),
-                    key=lambda w: w[0].ordinal,
-                )
-                if waits:
-                    waiting_kind = ",".join(sorted({w[0].kind.value for w in waits}))
-                    waiting_name = ",".join(w[0].name for w in waits)
-                    waiting_since = min(w[1] for w in waits)
-                    deadlines = [w[0].deadline for w in waits if w[0].deadline is not None]
-                    waiting_deadline = min(deadlines) if deadlines else None
+                waiting_since = min(w.since for w in waiting)
+                deadlines = [w.deadline for w in waiting if w.deadline is not None]
+                waiting_deadline = min(deadlines) if deadlines else None
         t = self.t
         return (
             attempt_id,
@@ -1073,6 +1073,31 @@ class _BatchProjector:
             t,
             self.offset,
         )
+
+    def open_waits(self, conversation_id: str, sub: Submission) -> list[_Waiting]:
+        """A suspended run's open waits of every kind, as its ``attempts`` row shows them (one mapping, issue 16).
+
+        A wait of kind `unknown` (a call in doubt) is named by its tool and waits since this batch, with no deadline;
+        a signal or approval wait by its request's name, since the batch that made the request canonical, until its
+        deadline. Unknown calls come by tool name, other waits in callsite order.
+        """
+        sid = sub.submission_id
+        calls = self.state.calls_of(conversation_id, sid)
+        requests = self.state.waits_of(conversation_id, sid)
+        kinds = sub.wait_kinds
+        unknown: list[_Waiting] = []
+        for wait_id, kind in kinds.items():
+            if kind is WaitKind.UNKNOWN:
+                row = calls.get(wait_id)
+                unknown.append(_Waiting(kind, -1, None if row is None else str(row[_CALL_TOOL_I]), self.t, None))
+        unknown.sort(key=lambda w: w.name or "")
+        requested = [
+            _Waiting(request.kind, request.ordinal, request.name, since, request.deadline)
+            for wait_id, (request, since) in requests.items()
+            if wait_id in kinds
+        ]
+        requested.sort(key=lambda w: w.ordinal)
+        return unknown + requested
 
     def abandon_calls(self, conversation_id: str, sub: Submission) -> None:
         """Calls the fold no longer holds open or Unknown, with no event of their own: recovery dropped them."""

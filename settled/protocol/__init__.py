@@ -10,7 +10,9 @@
 * the input contract (`_contract`): what the inbox accepts (ids, tool names, sizes), checked by `check_input` at
   admission and by the client before sending; `bounded_id` / `bounded_text` / `filing_conversation` keep every
   record settled writes about an input bounded whatever the input held.
-* `resolve_wait`, `open_waits`, `expired_waits` (`_waits`): the generic wait of issue 16 (signals, approvals).
+* `resolve_wait`, `open_waits`, `expired_waits` (`_waits`), `WAITING_STATES`, `waiting_state` (`_states`): the
+  generic wait of issue 16, one mechanism for its kinds (signals, approvals, and Unknown calls under the label
+  `unknown`).
 * `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
 * `may_access`, `may_grant`, `conversation_opener`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
@@ -135,12 +137,14 @@ from settled.protocol._states import (
     EDGES,
     NONTERMINAL_STATES,
     TERMINAL_STATES,
+    WAITING_STATES,
     Edge,
     SubmissionState,
     cause_qualifier,
     edges_from,
     find_edge,
     outcome_state,
+    waiting_state,
 )
 from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
 from settled.protocol._workflows import (
@@ -168,6 +172,7 @@ __all__ = [
     "STEP_LOG_PREFIX",
     "STEP_RESULT_PREFIX",
     "TERMINAL_STATES",
+    "WAITING_STATES",
     "WORKFLOW_KEY",
     "ApiSignature",
     "BatchLike",
@@ -257,6 +262,7 @@ __all__ = [
     "start_attempt",
     "terminalize",
     "wait_id_for",
+    "waiting_state",
     "workflow_conversation_id",
     "workflow_input",
     "workflow_invocation",

@@ -14,7 +14,6 @@ from datetime import datetime
 
 from settled.protocol._decide import Decision, check_input_undecided, command_receipt, reject_command
 from settled.protocol._fold import ConversationState
-from settled.protocol._states import SubmissionState
 from settled.protocol._waits import wait_id_for
 from settled.schemas import (
     ApprovalDecided,
@@ -22,6 +21,7 @@ from settled.schemas import (
     DecideApproval,
     InputRef,
     ReceiptOutcome,
+    WaitKind,
     WaitOutcome,
     WaitResolved,
     canonical_json,
@@ -140,7 +140,7 @@ def approval_problem(state: ConversationState, command: DecideApproval) -> tuple
             CommandRejectReason.UNKNOWN_TARGET,
             f"run {command.submission_id!r} requested no approval {command.approval_id!r}",
         )
-    if sub.state is not SubmissionState.WAITING or command.approval_id not in sub.waits:
+    if sub.suspended_on(command.approval_id) is not WaitKind.APPROVAL:
         return (
             CommandRejectReason.STALE,
             f"approval {command.approval_id!r} is no longer open (run {sub.submission_id!r} is {sub.state.value})",

@@ -73,6 +73,7 @@ from settled.schemas import (
     SubmissionRejected,
     SubmissionRejectReason,
     UnknownResolved,
+    WaitKind,
     json_digest,
     payload_digest,
 )
@@ -1037,7 +1038,7 @@ def resolve(
         return Decision(
             events=(resolved,), receipt=_command_receipt(state, command.command_id, ReceiptOutcome.DUPLICATE, now)
         )
-    if sub.state is not S.UNKNOWN or command.call_id not in sub.unknown_calls:
+    if sub.suspended_on(command.call_id) is not WaitKind.UNKNOWN:  # the delivery of a wait of kind unknown
         return reject_command(
             state,
             command,

@@ -42,11 +42,13 @@ from typing import Any, Protocol, TypeVar
 from settled.protocol._errors import IllegalTransitionError, LogInconsistencyError, StaleEpochError
 from settled.protocol._states import (
     TERMINAL_STATES,
+    WAITING_STATES,
     Edge,
     SubmissionState,
     cause_qualifier,
     find_edge,
     outcome_state,
+    waiting_state,
 )
 from settled.schemas import (
     AbortRecorded,
@@ -243,6 +245,36 @@ class Submission:
             The digest, or None.
         """
         return next((digest for aid, digest in self.approvals if aid == approval_id), None)
+
+    @property
+    def wait_kinds(self) -> Mapping[str, WaitKind]:
+        """The run's open waits, by wait id, with their kind: the generic wait of issue 16 under both its labels.
+
+        A call in doubt is a wait of kind `unknown` whose id is the call id (open from its `ToolCallUnknown` until
+        its `UnknownResolved`); a signal or approval wait is open from its `WaitRequested` until its
+        `WaitResolved`. Empty unless the run is in a waiting state (`WAITING_STATES`) or in Recovery with a call
+        already marked Unknown.
+        """
+        if not self.unknown_calls and not self.waits:
+            return _EMPTY
+        approvals = {aid for aid, _ in self.approvals}
+        kinds = {call_id: WaitKind.UNKNOWN for call_id in self.unknown_calls}
+        for wait_id in self.waits:
+            kinds[wait_id] = WaitKind.APPROVAL if wait_id in approvals else WaitKind.SIGNAL
+        return MappingProxyType(kinds)
+
+    def suspended_on(self, wait_id: str) -> WaitKind | None:
+        """Return the kind of an open wait the run is suspended on, or None: the check every delivery makes.
+
+        Args:
+            wait_id: The wait (a call id for a wait of kind `unknown`).
+
+        Returns:
+            Its kind while the run is in a waiting state (`WAITING_STATES`) and the wait is open; otherwise None.
+        """
+        if self.state not in WAITING_STATES:
+            return None
+        return self.wait_kinds.get(wait_id)
 
     @property
     def abort_requested(self) -> bool:
@@ -460,7 +492,7 @@ def _name(event: AvroRecord) -> str:
 
 _RUNNING = frozenset({S.RUNNING})
 _RECOVERY = frozenset({S.RECOVERY})
-_UNKNOWN = frozenset({S.UNKNOWN})
+_UNKNOWN = frozenset({waiting_state(WaitKind.UNKNOWN)})
 _RUNNING_OR_RECOVERY = frozenset({S.RUNNING, S.RECOVERY})
 _RUNNING_OR_WAITING = frozenset({S.RUNNING, S.WAITING})
 
@@ -917,7 +949,7 @@ class _ConvBuilder:
         if event.decision is RecoveryDecisionKind.UNKNOWN:
             if not sub.unknown_calls:
                 raise self.fail(event, "decision", event.decision.value, "no call is marked Unknown (ToolCallUnknown)")
-            self.move(sub, S.UNKNOWN, event)
+            self.suspend(sub, WaitKind.UNKNOWN, event)
         elif event.decision is RecoveryDecisionKind.TERMINALIZE:
             reserved = SettlementOutcome.ABORTED if sub.abort_requested else None
             self.move(sub, S.TERMINALIZING, event, reserved_outcome=reserved)
@@ -941,16 +973,15 @@ class _ConvBuilder:
         self.require(sub, _UNKNOWN, event, "only an Unknown submission is resolved")
         if event.call_id not in sub.unknown_calls:
             raise self.fail(event, "call_id", event.call_id, "the call is not Unknown")
-        remaining = sub.unknown_calls - {event.call_id}
         if event.kind is ResolutionKind.OUTCOME_FOR_SUBMISSION:
+            # The kind's own rule: a resolution may fix the submission's outcome instead of resuming it.
             if event.outcome is None:
                 raise self.fail(event, "outcome", None, "required for outcome_for_submission")
             reserved = SettlementOutcome.ABORTED if sub.abort_requested else event.outcome
+            remaining = sub.unknown_calls - {event.call_id}
             self.move(sub, S.TERMINALIZING, event, unknown_calls=remaining, reserved_outcome=reserved)
-        elif remaining:
-            self.put(_replace(sub, unknown_calls=remaining))
         else:
-            self.move(sub, S.READY, event, unknown_calls=remaining, open_calls=frozenset())
+            self.end_wait(sub, event.call_id, event)
         self.add_command(event.command_id, event.submission_id)
 
     def on_wait_requested(self, event: WaitRequested, batch_epoch: int) -> None:
@@ -960,6 +991,13 @@ class _ConvBuilder:
         (a parallel batch) follow the first in Waiting, from the same attempt.
         """
         sub = self.get(event.submission_id, event, S.WAITING)
+        if event.kind is WaitKind.UNKNOWN:
+            raise self.fail(
+                event,
+                "kind",
+                event.kind.value,
+                "a wait of kind unknown is requested by ToolCallUnknown and RecoveryDecision unknown, not by its run",
+            )
         self.require(sub, _RUNNING_OR_WAITING, event, "only a running attempt asks to wait")
         self.require_attempt(sub, event.attempt_id, event)
         if sub.open_calls or sub.unknown_calls:
@@ -976,7 +1014,8 @@ class _ConvBuilder:
                 raise self.fail(event, "details_json", event.details_json, "an approval names its args_digest")
             approvals = approvals | {(event.wait_id, digest)}
         if sub.state is S.RUNNING:
-            self.move(sub, S.WAITING, event, waits=waits, suspended_count=sub.suspended_count + 1, approvals=approvals)
+            suspended = sub.suspended_count + 1
+            self.suspend(sub, event.kind, event, waits=waits, suspended_count=suspended, approvals=approvals)
         else:
             self.put(_replace(sub, waits=waits, approvals=approvals))
 
@@ -986,11 +1025,36 @@ class _ConvBuilder:
         if event.wait_id not in sub.waits:
             raise self.fail(event, "wait_id", event.wait_id, "no such wait is open (a wait is decided once)")
         self.require(sub, frozenset({S.WAITING}), event, "only a waiting run's waits are decided")
-        remaining = sub.waits - {event.wait_id}
-        if remaining:
-            self.put(_replace(sub, waits=remaining))
+        self.end_wait(sub, event.wait_id, event)
+
+    # -- the generic wait (issue 16): one suspension and one delivery for every kind ----------------------------
+
+    def suspend(self, sub: Submission, kind: WaitKind, event: AvroRecord, **changes: Any) -> None:
+        """Suspend a run on a wait of ``kind``: it holds its lane and no worker until its waits are delivered.
+
+        The first wait of a run takes it into the waiting state labelled for the kind (`waiting_state`): Running →
+        Waiting on a `WaitRequested`, Recovery → Unknown on a `RecoveryDecision` ``unknown``.
+        """
+        self.move(sub, waiting_state(kind), event, **changes)
+
+    def end_wait(self, sub: Submission, wait_id: str, event: AvroRecord) -> None:
+        """Deliver one open wait of a suspended run (every kind); the last one makes it Ready (Waiting → Ready).
+
+        A run resumes only once every wait it is suspended on is decided. Resuming from a wait of kind `unknown`
+        also drops the calls recovery left open: the next attempt prepares again only what a decision names.
+        """
+        if sub.wait_kinds.get(wait_id) is WaitKind.UNKNOWN:
+            unknown = sub.unknown_calls - {wait_id}
+            if unknown or sub.waits:
+                self.put(_replace(sub, unknown_calls=unknown))
+            else:
+                self.move(sub, S.READY, event, unknown_calls=unknown, open_calls=frozenset())
+            return
+        waits = sub.waits - {wait_id}
+        if waits or sub.unknown_calls:
+            self.put(_replace(sub, waits=waits))
         else:
-            self.move(sub, S.READY, event, waits=remaining)
+            self.move(sub, S.READY, event, waits=waits)
 
     def on_approval_decided(self, event: ApprovalDecided, batch_epoch: int) -> None:
         """A verified approval decision accepted (issue 16 item 4); a repeated id only marks its input decided.

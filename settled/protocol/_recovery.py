@@ -29,8 +29,9 @@ The rules for a submission in Recovery, in order (docs/design.md §5; docs/seman
    boundary (a committed response, tool result or step; a stream cut mid-way is retried as a new response).
 
 Other states answer without a decision: nothing was accepted, or the submission is settled (`NOTHING`); admitted
-but not ready (`MATERIALIZE`); ready (`SCHEDULE`); running here or Unknown (`WAIT`); terminalizing with its
-obligation fixed (`SETTLE_RESERVED`). Each row of docs/semantics.md §15 crash-point matrix is one of these cases
+but not ready (`MATERIALIZE`); ready (`SCHEDULE`); running here, or suspended on a wait of any kind — Unknown
+calls, signals, approvals (`WAITING_STATES`; `WAIT`); terminalizing with its obligation fixed (`SETTLE_RESERVED`).
+Each row of docs/semantics.md §15 crash-point matrix is one of these cases
 (``tests/unit/protocol/test_recovery.py`` has one case per row).
 """
 
@@ -41,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from settled.protocol._fold import Submission
-from settled.protocol._states import TERMINAL_STATES, SubmissionState
+from settled.protocol._states import TERMINAL_STATES, WAITING_STATES, SubmissionState
 from settled.schemas import (
     LogEvent,
     RecoveryDecision,
@@ -78,7 +79,8 @@ class RecoveryAction(enum.StrEnum):
     SCHEDULE = "schedule"
     """Ready: the scheduler starts its next attempt; the first one applies the input idempotently."""
     WAIT = "wait"
-    """Running under this owner, or Unknown waiting for a signed resolution: recovery does nothing now."""
+    """Running under this owner, or suspended on a wait (Unknown calls, signals, approvals): recovery does nothing
+    now; a canonical delivery or expiry resumes it."""
     RECONCILE_FIRST = "reconcile_first"
     """Ask the reconcilers of `Recovery.reconcile` and classify again with their answers."""
     DECIDE = "decide"
@@ -169,10 +171,11 @@ class RecoverySnapshot:
         abort_requested: True when an abort is recorded (DUR-012).
         input_applied: True when its input is canonical history (docs/semantics.md §4).
         open_calls: Calls prepared and not settled or marked Unknown.
-        unknown_calls: Calls marked Unknown and not resolved.
+        unknown_calls: Calls marked Unknown and not resolved (the open waits of kind `unknown`).
         reserved_outcome: The outcome fixed before the settlement, when one is.
         outcome: The terminal outcome, once settled.
         partial_response: True when committed response deltas have no completed response (a stream cut mid-way).
+        waits: The open waits of kind signal or approval (`Submission.waits`), sorted.
 
     Raises:
         ValueError: ``max_attempts`` < 1, ``attempt_count`` < 0, or a call id repeats.
@@ -190,6 +193,7 @@ class RecoverySnapshot:
     reserved_outcome: SettlementOutcome | None = None
     outcome: SettlementOutcome | None = None
     partial_response: bool = False
+    waits: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -237,6 +241,7 @@ class RecoverySnapshot:
             input_applied=sub.input_applied,
             open_calls=open_calls,
             unknown_calls=tuple(sorted(sub.unknown_calls)),
+            waits=tuple(sorted(sub.waits)),
             reserved_outcome=sub.reserved_outcome,
             outcome=sub.outcome,
             partial_response=partial_response,
@@ -376,6 +381,17 @@ def _classify_recovery(snap: RecoverySnapshot) -> Recovery:
     return _decide(snap, RecoveryDecisionKind.RESUME, reason, ())
 
 
+def _why_waiting(snap: RecoverySnapshot) -> str:
+    """Say what a suspended run waits for: the deliveries of its open waits, by kind."""
+    parts = []
+    if snap.unknown_calls:
+        calls = list(snap.unknown_calls)
+        parts.append(f"calls {calls} are Unknown: the run waits for a signed ResolveUnknown (DUR-009)")
+    if snap.waits:
+        parts.append(f"waits {list(snap.waits)} are open: the run waits for their delivery or expiry (issue 16)")
+    return "; ".join(parts) or "the run waits for the delivery of its waits (issue 16)"
+
+
 def classify(snap: RecoverySnapshot) -> Recovery:
     """Classify a submission's last durable boundary (docs/semantics.md §14 step 5, §15; DUR-013).
 
@@ -409,11 +425,8 @@ def classify(snap: RecoverySnapshot) -> Recovery:
         return Recovery(RecoveryAction.SCHEDULE, reason)
     if state in (S.RUNNING, S.JOINED):
         return Recovery(RecoveryAction.WAIT, "an attempt runs under the current owner")
-    if state is S.UNKNOWN:
-        return Recovery(
-            RecoveryAction.WAIT,
-            f"calls {list(snap.unknown_calls)} are Unknown: the run waits for a signed ResolveUnknown (DUR-009)",
-        )
+    if state in WAITING_STATES:
+        return Recovery(RecoveryAction.WAIT, _why_waiting(snap))
     if state is S.TERMINALIZING:
         settle = snap.reserved_outcome
         if snap.abort_requested:

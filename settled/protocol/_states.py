@@ -28,6 +28,11 @@ What the table adds to the spec's diagram, and why:
   Ready once every wait it asked for is decided by a canonical `WaitResolved` (a delivery, or an expiry at the
   wait's deadline), and the next attempt replays up to the waits. No separate "suspended" record is written (spec
   §8). **Waiting → Terminalizing** on an aborted settlement: an abort ends the wait.
+* **One wait, two labels** (issue 16 item 1): Unknown is the generic wait of kind `unknown` (`WaitKind.UNKNOWN`;
+  its wait id is the call's id). Its request is the classifier's `RecoveryDecision` ``unknown`` after the calls'
+  `ToolCallUnknown` marks, its delivery the signed `UnknownResolved`; the suspended state keeps the label
+  `unknown` (`waiting_state`) so the spec's Recovery → Unknown → Ready / Terminalizing edges stay as drawn.
+  `WAITING_STATES` is the one "suspended, holding its lane, no worker slot" state under both labels.
 * The join edges (Ready → Joining → Joined → outcome, docs/semantics.md §5) are in the table but no schema v1 event
   causes Ready → Joining: joining "comes after the base FIFO durable runtime" (docs/semantics.md §5). `Edge.reserved`
   marks them.
@@ -51,6 +56,7 @@ from settled.schemas import (
     SubmissionReady,
     ToolCallUnknown,
     UnknownResolved,
+    WaitKind,
     WaitRequested,
     WaitResolved,
 )
@@ -59,12 +65,14 @@ __all__ = [
     "EDGES",
     "NONTERMINAL_STATES",
     "TERMINAL_STATES",
+    "WAITING_STATES",
     "Edge",
     "SubmissionState",
     "cause_qualifier",
     "edges_from",
     "find_edge",
     "outcome_state",
+    "waiting_state",
 ]
 
 
@@ -88,9 +96,10 @@ class SubmissionState(enum.StrEnum):
     RECOVERY = "recovery"
     """The attempt stopped without an explanation that allows continuing; the classifier decides (DUR-013)."""
     UNKNOWN = "unknown"
-    """A call is in doubt; waits for an authorized resolution and holds no worker (DUR-009)."""
+    """The generic wait of kind `unknown`, under its own label: a call is in doubt; the run waits for an authorized
+    resolution, holds its lane and no worker (DUR-009; `waiting_state`)."""
     WAITING = "waiting"
-    """The run asked to wait (`WaitRequested`: a signal, an approval); holds its lane but no worker (issue 16)."""
+    """The generic wait of kind signal or approval (`WaitRequested`); holds its lane but no worker (issue 16)."""
     COMPLETED = "completed"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -103,6 +112,27 @@ TERMINAL_STATES: frozenset[SubmissionState] = frozenset({S.COMPLETED, S.FAILED, 
 
 NONTERMINAL_STATES: frozenset[SubmissionState] = frozenset(S) - TERMINAL_STATES
 """Every other state."""
+
+WAITING_STATES: frozenset[SubmissionState] = frozenset({S.WAITING, S.UNKNOWN})
+"""The generic wait (issue 16): the run is suspended on open waits, holds its conversation's lane and no worker
+slot, and resumes only on a canonical delivery (or expiry) of its last open wait. `unknown` labels the wait of kind
+`unknown`, `waiting` every other kind (`waiting_state`)."""
+
+_WAITING_LABEL = {WaitKind.UNKNOWN: S.UNKNOWN, WaitKind.SIGNAL: S.WAITING, WaitKind.APPROVAL: S.WAITING}
+
+
+def waiting_state(kind: WaitKind) -> SubmissionState:
+    """Return the label of the waiting state a run suspended on a wait of ``kind`` is in.
+
+    Args:
+        kind: The wait's kind.
+
+    Returns:
+        `SubmissionState.UNKNOWN` for a call in doubt, `SubmissionState.WAITING` for a signal or an approval: one
+        state (`WAITING_STATES`) under two labels, so the spec's Unknown edges keep their names.
+    """
+    return _WAITING_LABEL[kind]
+
 
 _OUTCOME_STATE = {
     SettlementOutcome.COMPLETED: S.COMPLETED,

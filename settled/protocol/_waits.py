@@ -20,7 +20,7 @@ from datetime import datetime
 from settled.protocol._decide import Decision
 from settled.protocol._errors import IllegalTransitionError, UnknownSubmissionError
 from settled.protocol._fold import ConversationState
-from settled.protocol._states import SubmissionState
+from settled.protocol._states import WAITING_STATES, SubmissionState
 from settled.schemas import (
     LogEvent,
     SignalReceived,
@@ -59,7 +59,7 @@ def open_waits(state: ConversationState, submission_id: str, requests: Iterable[
         Those whose wait is open in ``state`` (none unless the submission is Waiting).
     """
     sub = state.submission(submission_id)
-    if sub is None or sub.state is not SubmissionState.WAITING:
+    if sub is None or sub.state not in WAITING_STATES:
         return []
     seen: set[str] = set()
     found: list[WaitRequested] = []
@@ -153,14 +153,14 @@ def resolve_wait(
     sub = state.submission(submission_id)
     if sub is None:
         raise UnknownSubmissionError(state.conversation_id, submission_id)
-    if sub.state is not SubmissionState.WAITING or wait_id not in sub.waits:
-        raise IllegalTransitionError(
-            submission_id,
-            sub.state,
-            SubmissionState.READY,
-            "WaitResolved",
-            f"wait {wait_id!r} is not open (open: {sorted(sub.waits)})",
+    kind = sub.suspended_on(wait_id)
+    if kind is None or kind is WaitKind.UNKNOWN:
+        why = (
+            "a wait of kind unknown is delivered by a signed ResolveUnknown (protocol.resolve)"
+            if kind is WaitKind.UNKNOWN
+            else f"wait {wait_id!r} is not open (open: {sorted(sub.waits)})"
         )
+        raise IllegalTransitionError(submission_id, sub.state, SubmissionState.READY, "WaitResolved", why)
     payload = None if payload_json is None else canonicalize_json_text(payload_json)
     event = WaitResolved(
         submission_id=submission_id,

@@ -283,10 +283,13 @@ class EffectKind(enum.StrEnum):
 
 
 class WaitKind(enum.StrEnum):
-    """What a run waits for (issue 16): an outside event by name, or a person's decision."""
+    """What a run waits for (issue 16): an outside event by name, a person's decision, or a call in doubt."""
 
     SIGNAL = "signal"
     APPROVAL = "approval"
+    UNKNOWN = "unknown"
+    """A call in doubt waiting for a signed resolution (DUR-009). Never written in a `WaitRequested`: its request is
+    `ToolCallUnknown` + `RecoveryDecision` ``unknown``, its delivery `UnknownResolved` (docs/architecture.md, waits)."""
 
 
 class WaitOutcome(enum.StrEnum):
