@@ -92,6 +92,8 @@ def _decided(events: list[LogEvent]) -> list[LogEvent]:
 def test_refund_approved_while_no_worker_runs_runs_once_and_refused_decisions_change_nothing(
     topics: Settings, spawn_worker: SpawnWorker, world_db: Path, client: Client
 ) -> None:
+    """Scenario 2 (docs/semantics.md): the run suspends on an approval, every worker stops, the approval is sent while
+    none runs, and the next worker rebuilds the run from the log and consumes the approval once."""
     s = topics
     w1 = spawn_worker("w1", failpoints="engine.after_wait_commit=1*kill")
     sub = client.submit("conv-ap1", plan(REFUND))
