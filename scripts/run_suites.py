@@ -72,8 +72,10 @@ SUITES = [
     # its 4 steps, retries, a kill after a retry, exhaustion, a step timeout, the task id as idempotency key; 50-70 s
     # here under load);
     # +50 s for issue 17's lifecycle events (tests/integration/engine/test_engine_lifecycle.py: a workflow and an
-    # agent run across two kills each, a kill right after a commit; ~35 s here).
-    Suite("engine", 880, (_pytest("tests/integration/engine"),), junit=True),
+    # agent run across two kills each, a kill right after a commit; ~35 s here);
+    # +45 s for issue 22 item 4's retry budget (tests/integration/engine/test_engine_retry_budget.py: scenario 14's
+    # three deaths, the error path's backoffs, a model call past its own budget; ~48 s here).
+    Suite("engine", 925, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),
@@ -105,8 +107,9 @@ SUITES = [
     # 190 s, +110 s for the switches of issues 25 and 16 (claim rewind, id contract, projection data errors, signals);
     # +10 s for issue 20's api_access_unchecked (a unit test, ~6 s with the runner's start-up);
     # +5 s for issue 17's workflow_retry_unrecorded (a unit test, ~4 s with the runner's start-up);
-    # +15 s for issue 21's ui_csrf_unchecked (an integration test, ~6 s with the runner's start-up).
-    Suite("fault-switches", 330, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # +15 s for issue 21's ui_csrf_unchecked (an integration test, ~6 s with the runner's start-up);
+    # +20 s for issue 22's attempt_count_after_start (an integration test, ~13 s with the runner's start-up).
+    Suite("fault-switches", 350, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

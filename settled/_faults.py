@@ -85,6 +85,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "principal aborts, signals, approves or resolves on a conversation another principal opened (issue 20 "
             "item 3; as with DUR-009's signed resolutions, a signed record authorizes only what its signer may do)"
         ),
+        "attempt_count_after_start": (
+            "an attempt runs before its AttemptStarted (the attempt count) is appended, so a submission that kills "
+            "its worker at once is never charged and crash-loops its workers instead of settling failed after its "
+            "budget (DUR-014, issue 22 item 4)"
+        ),
         "collateral_condemned": (
             "the appender's group policy takes the delivery errors of a shared transaction as the culprits and "
             "replaces every conversation with a failed record at once, so a healthy neighbour whose records failed "

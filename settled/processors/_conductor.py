@@ -28,11 +28,13 @@ pool slot.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import heapq
 import logging
 import queue
+import random
 import threading
 import time
 import uuid
@@ -56,6 +58,7 @@ from settled.protocol import (
     Reconciliation,
     RecoveryAction,
     RecoverySnapshot,
+    RetryPolicy,
     SettleAborted,
     StartAttempt,
     SubmissionState,
@@ -426,6 +429,13 @@ class ResumeGate:
 FULL_SCAN_INTERVAL_S = 0.25
 
 
+def _without_retry_waits(events: Iterable[LogEvent]) -> tuple[LogEvent, ...]:
+    """``events`` less the `WaitRequested` / `WaitResolved` of submission retries (`protocol.is_retry_wait`)."""
+    return tuple(
+        e for e in events if not (isinstance(e, (WaitRequested, WaitResolved)) and protocol.is_retry_wait(e.wait_id))
+    )
+
+
 def _journal_submission(event: LogEvent) -> str | None:
     if not isinstance(event, JOURNAL_EVENT_TYPES):
         return None
@@ -443,6 +453,10 @@ class Conductor:
         pool: The worker's thread pool (its size is the worker's concurrency permit count).
         clock: Returns "now".
         max_attempts: Attempts per submission before it settles failed (docs/design.md §5; default 3).
+        attempt_backoff_base_ms: The backoff before a submission's first retry, in milliseconds, doubled for each
+            later one (issue 22 item 4; `settled.protocol.RetryPolicy`).
+        attempt_backoff_max_ms: The longest backoff between two attempts of a submission, jitter included, in
+            milliseconds.
         tools: The tools' declared safety and reconcilers (None: every tool counts as neither idempotent nor
             reconcilable, so any prepared call without a settlement is Unknown).
         keep_history: Keep every settled submission's input and effects per conversation and hand them to runs
@@ -457,6 +471,10 @@ class Conductor:
     max_attempts: int = 3
     tools: ToolPolicy | None = None
     keep_history: bool = False
+    attempt_backoff_base_ms: int = 1_000
+    attempt_backoff_max_ms: int = 60_000
+    _retry: RetryPolicy = field(init=False)
+    _jitter: random.Random = field(default_factory=random.Random, init=False)  # the backoffs' jitter draws
     _staged: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # submission -> (conv, attempt)
     _running: dict[str, _Running] = field(default_factory=dict, init=False)  # attempt id -> run
     _last_error: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)
@@ -488,6 +506,7 @@ class Conductor:
     _next_full_scan_s: float = field(default=0.0, init=False)  # time.monotonic() of the next full visit
 
     def __post_init__(self) -> None:
+        self._retry = RetryPolicy(self.max_attempts, self.attempt_backoff_base_ms, self.attempt_backoff_max_ms)
         self.owner.committed_listeners.append(self._on_committed)
         self._gate = ResumeGate()
         self._gate.join(self)
@@ -544,7 +563,7 @@ class Conductor:
             submission_id=settlement.submission_id,
             input_json=input_json,
             outcome=settlement.outcome,
-            events=tuple(self._journals.get(settlement.submission_id, ())),
+            events=_without_retry_waits(self._journals.get(settlement.submission_id, ())),
         )
         self._history.setdefault(conversation_id, []).append(turn)
 
@@ -566,9 +585,10 @@ class Conductor:
             submission_id: The submission.
 
         Returns:
-            Its journal (empty for a settled or unknown submission).
+            Its journal (empty for a settled or unknown submission), without the timed waits of its retries' backoffs
+            (the owner's, never the run's: a run replays only the waits it asked for).
         """
-        return tuple(self._journals.get(submission_id, ()))
+        return _without_retry_waits(self._journals.get(submission_id, ()))
 
     @property
     def busy(self) -> bool:
@@ -793,15 +813,57 @@ class Conductor:
         else:
             error_type, reason = self._last_error[run.submission_id]
             # Attempts a graceful revoke ended are no death and not charged (docs/design.md §5).
-            final = (isinstance(exc, RunFailedError) and exc.non_retryable) or sub.charged_attempts >= self.max_attempts
-            if final:
+            if isinstance(exc, RunFailedError) and exc.non_retryable:
                 decision = protocol.terminalize(
                     conv, run.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=reason
                 )
+            elif sub.charged_attempts >= self.max_attempts:  # the budget is spent: a dead letter (issue 22 item 4)
+                decision = protocol.terminalize(
+                    conv,
+                    run.submission_id,
+                    SettlementOutcome.FAILED,
+                    now,
+                    error_type=protocol.RETRY_BUDGET_EXHAUSTED,
+                    error_reason=protocol.bounded_text(
+                        protocol.dead_letter_reason(sub.charged_attempts, self.max_attempts, f"{error_type}: {reason}")
+                    ),
+                )
             else:
                 decision = protocol.interrupt(conv, run.submission_id, f"attempt {run.attempt} raised {error_type}")
+                failpoint("conductor.before_settle")
+                self.owner.stage(to_loop_decision(run.conversation_id, decision))
+                self._schedule_retry(run.conversation_id, run.submission_id, now)
+                return
         failpoint("conductor.before_settle")  # a finished run's settlement (or interruption) is about to be staged
         self.owner.stage(to_loop_decision(run.conversation_id, decision))
+
+    def _schedule_retry(self, conversation_id: str, submission_id: str, now: datetime) -> None:
+        """Stage the backoff before a Ready submission's next attempt: `SubmissionRetryScheduled` and its timed wait.
+
+        Called right after the decision that ended a charged attempt (an interruption after an uncaught error, a
+        resuming recovery decision after a death) is staged, so both commit in one transaction (issue 22 item 4).
+        """
+        sub = self._conv(conversation_id).submission(submission_id)
+        if sub is None:
+            return
+        error = self._last_error.pop(submission_id, None)
+        if error is None:
+            cause = f"WorkerDied: attempt {sub.attempt_count} ended without a settlement (its worker stopped)"
+        else:
+            cause = f"{error[0]}: {error[1]}"
+        decision = protocol.schedule_retry(
+            self._conv(conversation_id),
+            submission_id,
+            now,
+            self._retry,
+            protocol.bounded_text(cause),
+            self._jitter.random(),
+        )
+        _log.info(
+            "retry scheduled",
+            extra={"submission_id": submission_id, "events": [type(e).__name__ for e in decision.events]},
+        )
+        self.owner.stage(to_loop_decision(conversation_id, decision))
 
     # -- recovery (docs/semantics.md §14; DUR-013) ---------------------------------------------------------------------
 
@@ -866,6 +928,10 @@ class Conductor:
             if recovery.kind in _RESUMING:
                 self._resumed[sid] = active.attempt_id or ""
                 self._resumed_conv[sid] = conversation_id
+                # A charged end (a death, an error with calls then in doubt) waits out its backoff; an attempt a
+                # graceful revoke ended is no death and resumes at once (issue 22 item 4).
+                if active.charged_attempts > active.retries:
+                    self._schedule_retry(conversation_id, sid, now)
             if recovery.kind is not RecoveryDecisionKind.TERMINALIZE:
                 return
         elif recovery.action is not RecoveryAction.SETTLE_RESERVED:
@@ -875,6 +941,15 @@ class Conductor:
         error_type, reason = self._last_error.get(sid, ("WorkerDied", recovery.reason))
         if outcome is SettlementOutcome.FAILED and reason != recovery.reason:
             reason = f"{reason} ({recovery.reason})"
+        if recovery.kind is RecoveryDecisionKind.TERMINALIZE and outcome is SettlementOutcome.FAILED:
+            # The budget is spent (the classifier's rule 4): a dead letter naming the attempts and the last cause.
+            last = f"{error_type}: {reason}"
+            if sid not in self._last_error:
+                last = f"WorkerDied: attempt {active.attempt_count} ended without a settlement (its worker stopped)"
+            error_type = protocol.RETRY_BUDGET_EXHAUSTED
+            reason = protocol.bounded_text(
+                protocol.dead_letter_reason(active.charged_attempts, self.max_attempts, last)
+            )
         settle = protocol.terminalize(conv, sid, outcome, now, error_type=error_type, error_reason=reason)
         self.owner.stage(to_loop_decision(conversation_id, settle))
 
@@ -984,9 +1059,27 @@ class Conductor:
                     return  # resuming interrupted attempts one at a time: this one waits
                 attempt_id = uuid.uuid4().hex
                 d = protocol.start_attempt(conv, nxt.submission_id, attempt_id, self.owner.epoch)
+                if fault_enabled("attempt_count_after_start"):
+                    # Fault switch (DUR-014; tests/fault_switches.toml): the attempt runs before its AttemptStarted
+                    # (the attempt count) is appended, so a run that kills its worker at once is never charged.
+                    self._start_before_count(conversation_id, nxt.submission_id, attempt_id, d)
+                    return
                 self.owner.stage(to_loop_decision(conversation_id, d))
                 self._staged[nxt.submission_id] = (conversation_id, attempt_id)
             return
+
+    def _start_before_count(
+        self, conversation_id: str, submission_id: str, attempt_id: str, started: protocol.Decision
+    ) -> None:
+        """Fault ``attempt_count_after_start``: the attempt runs up to 0.5 s before its ``AttemptStarted`` commits."""
+        sub = self._conv(conversation_id).submission(submission_id)
+        if sub is None:
+            return
+        attempt = sub.attempt_count + 1
+        self.owner.stage(to_loop_decision(conversation_id, started))
+        running = self._launch(conversation_id, submission_id, attempt_id, self._conv(conversation_id))
+        concurrent.futures.wait([running.future], timeout=0.5)
+        _log.warning("fault attempt_count_after_start: attempt started before its count", extra={"attempt": attempt})
 
     # -- phase 2 -------------------------------------------------------------------------------------------------
 
@@ -1034,29 +1127,39 @@ class Conductor:
             del self._staged[submission_id]
             if sub.state is not SubmissionState.RUNNING:
                 continue
-            run = AgentRun(
-                conversation_id=conversation_id,
-                submission_id=submission_id,
-                attempt_id=attempt_id,
-                attempt=sub.attempt_count,
-                input_json=sub.input_json or "null",
-                owner_epoch=self.owner.epoch,
-                cancelled=CancelSignal(),
-                run_id=submission_id,
-                tools_offered=sub.tools_offered,
-                journal=self.journal(submission_id),
-                record=self._record(conversation_id, submission_id, attempt_id),
-                history=self.history(conversation_id),
-            )
-            future = self.pool.submit(self.agent, run)
-            future.add_done_callback(lambda _: self._wake())  # its end is staged at once, not at the next poll
-            self._running[attempt_id] = _Running(run, future)
+            self._launch(conversation_id, submission_id, attempt_id, conv)
         for running in self._running.values():
             conv = committed.conversation(running.run.conversation_id)
             sub = conv.submission(running.run.submission_id)
             stale = sub is None or sub.attempt_id != running.run.attempt_id or sub.state is not SubmissionState.RUNNING
             if stale or (sub is not None and sub.abort_requested):
                 running.run.cancelled.set()
+
+    def _launch(
+        self, conversation_id: str, submission_id: str, attempt_id: str, conv: protocol.ConversationState
+    ) -> _Running:
+        """Start the run of an attempt whose ``AttemptStarted`` is in ``conv`` (committed, but for the fault)."""
+        sub = conv.submission(submission_id)
+        assert sub is not None  # the caller found it Running in ``conv``
+        run = AgentRun(
+            conversation_id=conversation_id,
+            submission_id=submission_id,
+            attempt_id=attempt_id,
+            attempt=sub.attempt_count,
+            input_json=sub.input_json or "null",
+            owner_epoch=self.owner.epoch,
+            cancelled=CancelSignal(),
+            run_id=submission_id,
+            tools_offered=sub.tools_offered,
+            journal=self.journal(submission_id),
+            record=self._record(conversation_id, submission_id, attempt_id),
+            history=self.history(conversation_id),
+        )
+        future = self.pool.submit(self.agent, run)
+        future.add_done_callback(lambda _: self._wake())  # its end is staged at once, not at the next poll
+        running = _Running(run, future)
+        self._running[attempt_id] = running
+        return running
 
     # -- graceful revoke (docs/design.md §3, §5) -----------------------------------------------------------------------
 

@@ -13,6 +13,8 @@
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`), `WAITING_STATES`, `waiting_state` (`_states`): the
   generic wait of issue 16, one mechanism for its kinds (signals, approvals, and Unknown calls under the label
   `unknown`).
+* `RetryPolicy`, `schedule_retry`, `backoff_ms`, `dead_letter_reason` (`_retry`): a submission's retry budget, its
+  backoff as a timed wait, and the dead letter after it (issue 22 item 4).
 * `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
 * `may_access`, `may_grant`, `conversation_opener`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
@@ -133,6 +135,15 @@ from settled.protocol._recovery import (
     ToolSafety,
     classify,
 )
+from settled.protocol._retry import (
+    RETRY_BUDGET_EXHAUSTED,
+    RetryPolicy,
+    backoff_ms,
+    dead_letter_reason,
+    is_retry_wait,
+    retry_wait_id_for,
+    schedule_retry,
+)
 from settled.protocol._states import (
     EDGES,
     NONTERMINAL_STATES,
@@ -169,6 +180,7 @@ __all__ = [
     "MAX_TOOLS_OFFERED",
     "NONTERMINAL_STATES",
     "RESERVED_CONVERSATION_PREFIXES",
+    "RETRY_BUDGET_EXHAUSTED",
     "STEP_LOG_PREFIX",
     "STEP_RESULT_PREFIX",
     "TERMINAL_STATES",
@@ -192,6 +204,7 @@ __all__ = [
     "Recovery",
     "RecoveryAction",
     "RecoverySnapshot",
+    "RetryPolicy",
     "SettleAborted",
     "StaleEpochError",
     "StartAttempt",
@@ -216,6 +229,7 @@ __all__ = [
     "approval_payload",
     "approval_problem",
     "arguments_digest",
+    "backoff_ms",
     "bounded_id",
     "bounded_text",
     "cause_qualifier",
@@ -228,6 +242,7 @@ __all__ = [
     "classify",
     "conversation_for_key",
     "conversation_opener",
+    "dead_letter_reason",
     "decide_approval",
     "deliveries",
     "edges_from",
@@ -240,6 +255,7 @@ __all__ = [
     "hidden",
     "input_key",
     "interrupt",
+    "is_retry_wait",
     "lifecycle_event_id",
     "lifecycle_events",
     "lifecycle_matches",
@@ -255,8 +271,10 @@ __all__ = [
     "reject_submission",
     "resolve",
     "resolve_wait",
+    "retry_wait_id_for",
     "revoke_access",
     "schedule",
+    "schedule_retry",
     "scope_digest",
     "signal",
     "start_attempt",

@@ -83,6 +83,7 @@ from settled.schemas import (
     SubmissionDuplicate,
     SubmissionReady,
     SubmissionRejected,
+    SubmissionRetryScheduled,
     ToolCallPrepared,
     ToolCallRefused,
     ToolCallSettled,
@@ -210,6 +211,9 @@ class Submission:
             ``max_attempts`` (see `charged_attempts`).
         approvals: (approval id, argument digest) of every approval the run requested, open or decided (issue 16
             item 4; `approval_digest`).
+        retries: Retries scheduled so far (`SubmissionRetryScheduled`; issue 22 item 4).
+        retry_wait_id: The wait id of the retry scheduled last, until its `WaitRequested` takes the submission
+            Ready → Waiting (the two are appended in one batch).
     """
 
     submission_id: str
@@ -234,6 +238,8 @@ class Submission:
     waits: frozenset[str] = frozenset()
     suspended_count: int = 0
     approvals: frozenset[tuple[str, str]] = frozenset()
+    retries: int = 0
+    retry_wait_id: str | None = None
 
     def approval_digest(self, approval_id: str) -> str | None:
         """Return the argument digest an approval the run requested is bound to, or None if it requested none.
@@ -998,6 +1004,18 @@ class _ConvBuilder:
                 event.kind.value,
                 "a wait of kind unknown is requested by ToolCallUnknown and RecoveryDecision unknown, not by its run",
             )
+        if sub.state is S.READY:
+            # A retry's backoff (issue 22 item 4): the owner's timed wait, right after its SubmissionRetryScheduled.
+            if event.wait_id != sub.retry_wait_id:
+                raise self.fail(
+                    event,
+                    "wait_id",
+                    event.wait_id,
+                    f"a Ready submission waits only for its retry ({sub.retry_wait_id})",
+                )
+            self.require_attempt(sub, event.attempt_id, event)
+            self.suspend(sub, event.kind, event, waits=frozenset({event.wait_id}), retry_wait_id=None)
+            return
         self.require(sub, _RUNNING_OR_WAITING, event, "only a running attempt asks to wait")
         self.require_attempt(sub, event.attempt_id, event)
         if sub.open_calls or sub.unknown_calls:
@@ -1055,6 +1073,21 @@ class _ConvBuilder:
             self.put(_replace(sub, waits=waits))
         else:
             self.move(sub, S.READY, event, waits=waits)
+
+    def on_retry_scheduled(self, event: SubmissionRetryScheduled, batch_epoch: int) -> None:
+        """A charged attempt ended within the budget: the next starts at ``wake_at`` (issue 22 item 4).
+
+        The submission is Ready (its attempt interrupted, or recovery resumed it); the `WaitRequested` of the same
+        batch takes it to Waiting until the wake-up.
+        """
+        sub = self.get(event.submission_id, event, None)
+        self.require(sub, frozenset({S.READY}), event, "a retry is scheduled for a Ready submission")
+        self.require_attempt(sub, event.attempt_id, event)
+        if event.retry != sub.retries + 1:
+            raise self.fail(event, "retry", event.retry, f"expected {sub.retries + 1}")
+        if sub.retry_wait_id is not None:
+            raise self.fail(event, "wait_id", event.wait_id, f"retry wait {sub.retry_wait_id!r} is not requested yet")
+        self.put(_replace(sub, retries=event.retry, retry_wait_id=event.wait_id))
 
     def on_approval_decided(self, event: ApprovalDecided, batch_epoch: int) -> None:
         """A verified approval decision accepted (issue 16 item 4); a repeated id only marks its input decided.
@@ -1188,7 +1221,8 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     UnknownResolved: _ConvBuilder.on_unknown_resolved,
     StepRecorded: _ConvBuilder.on_running_record,
     EffectRecorded: _ConvBuilder.on_running_record,
-    StepRetryScheduled: _ConvBuilder.on_running_record,  # a workflow retry (issue 17): its wait suspends the run
+    StepRetryScheduled: _ConvBuilder.on_running_record,
+    SubmissionRetryScheduled: _ConvBuilder.on_retry_scheduled,  # a workflow retry (issue 17): its wait suspends the run
     Settlement: _ConvBuilder.on_settlement,
     RecoveryDecision: _ConvBuilder.on_recovery_decision,
     WaitRequested: _ConvBuilder.on_wait_requested,

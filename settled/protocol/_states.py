@@ -33,6 +33,9 @@ What the table adds to the spec's diagram, and why:
   `ToolCallUnknown` marks, its delivery the signed `UnknownResolved`; the suspended state keeps the label
   `unknown` (`waiting_state`) so the spec's Recovery → Unknown → Ready / Terminalizing edges stay as drawn.
   `WAITING_STATES` is the one "suspended, holding its lane, no worker slot" state under both labels.
+* **Ready → Waiting** (issue 22 item 4): a charged attempt (a death, an uncaught error) ended within the budget; the
+  owner appends `SubmissionRetryScheduled` and its timed wait (`WaitRequested`, deadline = the wake-up) in one batch,
+  so the backoff holds the lane and no worker, and the sweeper's expiry makes it Ready again.
 * The join edges (Ready → Joining → Joined → outcome, docs/semantics.md §5) are in the table but no schema v1 event
   causes Ready → Joining: joining "comes after the base FIFO durable runtime" (docs/semantics.md §5). `Edge.reserved`
   marks them.
@@ -316,6 +319,8 @@ EDGES: tuple[Edge, ...] = (
     _e(S.RUNNING, S.WAITING, (WaitRequested,), "the run waits (a canonical request)", "issue 16"),
     _e(S.WAITING, S.READY, (WaitResolved,), "every wait decided (a canonical delivery or expiry)", "issue 16"),
     _e(S.WAITING, S.TERMINALIZING, (Settlement,), "abort of a waiting run", "issue 16; docs/semantics.md §13", (_A,)),
+    # -- issue 22 item 4: a retry's backoff is a timed wait of the owner's (after SubmissionRetryScheduled) ----------
+    _e(S.READY, S.WAITING, (WaitRequested,), "a retry's backoff (the owner's timed wait)", "issue 22"),
 )
 """Every edge of the submission state machine."""
 

@@ -60,7 +60,12 @@ class App:
         agent: ``async def agent(ctx: RunContext) -> reply``: the reply is any JSON value; an uncaught error ends
             the attempt (``max_attempts`` bounds the retries). None: the app runs workflows only (a submission
             that names none fails with ``no_agent``).
-        max_attempts: Attempts per submission before it settles failed (docs/design.md §5).
+        max_attempts: Attempts per submission before it settles failed (docs/design.md §5): a death or an uncaught
+            retryable error is charged; the submission then settles failed with error type
+            ``retry_budget_exhausted`` (a dead letter, issue 22 item 4).
+        attempt_backoff_base_ms: The backoff before a submission's first retry, in milliseconds, doubled for each
+            later retry, plus up to 20% jitter (a timed wait holding no worker slot; issue 22 item 4).
+        attempt_backoff_max_ms: The longest backoff between two attempts of a submission, in milliseconds.
         resolver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``ResolveUnknown``, by key id.
         approver_keys: Ed25519 public keys (base64 of the raw 32 bytes) allowed to sign ``DecideApproval`` (approve
             or deny), by key id; the key id is who decided ("by").
@@ -74,11 +79,14 @@ class App:
         workflows: The registered workflows by name (`workflow` adds to it; issue 17).
 
     Raises:
-        ValueError: ``max_attempts`` or ``concurrency`` is below 1.
+        ValueError: ``max_attempts`` or ``concurrency`` is below 1, or the attempt backoffs are negative or the
+            maximum is below the base.
     """
 
     agent: AgentFunction | None
     max_attempts: int = 3
+    attempt_backoff_base_ms: int = 1_000
+    attempt_backoff_max_ms: int = 60_000
     resolver_keys: Mapping[str, str] = field(default_factory=dict)
     approver_keys: Mapping[str, str] = field(default_factory=dict)
     api_keys: Mapping[str, str] = field(default_factory=dict)
@@ -93,6 +101,12 @@ class App:
             raise ValueError(f"App.max_attempts must be >= 1, got {self.max_attempts}")
         if self.concurrency < 1:
             raise ValueError(f"App.concurrency must be >= 1, got {self.concurrency}")
+        if not 0 <= self.attempt_backoff_base_ms <= self.attempt_backoff_max_ms:
+            raise ValueError(
+                "App.attempt_backoff_base_ms must be >= 0 and <= attempt_backoff_max_ms, got "
+                f"attempt_backoff_base_ms={self.attempt_backoff_base_ms}, "
+                f"attempt_backoff_max_ms={self.attempt_backoff_max_ms}"
+            )
 
     @overload
     def tool(self, fn: F, /) -> F: ...

@@ -90,6 +90,7 @@ __all__ = [
     "SubmissionReady",
     "SubmissionRejectReason",
     "SubmissionRejected",
+    "SubmissionRetryScheduled",
     "ToolCallPrepared",
     "ToolCallRefused",
     "ToolCallSettled",
@@ -1313,6 +1314,31 @@ class StepRetryScheduled(AvroRecord):
     wait_id: str
 
 
+class SubmissionRetryScheduled(AvroRecord):
+    """A charged attempt ended within the submission's budget: the next one starts at ``wake_at`` (issue 22 item 4).
+
+    Appended by the owner with the timed wait (`WaitRequested`, ``wait_id``) the submission holds until ``wake_at``
+    (Ready → Waiting; no worker slot, not charged as a death); the sweeper's expiry makes it Ready again.
+
+    Attributes:
+        submission_id: The submission.
+        attempt_id: The attempt that ended.
+        retry: Which retry this schedules (1, 2, ...).
+        cause: Why the attempt ended (error type and message, or the worker's death), bounded.
+        backoff_ms: The backoff drawn for this retry, jitter included, in milliseconds.
+        wake_at: When the next attempt may start: absolute, never recomputed.
+        wait_id: The timed wait the submission holds until ``wake_at``.
+    """
+
+    submission_id: str
+    attempt_id: str
+    retry: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    cause: str
+    backoff_ms: NonNegInt64
+    wake_at: UtcMillis
+    wait_id: str
+
+
 class WaitRequested(AvroRecord):
     """A run asks to wait (issue 16): canonical, it suspends the run (Running → Waiting) until every wait is decided.
 
@@ -1581,6 +1607,7 @@ LogEvent = (
     | StepRetryScheduled
     | AccessGranted
     | AccessRevoked
+    | SubmissionRetryScheduled
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1637,6 +1664,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     StepRetryScheduled,
     AccessGranted,
     AccessRevoked,
+    SubmissionRetryScheduled,
 )
 """Branches of the log-event union, in Avro union order."""
 

@@ -82,6 +82,8 @@ def build_worker(
             pool=pool,
             clock=holder[0].clock,
             max_attempts=app.max_attempts,
+            attempt_backoff_base_ms=app.attempt_backoff_base_ms,
+            attempt_backoff_max_ms=app.attempt_backoff_max_ms,
             tools=app.tools,
             keep_history=app.history_enabled,
         )

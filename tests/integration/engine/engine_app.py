@@ -118,12 +118,16 @@ def _charge(tool: str, args: dict[str, Any], call: ToolCall, *, dedupe: bool) ->
 #: boundaries of back-to-back calls as separate commits ("after tool result commit" before the next call is
 #: prepared). The model app (`model_app`) keeps the default linger, where a settlement may share the next commit.
 OPTIONS = RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=0)
+#: Test values (the production default is 1 s doubling up to 60 s): a retried submission's backoff (issue 22 item 4).
+BACKOFF_BASE_MS, BACKOFF_MAX_MS = 300, 3_000
 app = App(
     agent=lambda ctx: _agent(ctx, {}),
     resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
     approver_keys={APPROVER_KEY_ID: RESOLVER_PUBLIC_B64},
     max_attempts=3,
     options=OPTIONS,
+    attempt_backoff_base_ms=BACKOFF_BASE_MS,
+    attempt_backoff_max_ms=BACKOFF_MAX_MS,
 )
 #: The same agent and tools with settlements that linger up to 1 s for the run's next record (or its end).
 app_lingering = App(
@@ -132,6 +136,8 @@ app_lingering = App(
     max_attempts=3,
     tools=app.tools,
     options=RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=1.0),
+    attempt_backoff_base_ms=BACKOFF_BASE_MS,
+    attempt_backoff_max_ms=BACKOFF_MAX_MS,
 )
 app_changed = App(
     agent=lambda ctx: _agent(ctx, {"charge_idem": "charge_other"}),

@@ -30,6 +30,7 @@ EXPECTED_SWITCHES = {
     "collateral_condemned",
     "ui_csrf_unchecked",
     "lifecycle_outside_transaction",
+    "attempt_count_after_start",
 }
 
 

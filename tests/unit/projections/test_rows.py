@@ -46,6 +46,7 @@ from settled.schemas import (
     SettlementOutcome,
     SignalReceived,
     StepRetryScheduled,
+    SubmissionRetryScheduled,
     WaitKind,
     WaitOutcome,
     WaitRequested,
@@ -259,5 +260,7 @@ def _other_event_types() -> LogBatch:
                                error_type="ValueError", error_message="no", wake_at=T0, wait_id="s#w5"),
             AccessGranted(command_id="g-1", grantee="bob", access=AccessLevel.READ, principal="p", input_ref=ref),
             AccessRevoked(command_id="r-1", grantee="bob", principal="p", input_ref=ref),
+            SubmissionRetryScheduled(submission_id="s", attempt_id="a", retry=1, cause="WorkerDied: gone",
+                                     backoff_ms=1_000, wake_at=T0, wait_id="s#retry1"),
         ],
     )  # fmt: skip

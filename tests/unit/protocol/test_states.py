@@ -52,6 +52,7 @@ EXPECTED = {
     (S.RUNNING, S.WAITING, ("WaitRequested",), (), "issue 16"),
     (S.WAITING, S.READY, ("WaitResolved",), (), "issue 16"),
     (S.WAITING, S.TERMINALIZING, ("Settlement",), ("aborted",), "issue 16; docs/semantics.md §13"),
+    (S.READY, S.WAITING, ("WaitRequested",), (), "issue 22"),
 }
 
 

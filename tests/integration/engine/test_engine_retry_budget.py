@@ -1,0 +1,150 @@
+"""A submission's retry budget (issue 22 item 4; scenario 14; docs/semantics.md §16, DUR-014).
+
+Real worker processes on the real broker. A charged attempt (a death, an uncaught error) within ``max_attempts`` is
+retried after a backoff recorded in the log (`SubmissionRetryScheduled` and its timed wait, whose deadline is the
+wake-up); after the budget the submission settles failed once, as a dead letter (``retry_budget_exhausted``, naming
+the attempts and the last cause), and the conversation's next submission runs. The engine app's backoff is 300 ms
+doubling (test values; the default is 1 s).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from settled._settings import Settings
+from settled.protocol import RETRY_BUDGET_EXHAUSTED
+from settled.schemas import (
+    AttemptStarted,
+    LogEvent,
+    Settlement,
+    SettlementOutcome,
+    SubmissionProposed,
+    SubmissionRetryScheduled,
+    WaitOutcome,
+    WaitRequested,
+    WaitResolved,
+)
+from settled.testing import Supervisor
+from tests._promise import promise
+from tests.integration.engine._helpers import events_of, log_events, plan, send, settled, settlements
+from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.engine.engine_app import BACKOFF_BASE_MS
+from tests.integration.helpers import proposal
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+#: The budget of the engine app (``max_attempts``).
+MAX_ATTEMPTS = 3
+
+
+def _check_backoffs(events: list[LogEvent]) -> None:
+    """Each retry n: scheduled after attempt n with a doubling backoff, its wait expired at or after its wake-up,
+    and attempt n + 1 started after that expiry."""
+    retries = [e for e in events if isinstance(e, SubmissionRetryScheduled)]
+    assert [r.retry for r in retries] == list(range(1, MAX_ATTEMPTS)), retries
+    for r in retries:
+        low = BACKOFF_BASE_MS * 2 ** (r.retry - 1)
+        assert low <= r.backoff_ms <= low * 1.2, r  # doubling, plus up to 20% jitter
+    assert retries[0].wake_at < retries[1].wake_at, retries  # the recorded wake-ups increase
+    index = {id(e): i for i, e in enumerate(events)}
+    starts = {e.attempt: e for e in events if isinstance(e, AttemptStarted)}
+    assert sorted(starts) == list(range(1, MAX_ATTEMPTS + 1)), starts
+    for r in retries:
+        (request,) = [e for e in events if isinstance(e, WaitRequested) and e.wait_id == r.wait_id]
+        (resolved,) = [e for e in events if isinstance(e, WaitResolved) and e.wait_id == r.wait_id]
+        assert request.deadline == r.wake_at, (request, r)
+        assert resolved.outcome is WaitOutcome.EXPIRED and resolved.decided_at >= r.wake_at, (resolved, r)
+        assert r.attempt_id == starts[r.retry].attempt_id, (r, starts)
+        assert index[id(starts[r.retry])] < index[id(r)] < index[id(request)] < index[id(resolved)]
+        assert index[id(resolved)] < index[id(starts[r.retry + 1])], "the next attempt started before its wake-up"
+
+
+def _check_lane_moved_on(s: Settings, dead: SubmissionProposed, after: SubmissionProposed) -> None:
+    """The dead letter settled once, and the conversation's next submission ran after it and completed."""
+    counts = [r.submission_id for r in settlements(s)].count(dead.submission_id)
+    assert counts == 1, f"{counts} settlements of the dead-lettered submission"
+    nxt = settled(s, after.submission_id)
+    assert nxt is not None and nxt.outcome is SettlementOutcome.COMPLETED, nxt
+    log = log_events(s)
+    (dead_at,) = [i for i, e in enumerate(log) if isinstance(e, Settlement) and e.submission_id == dead.submission_id]
+    started = [i for i, e in enumerate(log) if isinstance(e, AttemptStarted) and e.submission_id == after.submission_id]
+    assert started and min(started) > dead_at, "the next submission started before the dead letter settled"
+
+
+def test_a_submission_that_kills_its_worker_backs_off_dead_letters_and_the_lane_moves_on(
+    topics: Settings, spawn_worker: SpawnWorker
+) -> None:
+    """Scenario 14. Catches the fault switch ``attempt_count_after_start`` (each death must follow its count)."""
+    seed = int(os.environ.get("SETTLED_TEST_SEED") or random.randrange(2**32))
+    print(f"scenario 14 seed {seed} (SETTLED_TEST_SEED={seed} replays it)")
+    rng = random.Random(seed)
+    s = topics
+    poison = proposal("conv-p", value=plan({"sleep_s": round(rng.uniform(0.0, 0.3), 3)}, {"exit": 1}))
+    after = proposal("conv-p", value=plan())
+    neighbour = proposal("conv-n", value=plan({"sleep_s": round(rng.uniform(0.0, 0.5), 3)}))
+    everyone = [poison, after, neighbour]
+    send(s, *everyone)
+    supervisor = Supervisor(lambda n: spawn_worker(f"w{n}"))
+    supervisor.start()
+    deaths = 0
+    deadline = time.monotonic() + 180
+    while not all(settled(s, p.submission_id) is not None for p in everyone):
+        assert time.monotonic() < deadline, f"not everything settled after {deaths} deaths: {settlements(s)}"
+        code = supervisor.exit_code()
+        if code is None:
+            time.sleep(0.3)
+            continue
+        assert code == 1, f"worker ended with {code}"
+        deaths += 1
+        # The worker died in the poison's attempt: that attempt's count must be canonical already.
+        counted = [e.attempt for e in events_of(s, poison.submission_id) if isinstance(e, AttemptStarted)]
+        promise(
+            "DUR-014.attempt-count-before-start",
+            counted == list(range(1, deaths + 1)),
+            f"after death {deaths} the log holds the poison's attempts {counted}: an attempt ran before its count",
+        )
+        assert deaths <= MAX_ATTEMPTS, f"{deaths} deaths: the poison submission is crash-looping its worker"
+        supervisor.restart()
+    result = settled(s, poison.submission_id)
+    assert result is not None
+    promise(
+        "DUR-014.poison-fails",
+        result.outcome is SettlementOutcome.FAILED and result.attempt_count == MAX_ATTEMPTS,
+        f"the poison submission: {result}",
+    )
+    assert deaths == MAX_ATTEMPTS, f"{deaths} deaths: one per poison attempt"
+    assert result.error_type == RETRY_BUDGET_EXHAUSTED, result
+    assert result.error_reason is not None and "3 attempts charged (max_attempts 3)" in result.error_reason, result
+    assert "last cause: WorkerDied: attempt 3" in result.error_reason, result
+    _check_backoffs(events_of(s, poison.submission_id))
+    _check_lane_moved_on(s, poison, after)
+    n = settled(s, neighbour.submission_id)
+    assert n is not None and n.outcome is SettlementOutcome.COMPLETED, n
+
+
+def test_an_attempt_that_raises_each_time_backs_off_in_one_worker_and_settles_failed_with_its_last_error(
+    topics: Settings, spawn_worker: SpawnWorker
+) -> None:
+    s = topics
+    failing = proposal("conv-e", value=plan({"no such op": True}))  # the agent raises ValueError each attempt
+    after = proposal("conv-e", value=plan())
+    send(s, failing, after)
+    worker = spawn_worker("w")
+    deadline = time.monotonic() + 90
+    while not all(settled(s, p.submission_id) is not None for p in (failing, after)):
+        assert worker.poll() is None, "the worker ended"
+        assert time.monotonic() < deadline, settlements(s)
+        time.sleep(0.3)
+    result = settled(s, failing.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.FAILED, result
+    assert (result.attempt_count, result.error_type) == (MAX_ATTEMPTS, RETRY_BUDGET_EXHAUSTED), result
+    assert result.error_reason is not None and "last cause: ValueError: unknown plan op" in result.error_reason
+    events = events_of(s, failing.submission_id)
+    _check_backoffs(events)
+    causes = [e.cause for e in events if isinstance(e, SubmissionRetryScheduled)]
+    assert all(c.startswith("ValueError: unknown plan op") for c in causes), causes
+    _check_lane_moved_on(s, failing, after)
