@@ -13,7 +13,9 @@ import os
 import random
 import time
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from settled._settings import Settings
 from settled.protocol import RETRY_BUDGET_EXHAUSTED
@@ -33,7 +35,7 @@ from tests._promise import promise
 from tests.integration.engine._helpers import events_of, log_events, plan, send, settled, settlements
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.engine.engine_app import BACKOFF_BASE_MS
-from tests.integration.helpers import proposal
+from tests.integration.helpers import check_clean, fresh_projection, projecting, proposal, wait_projected
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -127,8 +129,9 @@ def test_a_submission_that_kills_its_worker_backs_off_dead_letters_and_the_lane_
 
 
 def test_an_attempt_that_raises_each_time_backs_off_in_one_worker_and_settles_failed_with_its_last_error(
-    topics: Settings, spawn_worker: SpawnWorker
+    topics: Settings, spawn_worker: SpawnWorker, postgres_dsn: str
 ) -> None:
+    """The error path, one worker; the projection shows the dead letter and its retries' waits, and rebuilds equal."""
     s = topics
     failing = proposal("conv-e", value=plan({"no such op": True}))  # the agent raises ValueError each attempt
     after = proposal("conv-e", value=plan())
@@ -148,3 +151,21 @@ def test_an_attempt_that_raises_each_time_backs_off_in_one_worker_and_settles_fa
     causes = [e.cause for e in events if isinstance(e, SubmissionRetryScheduled)]
     assert all(c.startswith("ValueError: unknown plan op") for c in causes), causes
     _check_lane_moved_on(s, failing, after)
+    with fresh_projection(postgres_dsn) as names, projecting(s, names) as live:
+        wait_projected(s, names, 60, live)
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT outcome, error_type, error_reason FROM {}.settlements WHERE submission_id = %s").format(
+                    sql.Identifier(names.live)
+                ),
+                (failing.submission_id,),
+            ).fetchone()
+            waits = conn.execute(
+                sql.SQL(
+                    "SELECT name FROM {}.transcript WHERE submission_id = %s AND kind = 'wait' ORDER BY name"
+                ).format(sql.Identifier(names.live)),
+                (failing.submission_id,),
+            ).fetchall()
+        assert row == ("failed", RETRY_BUDGET_EXHAUSTED, result.error_reason), row
+        assert [w[0] for w in waits] == ["settled.retry#1", "settled.retry#2"], waits
+        check_clean(s, names, "DUR-015.rebuild")
