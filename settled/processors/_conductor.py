@@ -813,7 +813,10 @@ class Conductor:
         else:
             error_type, reason = self._last_error[run.submission_id]
             # Attempts a graceful revoke ended are no death and not charged (docs/design.md §5).
-            if isinstance(exc, RunFailedError) and exc.non_retryable:
+            # Not retried: an error the run calls final (`RunFailedError`), or one whose own retry layer gave up (a
+            # model call past its budget, a tool error the tool called final: ``non_retryable``), so the
+            # per-operation budgets and the submission's never stack (issue 22 item 4).
+            if getattr(exc, "non_retryable", False) is True:
                 decision = protocol.terminalize(
                     conv, run.submission_id, SettlementOutcome.FAILED, now, error_type=error_type, error_reason=reason
                 )

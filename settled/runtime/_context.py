@@ -903,9 +903,14 @@ class RunContext:
                     )
                 retryable = exc.retryable if isinstance(exc, ProviderError) else True
                 if not retryable or retries >= self._options.model_retries:
+                    # The per-operation budget is spent (or retrying cannot help): the submission does not retry
+                    # the call again with a fresh budget in another attempt (one retry layer; issue 22 item 4).
                     if isinstance(exc, ProviderError):
+                        exc.non_retryable = True
                         raise
-                    raise ProviderError(f"{type(exc).__name__}: {exc}", retryable=True) from exc
+                    spent = ProviderError(f"{type(exc).__name__}: {exc}", retryable=True)
+                    spent.non_retryable = True
+                    raise spent from exc
                 retries += 1
                 wait_s = exc.retry_after_s if isinstance(exc, ProviderError) and exc.retry_after_s else delay_s
                 _log.info("retrying a model call", extra={"operation_id": operation_id, "error": str(exc)})

@@ -162,6 +162,9 @@ class ProviderError(SettledError):
         retryable: True when a retry may succeed (rate limit, overload, lost connection).
         retry_after_s: How long to wait first, when the provider said.
         usage: Token usage the provider reported before the failure (recorded with the interrupted try), if any.
+        non_retryable: True once the model call's own retry layer gave up on it (`RunOptions.model_retries` spent,
+            or not retryable): the run's submission then settles failed without another attempt, so the
+            per-operation budget and the submission's (``App.max_attempts``) never stack (issue 22 item 4).
     """
 
     category = ErrorCategory.UNAVAILABLE
@@ -173,6 +176,7 @@ class ProviderError(SettledError):
         self.retryable = retryable
         self.retry_after_s = retry_after_s
         self.usage = usage
+        self.non_retryable = False
 
 
 class ModelProvider(Protocol):

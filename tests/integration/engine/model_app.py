@@ -2,7 +2,8 @@
 
 The input is ``{"script": [response, ...]}``; the run's n-th model call gets ``response[n]``, a list of steps:
 ``{"text": s}`` / ``{"reasoning": s}`` (a delta), ``{"sleep": s}``, then ``{"answer": s}`` (a text response) or
-``{"calls": [[call id, tool, args], ...]}`` (a response declaring tool calls). Every prompt is written to the world
+``{"calls": [[call id, tool, args], ...]}`` (a response declaring tool calls), or ``{"fail": message}`` (a retryable
+`ProviderError`, e.g. an overloaded provider). Every prompt is written to the world
 database's ``prompts`` table (operation id, position, messages), so a test sees exactly what the model was shown.
 The tools are the engine app's tool doubles.
 """
@@ -17,6 +18,7 @@ from settled.runtime import (
     ModelAgent,
     ModelRequest,
     ModelResponse,
+    ProviderError,
     ReasoningDelta,
     RunOptions,
     ScriptedProvider,
@@ -50,6 +52,8 @@ def _script(request: ModelRequest) -> list[ScriptStep]:
             steps.append(float(step["sleep"]))
         elif "answer" in step:
             steps.append(ModelResponse(step["answer"], model="scripted-1"))
+        elif "fail" in step:
+            steps.append(ProviderError(str(step["fail"]), retryable=True))
         elif "calls" in step:
             calls = tuple(declared_call(cid, tool, args) for cid, tool, args in step["calls"])
             steps.append(ModelResponse("", calls, model="scripted-1"))
@@ -68,5 +72,5 @@ app = App(
     agent=ModelAgent(ScriptedProvider(_script), model="scripted-1"),
     resolver_keys=engine_app.app.resolver_keys,
     tools=engine_app.app.tools,
-    options=RunOptions(abort_grace_s=1.0, delta_flush_every=1),
+    options=RunOptions(abort_grace_s=1.0, delta_flush_every=1, model_backoff_s=0.05),
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -32,9 +33,10 @@ from settled.schemas import (
 )
 from settled.testing import Supervisor
 from tests._promise import promise
-from tests.integration.engine._helpers import events_of, log_events, plan, send, settled, settlements
+from tests.integration.engine._helpers import MODEL_APP, events_of, log_events, plan, send, settled, settlements
 from tests.integration.engine.conftest import SpawnWorker
 from tests.integration.engine.engine_app import BACKOFF_BASE_MS
+from tests.integration.engine.model_app import prompts
 from tests.integration.helpers import check_clean, fresh_projection, projecting, proposal, wait_projected
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -169,3 +171,24 @@ def test_an_attempt_that_raises_each_time_backs_off_in_one_worker_and_settles_fa
         assert row == ("failed", RETRY_BUDGET_EXHAUSTED, result.error_reason), row
         assert [w[0] for w in waits] == ["settled.retry#1", "settled.retry#2"], waits
         check_clean(s, names, "DUR-015.rebuild")
+
+
+def test_a_model_call_past_its_own_budget_fails_the_submission_without_another_attempt(
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path
+) -> None:
+    """One retry layer each: the model call's budget (``model_retries`` 3: four requests) is not multiplied by the
+    submission's (``max_attempts`` 3) — before, each attempt called the model again with a fresh budget (12)."""
+    s = topics
+    overloaded = proposal("conv-m", value={"script": [[{"fail": "overloaded"}]]})
+    send(s, overloaded)
+    spawn_worker("w", app=MODEL_APP)
+    deadline = time.monotonic() + 90
+    while settled(s, overloaded.submission_id) is None:
+        assert time.monotonic() < deadline, settlements(s)
+        time.sleep(0.3)
+    result = settled(s, overloaded.submission_id)
+    assert result is not None and result.outcome is SettlementOutcome.FAILED, result
+    assert (result.attempt_count, result.error_type) == (1, "ProviderError"), result
+    requests = prompts(str(world_db))
+    assert len(requests) == 4, f"{len(requests)} model requests: the per-operation and submission budgets stacked"
+    assert not [e for e in events_of(s, overloaded.submission_id) if isinstance(e, SubmissionRetryScheduled)]
