@@ -73,6 +73,7 @@ from settled.client import (
 from settled.processors import WATCHDOG_EXIT_CODE
 from settled.producers import provision_topics, read_partition, reader_config
 from settled.projections import ProjectionNames, ProjectionReader, default_schema
+from settled.protocol import is_retry_wait
 from settled.schemas import (
     AttemptStarted,
     Codec,
@@ -419,7 +420,8 @@ class _LogTail:
                     self.unsettled_attempts.pop(e.submission_id, None)
                     self._suspended_attempts.pop(e.submission_id, None)
                 elif isinstance(e, WaitRequested):
-                    if e.submission_id not in self.settled:
+                    # A retry's backoff (issue 22 item 4) is the owner's wait after a charged attempt, no suspension.
+                    if e.submission_id not in self.settled and not is_retry_wait(e.wait_id):
                         self._suspended_attempts[e.submission_id].add(e.attempt_id)
                     if e.kind is WaitKind.APPROVAL and e.wait_id not in self.approval_requests:
                         self.approval_requests[e.wait_id] = (conversation_id, e.submission_id, e.details_json)

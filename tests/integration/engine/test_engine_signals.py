@@ -17,6 +17,7 @@ import pytest
 
 from settled._settings import Settings
 from settled.client import Client, SignalRejectedError
+from settled.protocol import is_retry_wait
 from settled.schemas import (
     AttemptStarted,
     LogEvent,
@@ -44,7 +45,12 @@ def client(topics: Settings) -> Iterator[Client]:
 
 
 def _of(events: list[LogEvent], kind: type) -> list[LogEvent]:
-    return [e for e in events if isinstance(e, kind)]
+    """The events of a kind; waits only the run's own (a death's retry backoff is the owner's wait, issue 22)."""
+    return [e for e in events if isinstance(e, kind) and not _retry_wait(e)]
+
+
+def _retry_wait(event: LogEvent) -> bool:
+    return isinstance(event, (WaitRequested, WaitResolved)) and is_retry_wait(event.wait_id)
 
 
 def _requested(s: Settings, sid: str) -> bool:

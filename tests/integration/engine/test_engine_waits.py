@@ -31,7 +31,7 @@ import pytest
 
 from settled._settings import Settings
 from settled.client import Client, SignalRejectedError
-from settled.protocol import arguments_digest
+from settled.protocol import arguments_digest, is_retry_wait
 from settled.schemas import (
     ApprovalDecided,
     AttemptStarted,
@@ -84,11 +84,16 @@ def client(topics: Settings) -> Iterator[Client]:
 
 
 def _of(events: list[LogEvent], kind: type) -> list[LogEvent]:
-    return [e for e in events if isinstance(e, kind)]
+    """The events of a kind; waits only the run's own (a death's retry backoff is the owner's wait, issue 22)."""
+    return [e for e in events if isinstance(e, kind) and not _retry_wait(e)]
+
+
+def _retry_wait(event: LogEvent) -> bool:
+    return isinstance(event, (WaitRequested, WaitResolved)) and is_retry_wait(event.wait_id)
 
 
 def _requests(s: Settings, sid: str) -> list[WaitRequested]:
-    return [e for e in events_of(s, sid) if isinstance(e, WaitRequested)]
+    return [e for e in events_of(s, sid) if isinstance(e, WaitRequested) and not _retry_wait(e)]
 
 
 def _asked(s: Settings, sid: str, count: int) -> bool:
@@ -96,7 +101,7 @@ def _asked(s: Settings, sid: str, count: int) -> bool:
 
 
 def _resolved(s: Settings, sid: str) -> list[WaitResolved]:
-    return [e for e in events_of(s, sid) if isinstance(e, WaitResolved)]
+    return [e for e in events_of(s, sid) if isinstance(e, WaitResolved) and not _retry_wait(e)]
 
 
 def _results(done: object) -> list[object]:
