@@ -72,8 +72,9 @@ SUITES = [
     # its 4 steps, retries, a kill after a retry, exhaustion, a step timeout, the task id as idempotency key; 50-70 s
     # here under load);
     # +50 s for issue 17's lifecycle events (tests/integration/engine/test_engine_lifecycle.py: a workflow and an
-    # agent run across two kills each, a kill right after a commit; ~35 s here).
-    Suite("engine", 880, (_pytest("tests/integration/engine"),), junit=True),
+    # agent run across two kills each, a kill right after a commit; ~35 s here);
+    # +30 s for issue 24's restart in place (tests/integration/engine/test_engine_restart.py: 19 s here under load).
+    Suite("engine", 910, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),
