@@ -620,14 +620,21 @@ class SettledCase:
         self.client = Client(self.settings, default_timeout_s=60)
         self.tracker = SettlementTracker(self.settings, self.codec)
 
-    def start_worker(self) -> None:
-        """Start (or restart) the worker process (`settled.testing.WorkerProcess`, the repository root as its cwd)."""
+    def start_worker(self, slot: int = 0, log_level: str = "WARNING") -> None:
+        """Start (or restart) the worker process (`settled.testing.WorkerProcess`, the repository root as its cwd).
+
+        Args:
+            slot: The worker slot: its ``SETTLED_WORKER_INSTANCE_ID`` is ``bench-<label>-<slot>``, so a restart in the
+                same slot rejoins the group as the same static member (issue 24 item 4).
+            log_level: The worker's log level.
+        """
         self.worker = WorkerProcess.start(
             settings=self.settings,
             app=SETTLED_APP,
             log_path=self.log_dir / f"worker-{self.label}.log",
             worker_id=f"bench-{uuid.uuid4().hex[:6]}",
-            log_level="WARNING",
+            log_level=log_level,
+            instance_id=f"bench-{self.label}-{slot}",
             env={"SETTLED_PARTITIONS": str(PARTITIONS)},
             cwd=ROOT,
         )

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
         metrics_port: The port of the Prometheus ``/metrics`` endpoint of ``settled worker`` and ``settled projections
             run`` (docs/architecture.md, "Metrics"); unset: not served; 0: a port the OS chooses (logged).
         metrics_host: The address that endpoint binds. Default ``127.0.0.1`` (this host only).
+        worker_instance_id: The worker's static group membership id (Kafka ``group.instance.id``, KIP-345): a worker
+            restarted with the same id rejoins the group as the same member and gets its partitions back at once,
+            without waiting out the dead member's session and a rebalance (docs/architecture.md, "Restart in
+            place"). Give each worker slot (a systemd unit, a StatefulSet pod) its own stable id; two running workers
+            with one id fence each other (the older exits with `INSTANCE_FENCED_EXIT_CODE`). Unset: dynamic
+            membership. Kafka's rules: at most 249 characters of ``[A-Za-z0-9._-]``.
     """
 
     model_config = SettingsConfigDict(
@@ -125,6 +131,7 @@ class Settings(BaseSettings):
     clock_offset_s: float = Field(default=0.0, allow_inf_nan=False)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    worker_instance_id: str | None = Field(default=None, min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
 
     @model_validator(mode="after")
     def _transactions_end_before_sessions(self) -> Settings:

@@ -16,10 +16,17 @@ from settled.processors._conductor import (
 from settled.processors._ledger import LedgerDecider, load_public_key, to_loop_decision
 from settled.processors._partition import Decider, Decision, InboxInput, PartitionOwner
 from settled.processors._watchdog import WATCHDOG_EXIT_CODE, default_turn_watchdog_s
-from settled.processors._worker import PartitionConductor, Worker, WorkerConfig
+from settled.processors._worker import (
+    INSTANCE_FENCED_EXIT_CODE,
+    InstanceFencedError,
+    PartitionConductor,
+    Worker,
+    WorkerConfig,
+)
 from settled.producers import murmur2, partition_for_key
 
 __all__ = [
+    "INSTANCE_FENCED_EXIT_CODE",
     "JOURNAL_EVENT_TYPES",
     "WATCHDOG_EXIT_CODE",
     "Agent",
@@ -31,6 +38,7 @@ __all__ = [
     "Decision",
     "HistoryTurn",
     "InboxInput",
+    "InstanceFencedError",
     "LedgerDecider",
     "PartitionConductor",
     "PartitionOwner",

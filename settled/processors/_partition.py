@@ -19,6 +19,7 @@ with what every decider needs:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -248,25 +249,42 @@ class PartitionOwner(Generic[S]):
         """
         self.appender.open()  # steps 2 and 3
         failpoint("owner.after_fence")
-        self.restore(restore_timeout_s)  # step 4
+        restore_started_s = time.monotonic()
+        restored = self.restore(restore_timeout_s)  # step 4
+        restore_s = time.monotonic() - restore_started_s
         claim_event = OwnershipClaimed(
             partition=self.partition, owner_epoch=self.epoch + 1, worker_id=self.worker_id, claimed_at=self.clock()
         )
         decision = Decision(conversation_id=self._partition_conversation(), events=(claim_event,))
         self._stage(decision, epoch=self.epoch + 1)
         self.checkpoint()  # step 5: the claim is canonical before any input is decided
-        _log.info("partition claimed", extra={"partition": self.partition, "epoch": self.epoch})
+        _log.info(
+            "partition claimed",
+            extra={
+                "partition": self.partition,
+                "epoch": self.epoch,
+                "fence_ms": round(self.appender.last_fence_s * 1000, 1),
+                "open_transaction_wait_ms": round(self.appender.last_open_transaction_wait_s * 1000, 1),
+                "saw_open_transaction": self.appender.last_saw_open_transaction,
+                "restore_ms": round(restore_s * 1000, 1),
+                "records": restored,
+            },
+        )
 
     def _partition_conversation(self) -> str:
         return f"~partition/{self.partition}"
 
-    def restore(self, timeout_s: float) -> None:
+    def restore(self, timeout_s: float) -> int:
         """Fold the whole log partition from offset 0 (until snapshots exist, docs/design.md §11); once, on claim.
 
         Args:
             timeout_s: Bound on the read, in seconds.
+
+        Returns:
+            How many log records (batches) were folded.
         """
         state = self.decider.initial_state(self.partition)
+        records = 0
         for msg in read_partition(self.settings, self.log_topic, self.partition, 0, timeout_s):
             offset = msg.offset()
             value = msg.value()
@@ -274,8 +292,10 @@ class PartitionOwner(Generic[S]):
                 continue
             batch = self.decode_batch(value, self.log_topic, self.partition, offset)
             state = self._fold_committed(state, batch, offset)
+            records += 1
         self.committed = state
         self._overlay = state
+        return records
 
     def _fold_committed(self, state: S, batch: LogBatch, offset: int, *, fold: bool = True) -> S:
         """Book a committed batch (repeat guard, genesis, claims, chain head, decided inputs) and fold it.

@@ -205,6 +205,12 @@ class TransactionalAppender:
     open_transaction_wait_s: float = 10.0
     producer_factory: Callable[[dict[str, Any]], TransactionalProducer] = default_producer_factory
     partition_log: PartitionLog | None = None
+    #: What the last `open` took, in seconds: ``init_transactions`` (the fence, claim step 2; it aborts an open
+    #: transaction of a previous producer with this ``transactional.id`` before it returns) and the wait for a foreign
+    #: open transaction (step 3), and whether that wait saw one at all.
+    last_fence_s: float = field(default=0.0, init=False)
+    last_open_transaction_wait_s: float = field(default=0.0, init=False)
+    last_saw_open_transaction: bool = field(default=False, init=False)
     _producer: TransactionalProducer | None = field(default=None, init=False, repr=False)
     _renew_producer: bool = field(default=False, init=False, repr=False)  # step 6: a stale coordinator refused offsets
     _log_end: int = field(default=0, init=False, repr=False)
@@ -234,8 +240,11 @@ class TransactionalAppender:
             AppenderFatalError: ``init_transactions`` failed fatally.
             OpenTransactionError: A foreign transaction stayed open on the log partition past the bound.
         """
+        started_s = time.monotonic()
         self._producer = self._new_producer()
-        self.wait_no_open_transaction()
+        fenced_s = time.monotonic()
+        self.last_saw_open_transaction = self.wait_no_open_transaction()
+        self.last_fence_s, self.last_open_transaction_wait_s = fenced_s - started_s, time.monotonic() - fenced_s
 
     def close(self) -> None:
         """Drop the producer (after a revoke, a loss or a fatal error). Nothing is flushed or committed."""
@@ -248,19 +257,28 @@ class TransactionalAppender:
         _log.info("producer ready", extra={"transactional_id": tid, "partition": self.partition})
         return producer
 
-    def wait_no_open_transaction(self) -> None:
+    def wait_no_open_transaction(self) -> bool:
         """Wait until the log partition's LSO equals its high watermark (claim step 3, docs/design.md §3).
+
+        A previous owner's transaction (same ``transactional.id``) is no longer open here: ``init_transactions`` aborted
+        it (the coordinator writes its abort markers before the new producer id is granted), so this waits only for a
+        foreign producer's transaction, which a healthy deployment never has on an owned log partition.
+
+        Returns:
+            Whether the first look saw an open transaction (then it waited for it to end).
 
         Raises:
             OpenTransactionError: It did not within ``open_transaction_wait_s``.
         """
         assert self.partition_log is not None  # set by __post_init__
         deadline = time.monotonic() + self.open_transaction_wait_s
+        saw_open = False
         while True:
             ends = self.partition_log.end_offsets(self.timeout_s)
             if not ends.has_open_transaction:
                 self._log_end = max(self._log_end, ends.last_stable)
-                return
+                return saw_open
+            saw_open = True
             if time.monotonic() > deadline:
                 raise OpenTransactionError(
                     f"{self.log_topic}[{self.partition}] keeps a foreign open transaction: LSO {ends.last_stable} < "

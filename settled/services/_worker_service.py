@@ -17,7 +17,16 @@ import typer
 
 from settled._metrics import WorkerMetrics, serve_metrics
 from settled._settings import Settings
-from settled.processors import Conductor, LedgerDecider, PartitionOwner, Worker, WorkerConfig, load_public_key
+from settled.processors import (
+    INSTANCE_FENCED_EXIT_CODE,
+    Conductor,
+    InstanceFencedError,
+    LedgerDecider,
+    PartitionOwner,
+    Worker,
+    WorkerConfig,
+    load_public_key,
+)
 from settled.producers import StreamPublisher
 from settled.protocol import PartitionState
 from settled.runtime import App, load_app
@@ -129,7 +138,9 @@ def worker_command(
 
     Exit codes: 0 after a graceful stop, 1 on an unhandled error, 2 when ``--app`` is missing or the app does not
     load, 75 when the turn watchdog ended a stalled worker (``SETTLED_WORKER_TURN_WATCHDOG_S``; restart it: README
-    "Operating"). There is no default app: the echo app (``settled.testing.echo:app``) is a test app.
+    "Operating"), 78 when another worker with its ``SETTLED_WORKER_INSTANCE_ID`` fenced it (do not restart it as
+    is: give each worker its own instance id). There is no default app: the echo app (``settled.testing.echo:app``)
+    is a test app.
     """
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # diagnosing a stuck worker
     configure_logging(log_level)
@@ -145,6 +156,16 @@ def worker_command(
     worker.install_signal_handlers()
     try:
         worker.run()
+    except InstanceFencedError as exc:
+        # Two workers run with one SETTLED_WORKER_INSTANCE_ID: a configuration error. Exit with EX_CONFIG, which a
+        # supervisor must not restart as is (the restarted one would fence the other: a crash loop between them).
+        _log.critical(
+            "worker fenced by another with its instance id: exiting",
+            extra={"instance_id": settings.worker_instance_id, "error": str(exc)},
+        )
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(INSTANCE_FENCED_EXIT_CODE)
     except Exception:  # noqa: BLE001 - logged with its traceback, then the process exits 1
         # Exit 1 now, never a hang: run threads still inside a tool or a model call would keep the interpreter
         # from exiting (it joins the run pool's threads). The loop dropped every partition, appending nothing;

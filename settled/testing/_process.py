@@ -72,6 +72,7 @@ class WorkerProcess:
         app: str,
         log_path: Path,
         worker_id: str = "",
+        instance_id: str = "",
         log_level: str = "",
         control: FailpointControl | None = None,
         failpoints: str = "",
@@ -87,6 +88,9 @@ class WorkerProcess:
             app: The app reference, ``package.module:attribute`` (e.g. `settled.testing.ECHO_APP`).
             log_path: The child's stderr file (its folder is created when missing).
             worker_id: ``--worker-id`` (empty: the worker draws a random id).
+            instance_id: The worker slot's static group membership id (``SETTLED_WORKER_INSTANCE_ID``): a child
+                started again with the same id gets its partitions back at once (empty: as ``env`` or this
+                process's environment say; dynamic membership when neither sets it).
             log_level: ``--log-level`` (empty: the worker's default, INFO).
             control: A failpoint control folder to connect the child to (hit log, barriers, run-time arming).
             failpoints: Spawn-time failpoint entries (``SETTLED_FAILPOINTS`` grammar, ``settled/_failpoints.py``).
@@ -109,6 +113,8 @@ class WorkerProcess:
         if log_level:
             argv += ["--log-level", log_level]
         child_env = _child_env(settings, base_env, env, control, failpoints)
+        if instance_id:
+            child_env["SETTLED_WORKER_INSTANCE_ID"] = instance_id
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab" if append_log else "wb") as log_file:
             proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdout=subprocess.DEVNULL, stderr=log_file)

@@ -19,6 +19,7 @@ def start_worker(
     log_path: Path,
     *,
     name: str = "",
+    instance_id: str = "",
     app: str = ECHO_APP,
     control: FailpointControl | None = None,
     failpoints: str = "",
@@ -32,6 +33,7 @@ def start_worker(
         s: The test's settings (namespace and bootstrap servers are passed on).
         log_path: The child's log file (stderr; a file, never a pipe: a full pipe would block the worker).
         name: The worker id (``--worker-id``; empty: a random one).
+        instance_id: The worker slot's static membership id (``SETTLED_WORKER_INSTANCE_ID``; empty: dynamic).
         app: The app (``module:attribute``); the echo app by default.
         control: A failpoint control folder to connect the child to (hit log, barriers, run-time arming).
         failpoints: Spawn-time failpoint entries (``SETTLED_FAILPOINTS``).
@@ -47,6 +49,7 @@ def start_worker(
         app=app,
         log_path=log_path,
         worker_id=name,
+        instance_id=instance_id,
         log_level=log_level,
         control=control,
         failpoints=failpoints,

@@ -651,6 +651,7 @@ class _WorkerSlot:
             app=APP_REFERENCE,
             log_path=self.log_path,
             worker_id=f"w{self.index}.{incarnation + 1}",
+            instance_id=f"w{self.index}",  # static membership: a restarted slot gets its partitions back at once
             control=self.control,
             base_env=self._env,
         )
