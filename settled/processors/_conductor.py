@@ -471,7 +471,7 @@ class Conductor:
     max_attempts: int = 3
     tools: ToolPolicy | None = None
     keep_history: bool = False
-    attempt_backoff_base_ms: int = 1_000
+    attempt_backoff_base_ms: int = 100
     attempt_backoff_max_ms: int = 60_000
     _retry: RetryPolicy = field(init=False)
     _jitter: random.Random = field(default_factory=random.Random, init=False)  # the backoffs' jitter draws

@@ -58,7 +58,7 @@ class RetryPolicy:
     """
 
     max_attempts: int = 3
-    backoff_base_ms: int = 1_000
+    backoff_base_ms: int = 100
     backoff_max_ms: int = 60_000
     jitter_ratio: float = 0.2
 

@@ -85,7 +85,7 @@ class App:
 
     agent: AgentFunction | None
     max_attempts: int = 3
-    attempt_backoff_base_ms: int = 1_000
+    attempt_backoff_base_ms: int = 100
     attempt_backoff_max_ms: int = 60_000
     resolver_keys: Mapping[str, str] = field(default_factory=dict)
     approver_keys: Mapping[str, str] = field(default_factory=dict)
