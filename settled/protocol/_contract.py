@@ -39,6 +39,7 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "MAX_TOOLS_OFFERED",
     "RESERVED_CONVERSATION_PREFIXES",
+    "RESERVED_SIGNAL_PREFIX",
     "Violation",
     "bounded_id",
     "bounded_text",
@@ -65,6 +66,9 @@ MAX_DETAIL_CHARS = 1024
 """Longest detail settled writes about an input (rejection and quarantine details), in characters."""
 RESERVED_CONVERSATION_PREFIXES = ("~partition/", "~quarantine/")
 """Conversation-id prefixes of settled's own pseudo-conversations (docs/architecture.md, "Partition ownership")."""
+RESERVED_SIGNAL_PREFIX = "settled."
+"""Signal-name prefix of settled's own waits (a submission's retry backoff, ``settled.retry#<n>``): no signal a
+client sends, and no ``ctx.signal`` wait, may use it, so nothing outside the owner can end such a wait."""
 
 #: A NUL, a lone surrogate or another control character (category Cc).
 _FORBIDDEN_IN_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -238,7 +242,12 @@ def check_command(
     if isinstance(command, AbortRequested):
         return found or _check_text("reason", command.reason)
     if isinstance(command, SendSignal):
-        return found or check_id("name", command.name)
+        found = found or check_id("name", command.name)
+        if found is None and command.name.startswith(RESERVED_SIGNAL_PREFIX):
+            return Violation(
+                "name", f"starts with the reserved prefix {RESERVED_SIGNAL_PREFIX!r}", excerpt(command.name)
+            )
+        return found
     if isinstance(command, DecideApproval):
         found = found or check_id("approval_id", command.approval_id) or _check_text("reason", command.reason)
         return found or (check_id("key_id", command.key_id) if command.key_id else None)

@@ -61,7 +61,13 @@ from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors import AgentRun
 from settled.producers import StreamPart, encode_part
-from settled.protocol import approval_details, approval_id_for, arguments_digest, wait_id_for
+from settled.protocol import (
+    RESERVED_SIGNAL_PREFIX,
+    approval_details,
+    approval_id_for,
+    arguments_digest,
+    wait_id_for,
+)
 from settled.runtime._calls import ToolCalls, replay_settled
 from settled.runtime._errors import (
     APPROVAL_DENIED,
@@ -393,8 +399,11 @@ class RunContext:
         Raises:
             WaitExpiredError: The deadline passed before a delivery (when awaited; catchable).
             ReplayDivergenceError: Another effect is recorded at this ordinal (when awaited).
-            ValueError: ``deadline`` is a naive datetime.
+            ValueError: ``deadline`` is a naive datetime, or ``name`` starts with ``settled.`` (reserved for
+                settled's own waits).
         """
+        if name.startswith(RESERVED_SIGNAL_PREFIX):
+            raise ValueError(f"ctx.signal name {name!r} starts with the reserved prefix {RESERVED_SIGNAL_PREFIX!r}")
         return self._signal(self._next_ordinal(), name, deadline)
 
     async def _signal(self, ordinal: int, name: str, deadline: datetime | timedelta | None) -> Any:

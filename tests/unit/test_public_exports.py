@@ -227,6 +227,7 @@ EXPECTED: dict[str, list[str]] = {
         "PartitionState",
         "ProtocolError",
         "RESERVED_CONVERSATION_PREFIXES",
+        "RESERVED_SIGNAL_PREFIX",
         "RETRY_BUDGET_EXHAUSTED",
         "ReconcileAnswer",
         "Reconciliation",

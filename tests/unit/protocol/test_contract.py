@@ -18,6 +18,7 @@ from settled.protocol import (
     admit,
     bounded_id,
     bounded_text,
+    check_command,
     check_id,
     check_proposal,
     conversation_for_key,
@@ -28,6 +29,7 @@ from settled.schemas import (
     Codec,
     CommandRejected,
     ReceiptOutcome,
+    SendSignal,
     SubmissionAdmitted,
     SubmissionRejected,
     SubmissionRejectReason,
@@ -119,6 +121,25 @@ def test_reserved_conversation_prefixes_are_refused() -> None:
         violation = check_proposal(proposal("s1", "k1", conversation_id=cid))
         assert violation is not None and violation.field == "conversation_id"
         assert "reserved prefix" in violation.rule
+
+
+def test_a_signal_named_in_settleds_own_namespace_is_refused() -> None:
+    # A submission's retry backoff is a wait named settled.retry#<n>: a client's signal of that name would end it early.
+    def signal(name: str) -> SendSignal:
+        return SendSignal(
+            command_id="g1",
+            principal="p",
+            conversation_id="c1",
+            submission_id="s1",
+            name=name,
+            payload_json="{}",
+            sent_at=T0,
+        )
+
+    violation = check_command(signal("settled.retry#1"))
+    assert violation is not None and violation.field == "name" and "reserved prefix 'settled.'" in violation.rule
+    assert check_command(signal("approved")) is None
+    assert check_command(signal("settledish")) is None
 
 
 @pytest.mark.parametrize(
