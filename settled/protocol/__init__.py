@@ -24,6 +24,7 @@
   lifecycle events, one per causing log event (issue 17 item 5).
 * `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
   names a workflow run (issue 17).
+* `flow_input`, `flow_invocation` (`_flows`): the submission envelope that names the flow a turn runs (issue 18).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -102,6 +103,7 @@ from settled.protocol._errors import (
     UnknownSubmissionError,
     WrongConversationError,
 )
+from settled.protocol._flows import FLOW_KEY, FlowInvocation, flow_input, flow_invocation
 from settled.protocol._fold import (
     GRACEFUL_REVOKE,
     BatchLike,
@@ -173,6 +175,7 @@ __all__ = [
     "API_HEADERS",
     "EDGES",
     "EXCERPT_CHARS",
+    "FLOW_KEY",
     "GRACEFUL_REVOKE",
     "LIFECYCLE_TYPES",
     "MAX_DETAIL_CHARS",
@@ -193,6 +196,7 @@ __all__ = [
     "ConversationState",
     "Decision",
     "Edge",
+    "FlowInvocation",
     "IllegalTransitionError",
     "InputAlreadyDecidedError",
     "InputKey",
@@ -252,6 +256,8 @@ __all__ = [
     "expired_waits",
     "filing_conversation",
     "find_edge",
+    "flow_input",
+    "flow_invocation",
     "fold",
     "grant_access",
     "hidden",

@@ -10,6 +10,8 @@
 * `Workflow`, `Step`, `StepContext`, `StepState` (``app.workflow(Workflow(name, steps=[Step(name, fn)]))``, started by
   ``Client.run_workflow``): named multi-step runs on durable steps, with ``previous``, ``checkpoint``, ``log`` and
   ``get_state`` (issue 17).
+* `Flow` with `collect`, `reply` and `action` nodes, returning `Goto`, `End` or `Handoff` (``app.flow(Flow(...))``; a
+  turn names it with ``settled.protocol.flow_input``): guided conversations (issue 18).
 * `ModelAgent`: the default, model-driven agent over a `ModelProvider` (`ScriptedProvider` for tests).
 * Errors agent code sees: `ToolCallError` (a recorded application error, replayed), `ToolRefusedError`,
   `ToolApprovalDeniedError` (a call of a tool that needs approval was denied; a model gets `denial_result`),
@@ -35,6 +37,20 @@ from settled.runtime._errors import (
     UnsafeReplayError,
     UnsafeToolsError,
     WaitExpiredError,
+)
+from settled.runtime._flow import (
+    Action,
+    ActionFunction,
+    Collect,
+    End,
+    Flow,
+    FlowNode,
+    Goto,
+    Handoff,
+    Reply,
+    action,
+    collect,
+    reply,
 )
 from settled.runtime._model import (
     Message,
@@ -68,12 +84,20 @@ from settled.runtime._workflow import Step, StepContext, StepFunction, StepState
 
 __all__ = [
     "OPERATION_ID_HEADER",
+    "Action",
+    "ActionFunction",
     "AgentFunction",
     "App",
     "AppLoadError",
     "ApprovalDecision",
     "ApprovalPolicy",
     "ApprovalVerdict",
+    "Collect",
+    "End",
+    "Flow",
+    "FlowNode",
+    "Goto",
+    "Handoff",
     "Message",
     "ModelAgent",
     "ModelEvent",
@@ -85,6 +109,7 @@ __all__ = [
     "ProviderError",
     "ReasoningDelta",
     "ReplayDivergenceError",
+    "Reply",
     "RunCancelledError",
     "RunContext",
     "RunOptions",
@@ -112,6 +137,8 @@ __all__ = [
     "UnsafeToolsError",
     "WaitExpiredError",
     "Workflow",
+    "action",
+    "collect",
     "declared_call",
     "denial_result",
     "execute",
@@ -119,5 +146,6 @@ __all__ = [
     "load_app",
     "never_started",
     "recovered",
+    "reply",
     "still_unknown",
 ]

@@ -19,7 +19,9 @@
     app.workflow(Workflow("process-invoice", steps=[Step("extract", extract), Step("save", save)]))
 
 A submission started by ``Client.run_workflow`` names its workflow (`settled.protocol.workflow_input`); the worker
-runs that workflow (`settled/runtime/_workflow_run.py`) instead of the agent (issue 17).
+runs that workflow (`settled/runtime/_workflow_run.py`) instead of the agent (issue 17). A submission whose input is
+`settled.protocol.flow_input` runs a turn of that flow (``app.flow(Flow(...))``, `settled/runtime/_flow_run.py`;
+issue 18).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from typing import Any, TypeVar, overload
 
 from settled._errors import ErrorCategory, SettledError
 from settled.processors import Agent, RunFailedError
-from settled.protocol import workflow_invocation
+from settled.protocol import flow_invocation, workflow_invocation
 from settled.runtime._context import RunContext
 from settled.runtime._errors import UnsafeToolsError
+from settled.runtime._flow import Flow
+from settled.runtime._flow_run import run_flow
 from settled.runtime._options import RunOptions
 from settled.runtime._runloop import AgentFunction, execute
 from settled.runtime._tools import ApprovalPolicy, Reconciler, ToolFunction, ToolRegistry, ToolSpec
@@ -77,6 +81,7 @@ class App:
         keep_history: Hand runs the conversation's earlier settled submissions (`RunContext.history`); on by
             default for an agent with ``needs_history`` (the model-driven `ModelAgent`).
         workflows: The registered workflows by name (`workflow` adds to it; issue 17).
+        flows: The registered flows by name (`flow` adds to it; issue 18).
 
     Raises:
         ValueError: ``max_attempts`` or ``concurrency`` is below 1, or the attempt backoffs are negative or the
@@ -95,6 +100,7 @@ class App:
     options: RunOptions = field(default_factory=RunOptions)
     keep_history: bool | None = None
     workflows: dict[str, Workflow] = field(default_factory=dict)
+    flows: dict[str, Flow] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -228,16 +234,39 @@ class App:
         self.workflows[workflow.name] = workflow
         return workflow
 
+    def flow(self, flow: Flow) -> Flow:
+        """Register a flow: a submission whose input is ``flow_input(flow.name, ...)`` runs a turn of it (issue 18).
+
+        Args:
+            flow: The flow.
+
+        Returns:
+            The flow unchanged.
+
+        Raises:
+            ValueError: A flow of that name is already registered.
+        """
+        if flow.name in self.flows:
+            raise ValueError(f"a flow named {flow.name!r} is already registered")
+        self.flows[flow.name] = flow
+        return flow
+
     async def _dispatch(self, ctx: RunContext) -> Any:
-        """The run body: the workflow the submission names, else the agent."""
+        """The run body: the workflow or flow the submission names, else the agent."""
         try:
             invocation = workflow_invocation(ctx.input_json)
         except ValueError as exc:
             raise RunFailedError("bad_workflow_input", str(exc)) from exc
         if invocation is not None:
             return await run_workflow(ctx, self.workflows.get(invocation.name), invocation)
+        try:
+            flow_turn = flow_invocation(ctx.input_json)
+        except ValueError as exc:
+            raise RunFailedError("bad_flow_input", str(exc)) from exc
+        if flow_turn is not None:
+            return await run_flow(ctx, self.flows.get(flow_turn.name), flow_turn)
         if self.agent is None:
-            raise RunFailedError("no_agent", "the app has no agent: it runs workflows only (Client.run_workflow)")
+            raise RunFailedError("no_agent", "the app has no agent: it runs workflows and flows only")
         return await self.agent(ctx)
 
     def check(self) -> None:
