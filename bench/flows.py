@@ -1,0 +1,202 @@
+"""Benchmark: a 3-node flow turn's cost, durable vs the same nodes called in-process (issue 18).
+
+    .venv/bin/python bench/flows.py [--rounds 40] [--smoke] [--bootstrap HOST:PORT] [--keep]
+
+One fresh namespace (one partition per topic), one ``settled worker`` child running ``bench/flows_app.py``.
+Measured in the same run, interleaved (the shape of ``bench/workflows.py``):
+
+* **in-process**: the three nodes' bodies called in this process (`run_in_process`), no durability;
+* **plain turn** (the baseline of a durable turn): ``Client.submit`` → ``Client.wait`` of an agent that calls the
+  same bodies in-process: one admission, one attempt, one settlement;
+* **flow turn**: ``Client.submit(conv, flow_input("three-nodes", ...))`` → ``Client.wait``: the same, plus the
+  action's ``ctx.step`` result committed before the reply node runs and the reply's model response recorded.
+
+p50/p99 of each, the ratios flow / plain turn and flow / in-process, each figure with its durability class.
+``--smoke`` is a short run (5 rounds) for CI (``tests/bench/test_flows.py``). The last line is the figures as
+JSON (``json: {...}``). Exit 0 unless the measurement broke (a run not completed, the worker exiting): the ratios
+are figures, not gates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/flows.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    client_versions,
+    delete_namespace,
+    describe_broker,
+    fresh_namespace,
+    load_average,
+    percentile,
+    resolve_bootstrap,
+    table,
+    use_dev_timeouts,
+)
+from flows_app import run_in_process
+
+from settled._settings import Settings
+from settled.client import Client
+from settled.producers import provision_topics
+from settled.protocol import flow_input
+from settled.schemas import Codec, SettlementOutcome, canonical_json
+from settled.testing import WorkerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "bench.flows_app:app"
+
+
+class BenchmarkError(RuntimeError):
+    """The measurement broke (not a slow figure)."""
+
+
+def _check(worker: WorkerProcess) -> None:
+    code = worker.poll()
+    if code is not None:
+        tail = worker.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise BenchmarkError(f"the worker exited with {code}; its log ends:\n{tail}")
+
+
+def in_process(value: Any) -> float:
+    """The three nodes' bodies in-process, in seconds."""
+    t0 = time.perf_counter()
+    run_in_process(value)
+    return time.perf_counter() - t0
+
+
+def plain_turn(client: Client, value: Any, timeout_s: float) -> float:
+    """A plain turn calling the same bodies: submit → settlement, in seconds."""
+    t0 = time.perf_counter()
+    receipt = client.submit(f"plain-{uuid.uuid4().hex[:12]}", value)
+    settlement = client.wait(receipt, timeout_s)
+    took_s = time.perf_counter() - t0
+    if settlement.outcome is not SettlementOutcome.COMPLETED:
+        raise BenchmarkError(f"a plain turn settled {settlement.outcome.value}: {settlement.error_reason}")
+    return took_s
+
+
+def flow_turn(client: Client, value: Any, timeout_s: float) -> float:
+    """A turn of the 3-node flow: submit → settlement, in seconds; its reply checked."""
+    t0 = time.perf_counter()
+    receipt = client.submit(f"flow-{uuid.uuid4().hex[:12]}", flow_input("three-nodes", value))
+    settlement = client.wait(receipt, timeout_s)
+    took_s = time.perf_counter() - t0
+    if settlement.outcome is not SettlementOutcome.COMPLETED:
+        raise BenchmarkError(f"a flow turn settled {settlement.outcome.value}: {settlement.error_reason}")
+    if settlement.reply_json != canonical_json(run_in_process(value)):
+        raise BenchmarkError(f"a flow turn replied {settlement.reply_json!r}, not the in-process result")
+    return took_s
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=40, help="measured runs of each path (after 3 warm-ups)")
+    parser.add_argument("--smoke", action="store_true", help="a short run for CI: 5 rounds")
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: SETTLED_KAFKA_BOOTSTRAP)")
+    parser.add_argument("--keep", action="store_true", help="keep the namespace's topics afterwards")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its tables; return the exit status."""
+    args = _parse(argv)
+    if args.smoke:
+        args.rounds = 5
+    use_dev_timeouts()  # printed with the results; the worker child inherits them
+    bootstrap, where = resolve_bootstrap(args.bootstrap)
+    settings = Settings(namespace=fresh_namespace("bench-flows"), kafka_bootstrap=bootstrap, partitions=1)
+    provision_topics(settings, Codec(), datetime.now(UTC))
+    t_start = time.monotonic()
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-flows-"))
+    worker = WorkerProcess.start(
+        settings, app=APP, log_path=log_dir / "worker.log", worker_id="bench", log_level="WARNING", cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), **settings.timeouts_env()}, append_log=False,
+    )  # fmt: skip
+    client = Client(settings, default_timeout_s=60)
+    timeout_s = 120.0
+    try:
+        for i in range(3):  # warm-up: the worker holds its partition, every path ran once
+            in_process({"order": i, "amount": 1.5})
+            plain_turn(client, {"order": i, "amount": 1.5}, timeout_s)
+            flow_turn(client, {"order": i, "amount": 1.5}, timeout_s)
+        local: list[float] = []
+        plain: list[float] = []
+        durable: list[float] = []
+        for i in range(args.rounds):
+            _check(worker)
+            value = {"order": i, "amount": 12.5}
+            local.append(in_process(value))
+            plain.append(plain_turn(client, value, timeout_s))
+            durable.append(flow_turn(client, value, timeout_s))
+        _check(worker)
+        info = describe_broker(bootstrap, settings.topic("log"))
+        committed = f"committed Kafka transaction: {info.durability_class()}"
+        print(f"broker {bootstrap} ({where}); {client_versions()}; Kafka {info.version}")
+        print(f"Kafka timeouts: {Settings().timeouts_label()}; load {load_average()}")
+        print(f"durability class of the plain turn and flow turn figures: {committed}")
+        p50 = {name: percentile(v, 50) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
+        p99 = {name: percentile(v, 99) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
+        print(
+            table(
+                ["figure", "p50 ms", "p99 ms", "n", "class"],
+                [
+                    ["3 nodes in-process", f"{p50['local'] * 1e3:.3f}", f"{p99['local'] * 1e3:.3f}",
+                     str(len(local)), "none (process memory)"],
+                    ["plain turn calling their bodies: submit -> settlement (baseline)", f"{p50['plain'] * 1e3:.1f}",
+                     f"{p99['plain'] * 1e3:.1f}", str(len(plain)), "committed (above)"],
+                    ["3-node flow turn: submit -> settlement", f"{p50['durable'] * 1e3:.1f}",
+                     f"{p99['durable'] * 1e3:.1f}", str(len(durable)),
+                     "committed (above), the step and model response"],
+                ],
+            )
+        )  # fmt: skip
+        print(
+            table(
+                ["ratio", "value", "class"],
+                [
+                    ["flow turn p50 / plain turn p50", f"{p50['durable'] / p50['plain']:.2f}",
+                     "committed (above), both sides"],
+                    ["flow turn p50 / in-process p50", f"{p50['durable'] / p50['local']:,.0f}",
+                     "committed vs none: the cost of durability"],
+                    ["flow turn - plain turn (p50 ms)",
+                     f"{(p50['durable'] - p50['plain']) * 1e3:.1f}", "committed (above)"],
+                ],
+            )
+        )  # fmt: skip
+        print(f"wall time {time.monotonic() - t_start:.0f} s")
+        figures: dict[str, Any] = {
+            "durability_class": committed,
+            "rounds": len(durable),
+            "in_process_p50_ms": p50["local"] * 1e3,
+            "in_process_p99_ms": p99["local"] * 1e3,
+            "plain_p50_ms": p50["plain"] * 1e3,
+            "plain_p99_ms": p99["plain"] * 1e3,
+            "flow_p50_ms": p50["durable"] * 1e3,
+            "flow_p99_ms": p99["durable"] * 1e3,
+            "ratio_flow_plain_p50": p50["durable"] / p50["plain"],
+            "ratio_flow_in_process_p50": p50["durable"] / p50["local"],
+        }
+        print("json: " + json.dumps(figures, sort_keys=True))
+    except BenchmarkError as exc:
+        print(f"bench/flows.py: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+        worker.stop()
+        if not args.keep:
+            delete_namespace(settings, [f"{settings.namespace}.{settings.app_id}.workers"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
