@@ -109,7 +109,8 @@ def test_the_envelope_round_trips_and_a_malformed_one_names_the_field() -> None:
 
 
 def test_collect_takes_json_fields_then_the_action_and_reply_run_and_the_flow_ends() -> None:
-    provider, refunds, rec = ScriptedProvider(talk), [], Recorder()
+    provider, rec = ScriptedProvider(talk), Recorder()
+    refunds: list[float] = []
     app = refund_app(provider, refunds)
     reply_json = app.runner()(attempt(rec, 1, flow_input("refund", {"amount": 40, "note": "late"})))
     assert reply_json == canonical_json(
@@ -166,7 +167,8 @@ def test_a_collect_lacking_fields_settles_with_the_question_and_runs_nothing_aft
 
 
 def test_with_a_provider_collect_extracts_missing_fields_in_one_recorded_model_call() -> None:
-    provider, refunds, rec = ScriptedProvider(talk), [], Recorder()
+    provider, rec = ScriptedProvider(talk), Recorder()
+    refunds: list[float] = []
     app = refund_app(provider, refunds)
     out = app.runner()(attempt(rec, 1, flow_input("refund", "Please refund twelve fifty")))
     assert refunds == [12.5]
@@ -177,7 +179,8 @@ def test_with_a_provider_collect_extracts_missing_fields_in_one_recorded_model_c
 
 
 def test_a_new_attempt_replays_the_recorded_tool_and_model_calls_and_runs_nothing_twice() -> None:
-    provider, refunds, rec = ScriptedProvider(talk), [], Recorder()
+    provider, rec = ScriptedProvider(talk), Recorder()
+    refunds: list[float] = []
     crash = {"on": True}
     app = refund_app(provider, refunds, crash)
     envelope = flow_input("refund", "refund 12.5 please")
