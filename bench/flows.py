@@ -93,7 +93,8 @@ def flow_turn(client: Client, value: Any, timeout_s: float) -> float:
     took_s = time.perf_counter() - t0
     if settlement.outcome is not SettlementOutcome.COMPLETED:
         raise BenchmarkError(f"a flow turn settled {settlement.outcome.value}: {settlement.error_reason}")
-    if settlement.reply_json != canonical_json(run_in_process(value)):
+    expected = canonical_json({**run_in_process(value), "run_id": receipt.run_id})
+    if settlement.reply_json != expected:
         raise BenchmarkError(f"a flow turn replied {settlement.reply_json!r}, not the in-process result")
     return took_s
 

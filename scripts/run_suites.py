@@ -78,7 +78,9 @@ SUITES = [
     # +30 s for issue 24's restart in place (tests/integration/engine/test_engine_restart.py: 19 s here under load).
     # +40 s for issue 18's flow turns (tests/integration/engine/test_engine_flows.py: the refund flow killed in each
     # of its 3 nodes, a collect asking; ~27 s here).
-    Suite("engine", 995, (_pytest("tests/integration/engine"),), junit=True),
+    # +70 s for issue 18's flow runs (tests/integration/engine/test_engine_flow_runs.py: the refund flow with its
+    # approval over two turns killed in each of 4 nodes, fail-closed addressing; ~58 s here under load).
+    Suite("engine", 1065, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),

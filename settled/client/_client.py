@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -259,6 +259,9 @@ class Client:
         principal: str | None = None,
         tools_offered: Iterable[str] = (),
         timeout_s: float | None = None,
+        kind: Literal["conversation", "flow"] = "conversation",
+        flow_name: str | None = None,
+        run_id: str | None = None,
     ) -> Receipt:
         """Propose one turn and return its receipt (DUR-001, docs/design.md §4).
 
@@ -272,10 +275,15 @@ class Client:
             principal: Who submits (default: the client's).
             tools_offered: Names of the tools offered for this turn (docs/design.md §5).
             timeout_s: Deadline, in seconds (default: the client's).
+            kind: ``"flow"`` opens a run of the flow ``flow_name`` (issue 18): the owner mints its run id and the
+                receipt carries it (``receipt.run_id``); ``"conversation"`` (the default) is a plain turn.
+            flow_name: The flow a ``kind="flow"`` turn opens a run of.
+            run_id: Resume this flow run (a receipt's ``run_id``): it outranks ``kind`` and ``flow_name`` (a turn
+                naming a run only resumes it); a run the conversation does not hold is rejected ``unknown_target``.
 
         Returns:
             The receipt: outcome ``admitted``, or ``duplicate`` pointing at the original submission
-            (``original_submission_id``, ``submission_seq``) — both are success.
+            (``original_submission_id``, ``submission_seq``) — both are success. A flow turn's carries its run id.
 
         Raises:
             ValueError: If an argument is invalid: an id or tool name that breaks the input contract
@@ -297,6 +305,14 @@ class Client:
         if not key.strip():
             raise ValueError(f"idempotency_key must not be empty, got {key!r}")
         who = self._principal(principal)
+        if run_id is not None:
+            input = protocol.flow_resume_input(run_id, input)  # resume only: kind and flow_name are ignored
+        elif kind == "flow":
+            if flow_name is None:
+                raise ValueError("flow_name is required with kind='flow', got None")
+            input = protocol.flow_input(flow_name, input)
+        elif kind != "conversation":
+            raise ValueError(f"kind must be 'conversation' or 'flow', got {kind!r}")
         try:
             input_json = canonical_json(input)
         except CanonicalJsonError as exc:

@@ -58,6 +58,7 @@ _FIELD_OF_CODE = {
     "idempotency_conflict": "idempotency_key",
     "digest_mismatch": "payload_digest",
     "misrouted": "conversation_id",
+    "unknown_target": "run_id",
 }
 
 
@@ -75,7 +76,8 @@ class SubmissionRejectedError(ClientError):
         reason_code: The reason code, e.g. ``"invalid"`` or ``"misrouted"``.
         detail: The owner's detail, naming the field or key.
         field: The offending field when the code implies it (``idempotency_conflict`` → ``idempotency_key``,
-            ``digest_mismatch`` → ``payload_digest``, ``misrouted`` → ``conversation_id``), else ``None``: the
+            ``digest_mismatch`` → ``payload_digest``, ``misrouted`` → ``conversation_id``, ``unknown_target`` →
+            ``run_id``), else ``None``: the
             receipt schema carries no field of its own, the detail names it.
     """
 

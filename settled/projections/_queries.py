@@ -30,6 +30,7 @@ from psycopg_pool import ConnectionPool
 
 from settled._errors import ErrorCategory, SettledError
 from settled.projections._schema import ProjectionNames
+from settled.protocol import FlowRunView, TranscriptEntry, flow_run_view
 from settled.schemas import Receipt
 
 __all__ = ["ProjectionReader", "ReadYourWritesTimeoutError"]
@@ -553,6 +554,37 @@ class ProjectionReader:
         """
         self._after(after, timeout_s)
         return self._query(sql.SQL("SELECT * FROM {} ORDER BY since, kind, item_id").format(self._t("obligations")))
+
+    def flow_run(
+        self, run_id: str, *, conversation_id: str, after: Receipt | None = None, timeout_s: float = 10.0
+    ) -> FlowRunView | None:
+        """Return where a flow run is: status, flow, node, what it waits for (issue 18; the seed's ``getRun``).
+
+        Read from the conversation's transcript (`settled.protocol.flow_run_view`): the run's turns, the node records
+        its turns made, its open waits and its last turn's reply.
+
+        Args:
+            run_id: The run (a receipt's ``run_id``).
+            conversation_id: Its conversation (a run id names a run of one conversation).
+            after: Wait first until the projection holds this receipt's request.
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            The view, or None when the conversation holds no such run (or is not projected).
+
+        Raises:
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
+        """
+        self._after(after, timeout_s)
+        rows = self._query(
+            sql.SQL(
+                "SELECT submission_id, kind, name, call_id, content FROM {} WHERE conversation_id = %s "
+                "ORDER BY event_seq"
+            ).format(self._t("transcript")),
+            (conversation_id,),
+        )
+        entries = [TranscriptEntry(r["submission_id"], r["kind"], r["name"], r["call_id"], r["content"]) for r in rows]
+        return flow_run_view(conversation_id, run_id, entries)
 
     def approvals(
         self,

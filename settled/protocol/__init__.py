@@ -24,7 +24,8 @@
   lifecycle events, one per causing log event (issue 17 item 5).
 * `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
   names a workflow run (issue 17).
-* `flow_input`, `flow_invocation` (`_flows`): the submission envelope that names the flow a turn runs (issue 18).
+* `flow_input`, `flow_resume_input`, `flow_invocation`, `flow_run_id_for` (`_flows`): the submission envelope that
+  opens a flow run or resumes one, and the run id the owner mints (issue 18).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -103,7 +104,17 @@ from settled.protocol._errors import (
     UnknownSubmissionError,
     WrongConversationError,
 )
-from settled.protocol._flows import FLOW_KEY, FlowInvocation, flow_input, flow_invocation
+from settled.protocol._flows import (
+    FLOW_KEY,
+    FlowInvocation,
+    FlowRunView,
+    TranscriptEntry,
+    flow_input,
+    flow_invocation,
+    flow_resume_input,
+    flow_run_id_for,
+    flow_run_view,
+)
 from settled.protocol._fold import (
     GRACEFUL_REVOKE,
     BatchLike,
@@ -197,6 +208,7 @@ __all__ = [
     "Decision",
     "Edge",
     "FlowInvocation",
+    "FlowRunView",
     "IllegalTransitionError",
     "InputAlreadyDecidedError",
     "InputKey",
@@ -218,6 +230,7 @@ __all__ = [
     "SubmissionState",
     "TerminalOutcomeConflictError",
     "ToolSafety",
+    "TranscriptEntry",
     "Transition",
     "UnknownSubmissionError",
     "Violation",
@@ -258,6 +271,9 @@ __all__ = [
     "find_edge",
     "flow_input",
     "flow_invocation",
+    "flow_resume_input",
+    "flow_run_id_for",
+    "flow_run_view",
     "fold",
     "grant_access",
     "hidden",

@@ -295,8 +295,8 @@ def hidden(conv: ConversationState) -> ConversationState:
         conv: The conversation's state.
 
     Returns:
-        A copy without submissions, queue, active submission, applied commands or access.
+        A copy without submissions, queue, active submission, applied commands, access or flow runs.
     """
     return dataclasses.replace(
-        conv, submissions={}, queue=(), active_submission_id=None, applied_commands={}, access={}
+        conv, submissions={}, queue=(), active_submission_id=None, applied_commands={}, access={}, flow_runs={}
     )

@@ -36,6 +36,7 @@ from settled.protocol._errors import (
     UnknownSubmissionError,
     WrongConversationError,
 )
+from settled.protocol._flows import flow_invocation, flow_run_id_for
 from settled.protocol._fold import ConversationState, PartitionState, Submission
 from settled.protocol._states import SubmissionState, outcome_state
 from settled.schemas import (
@@ -223,9 +224,13 @@ def admit(
     resolved in scope principal + conversation: a known key with the same digest is a duplicate (a
     `SubmissionDuplicate` and a receipt pointing at the original and its sequence), with another digest a conflict
     (`SubmissionRejected` ``idempotency_conflict`` naming the key); a new key whose ``submission_id`` already names
-    another submission is rejected naming ``submission_id``; otherwise the next submission sequence is allocated
+    another submission is rejected naming ``submission_id``; a flow envelope (`settled.protocol.flow_invocation`,
+    issue 18) that does not parse is rejected naming ``input``, and one naming a ``run_id`` the conversation does
+    not hold ``unknown_target`` naming ``run_id``; otherwise the next submission sequence is allocated
     and `SubmissionAdmitted` + `SubmissionReady` + an admitted receipt are returned (readiness and the receipt
-    commit together: DUR-001).
+    commit together: DUR-001). A flow turn's admission and receipt carry its run id: the one it resumes, or the one
+    minted for a turn that opens a run (`settled.protocol.flow_run_id_for`); a duplicate's receipt carries its
+    original's.
 
     Args:
         state: The conversation's scratch state (committed + pending; docs/design.md §3).
@@ -289,6 +294,7 @@ def admit(
                 submission_seq=known.submission_seq,
                 conversation_id=state.conversation_id,
                 decided_at=now,
+                run_id=_duplicate_run_id(state, proposal, known.submission_id),
             ),
         )
     if state.submission(proposal.submission_id) is not None:
@@ -301,6 +307,28 @@ def admit(
             field="submission_id",
             detail=f"submission_id {proposal.submission_id!r} already names a submission admitted under another key",
         )
+    try:
+        flow = flow_invocation(proposal.payload.input_json)
+    except ValueError as exc:
+        return reject_submission(
+            state, proposal, input_ref, now, reason=SubmissionRejectReason.INVALID, field="input", detail=str(exc)
+        )
+    run_id: str | None = None
+    if flow is not None and flow.run_id is not None:
+        if flow.run_id not in state.flow_runs:
+            # Fail-closed (issue 18): an invented run id and another conversation's get this same rejection.
+            return reject_submission(
+                state,
+                proposal,
+                input_ref,
+                now,
+                reason=SubmissionRejectReason.UNKNOWN_TARGET,
+                field="run_id",
+                detail=f"conversation {state.conversation_id!r} holds no flow run {flow.run_id!r}",
+            )
+        run_id = flow.run_id
+    elif flow is not None:
+        run_id = flow_run_id_for(state.conversation_id, proposal.submission_id)
     seq = state.last_submission_seq + 1
     return Decision(
         events=(
@@ -314,6 +342,7 @@ def admit(
                 tools_offered=proposal.payload.tools_offered,
                 input_json=proposal.payload.input_json,
                 input_ref=input_ref,
+                flow_run_id=run_id,
             ),
             SubmissionReady(submission_id=proposal.submission_id, submission_seq=seq),
         ),
@@ -324,8 +353,20 @@ def admit(
             submission_seq=seq,
             conversation_id=state.conversation_id,
             decided_at=now,
+            run_id=run_id,
         ),
     )
+
+
+def _duplicate_run_id(state: ConversationState, proposal: SubmissionProposed, original_id: str) -> str | None:
+    """The flow run of a duplicate's original (its payload is the original's): resumed, or opened by the original."""
+    try:
+        flow = flow_invocation(proposal.payload.input_json)
+    except ValueError:
+        return None  # an envelope that does not parse was never admitted: no run
+    if flow is None:
+        return None
+    return flow.run_id if flow.run_id is not None else flow_run_id_for(state.conversation_id, original_id)
 
 
 def reject_submission(

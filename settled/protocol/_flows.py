@@ -1,11 +1,16 @@
-"""Flow submissions (issue 18 item 1): how a submission names the flow its turn runs.
+"""Flow submissions (issue 18): how a submission names the flow its turn runs, or the flow run it resumes.
 
-A flow turn is one submission whose input is the envelope `flow_input` builds::
+A turn that opens a flow run has the input `flow_input` builds; a later turn of that run has the input
+`flow_resume_input` builds::
 
-    {"settled_flow": {"name": "refund"}, "input": <the turn's input>}
+    {"settled_flow": {"name": "refund"}, "input": <the turn's input>}       # opens a run of flow "refund"
+    {"settled_flow": {"run_id": "fr-..."}, "input": <the turn's input>}     # resumes run fr-...
 
-The worker reads the envelope back with `flow_invocation` and runs the named flow instead of the agent
-(`settled/runtime/_flow_run.py`). The input is what the flow's ``collect`` nodes take their fields from.
+A ``run_id`` outranks a ``name`` beside it: a turn that names a run only resumes it (`flow_invocation` drops the
+name). The owner mints the run id when it admits the opening turn (`flow_run_id_for`: a digest of the conversation
+and the submission id, so a replayed decision mints the same id) and the receipt carries it; a turn naming a run id
+the conversation does not hold is rejected ``unknown_target`` (`settled/protocol/_decide.py`). The worker reads the
+envelope back with `flow_invocation` and runs the flow instead of the agent (`settled/runtime/_flow_run.py`).
 """
 
 from __future__ import annotations
@@ -14,27 +19,57 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FLOW_KEY", "FlowInvocation", "flow_input", "flow_invocation"]
+from settled.schemas import canonical_json, json_digest
+
+__all__ = [
+    "FLOW_KEY",
+    "FlowInvocation",
+    "FlowRunView",
+    "TranscriptEntry",
+    "flow_input",
+    "flow_invocation",
+    "flow_resume_input",
+    "flow_run_id_for",
+    "flow_run_view",
+]
 
 #: The input key that marks a submission as a flow turn.
 FLOW_KEY = "settled_flow"
 
+#: The prefix of a minted flow run id.
+_RUN_PREFIX = "fr-"
+
 
 @dataclass(frozen=True)
 class FlowInvocation:
-    """A submission's request to run a flow.
+    """A submission's request to run a flow turn.
 
     Attributes:
-        name: The flow's name.
+        name: The flow's name, for a turn that opens a run (None when it resumes one).
+        run_id: The run a later turn resumes (None for a turn that opens one).
         input: The turn's input (decoded JSON).
     """
 
-    name: str
+    name: str | None
+    run_id: str | None
     input: Any
 
 
+def flow_run_id_for(conversation_id: str, submission_id: str) -> str:
+    """Return the run id the owner mints for the turn that opens a flow run.
+
+    Args:
+        conversation_id: The conversation.
+        submission_id: The opening turn's submission id.
+
+    Returns:
+        ``fr-`` and 32 hex digits of a digest of both (the same for a replayed decision).
+    """
+    return _RUN_PREFIX + json_digest(canonical_json(["flow-run", conversation_id, submission_id]))[:32]
+
+
 def flow_input(name: str, input: Any) -> dict[str, Any]:
-    """Build the input of a submission whose turn runs flow ``name`` (the module docstring's envelope).
+    """Build the input of a submission whose turn opens a run of flow ``name`` (the module docstring's envelope).
 
     Args:
         name: The flow's name.
@@ -51,25 +86,169 @@ def flow_input(name: str, input: Any) -> dict[str, Any]:
     return {FLOW_KEY: {"name": name}, "input": input}
 
 
+def flow_resume_input(run_id: str, input: Any) -> dict[str, Any]:
+    """Build the input of a submission whose turn resumes flow run ``run_id``.
+
+    Args:
+        run_id: The run id (a receipt's ``run_id``).
+        input: The turn's input, a JSON-compatible value.
+
+    Returns:
+        The envelope.
+
+    Raises:
+        ValueError: ``run_id`` is empty or blank (the message names the field and value).
+    """
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
+    return {FLOW_KEY: {"run_id": run_id}, "input": input}
+
+
 def flow_invocation(input_json: str) -> FlowInvocation | None:
-    """Read the flow a submission's input names, if it names one.
+    """Read the flow turn a submission's input asks for, if it asks for one.
 
     Args:
         input_json: The submission's input, canonical JSON.
 
     Returns:
-        The invocation, or None when the input is not a flow envelope.
+        The invocation (a ``run_id`` outranks a ``name``: the name is dropped), or None when the input is not a flow
+        envelope.
 
     Raises:
         ValueError: The input has the envelope's key but not its shape (the message names the field and value).
     """
+    if FLOW_KEY not in input_json:
+        return None  # cheap: most inputs are not flow turns
     value = json.loads(input_json)
     if not isinstance(value, dict) or FLOW_KEY not in value:
         return None
     header = value[FLOW_KEY]
     if not isinstance(header, dict):
         raise ValueError(f"input.{FLOW_KEY} must be an object, got {header!r}")
+    run_id = header.get("run_id")
+    if run_id is not None:
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"input.{FLOW_KEY}.run_id must be a non-empty string, got {run_id!r}")
+        return FlowInvocation(name=None, run_id=run_id, input=value.get("input"))
     name = header.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"input.{FLOW_KEY}.name must be a non-empty string, got {name!r}")
-    return FlowInvocation(name=name, input=value.get("input"))
+    return FlowInvocation(name=name, run_id=None, input=value.get("input"))
+
+
+@dataclass(frozen=True)
+class TranscriptEntry:
+    """One entry of a conversation's transcript, as `flow_run_view` reads it (the projection's ``transcript`` rows).
+
+    Attributes:
+        submission_id: The submission it belongs to.
+        kind: ``input``, ``step``, ``wait``, ``wait_resolved``, ``reply``, ``settlement``, ... (others are skipped).
+        name: A step's or wait's name.
+        call_id: A wait's id (for ``wait`` and ``wait_resolved``).
+        content: Its content (JSON for the kinds read here, the failure's text for ``settlement``).
+    """
+
+    submission_id: str | None
+    kind: str
+    name: str | None
+    call_id: str | None
+    content: str | None
+
+
+@dataclass(frozen=True)
+class FlowRunView:
+    """Where a flow run is (``ProjectionReader.flow_run``; the seed's ``getRun``).
+
+    Attributes:
+        run_id: The run.
+        conversation_id: Its conversation.
+        flow: The flow's name.
+        status: ``running`` (a turn runs), ``waiting`` (parked at a ``collect`` for the user's next turn, or a turn
+            waits for an approval or a signal), ``completed`` (ended by an `End` or a handoff), ``failed`` or
+            ``aborted`` (a turn settled so).
+        node: The node the run last entered (None before its first).
+        waiting_for: What it waits for: ``{"kind": "input", "node", "ask", "missing"}`` for a parked collect,
+            ``{"kind": "approval" | "signal", "name", "wait_id"}`` for an open wait; None otherwise.
+        outcome: The `End`'s outcome, or ``handoff:<to>`` for a handoff, once completed.
+        submission_ids: The run's turns, in order.
+    """
+
+    run_id: str
+    conversation_id: str
+    flow: str
+    status: str
+    node: str | None
+    waiting_for: dict[str, Any] | None
+    outcome: str | None
+    submission_ids: tuple[str, ...]
+
+
+def flow_run_view(conversation_id: str, run_id: str, entries: list[TranscriptEntry]) -> FlowRunView | None:
+    """Read where flow run ``run_id`` is from its conversation's transcript, in event order.
+
+    Args:
+        conversation_id: The conversation.
+        run_id: The run.
+        entries: The conversation's transcript entries in event order.
+
+    Returns:
+        The view, or None when the conversation holds no such run.
+    """
+    flow: str | None = None
+    turns: list[str] = []
+    for e in entries:
+        if e.kind != "input" or e.submission_id is None or e.content is None:
+            continue
+        try:
+            invocation = flow_invocation(e.content)
+        except ValueError:
+            continue  # the owner admits no malformed envelope
+        if invocation is None:
+            continue
+        if invocation.run_id is None and flow_run_id_for(conversation_id, e.submission_id) == run_id:
+            flow = invocation.name
+            turns.append(e.submission_id)
+        elif invocation.run_id == run_id and flow is not None:
+            turns.append(e.submission_id)
+    if flow is None:
+        return None
+    last = turns[-1]
+    mine = set(turns)
+    node: str | None = None
+    waits: dict[str, dict[str, Any]] = {}
+    reply: Any = None
+    failure: str | None = None
+    for e in entries:
+        if e.submission_id not in mine:
+            continue
+        if e.kind == "step" and e.name is not None and e.name.startswith("flow:") and e.content is not None:
+            node = json.loads(e.content).get("node", node)
+        if e.submission_id != last:
+            continue
+        if e.kind == "wait" and e.call_id is not None and e.content is not None:
+            asked = json.loads(e.content)
+            waits[e.call_id] = {"kind": asked.get("kind"), "name": asked.get("name"), "wait_id": e.call_id}
+        elif e.kind == "wait_resolved" and e.call_id is not None:
+            waits.pop(e.call_id, None)
+        elif e.kind == "reply" and e.content is not None:
+            reply = json.loads(e.content)
+        elif e.kind == "settlement":
+            failure = e.content or "failed"
+    status, waiting_for, outcome = "running", None, None
+    if failure is not None:
+        status = "aborted" if failure.startswith("aborted") else "failed"
+    elif isinstance(reply, dict) and "handoff" in reply:
+        status, outcome = "completed", f"handoff:{reply['handoff']}"
+    elif isinstance(reply, dict) and reply.get("status") == "waiting":
+        status = "waiting"
+        waiting_for = {
+            "kind": "input",
+            "node": reply.get("node"),
+            "ask": reply.get("ask"),
+            "missing": reply.get("missing"),
+        }
+    elif isinstance(reply, dict) and reply.get("status") == "completed":
+        status, outcome = "completed", reply.get("outcome")
+    elif waits:
+        status, waiting_for = "waiting", next(iter(waits.values()))
+    return FlowRunView(run_id, conversation_id, flow, status, node, waiting_for, outcome, tuple(turns))

@@ -321,6 +321,8 @@ class ConversationState:
             access command's target is its grantee (issue 20).
         access: Principal → the access granted to it (`AccessGranted`, less `AccessRevoked`; issue 20). The opener
             (`settled.protocol.conversation_opener`) is not listed: its access comes from opening the conversation.
+        flow_runs: Flow run id → the submission that opened it, of every flow run the conversation opened (issue 18),
+            kept for the life of the log: a turn naming a run id not here is rejected ``unknown_target``.
     """
 
     conversation_id: str
@@ -335,6 +337,7 @@ class ConversationState:
     decided_inputs: frozenset[InputKey] = frozenset()
     applied_commands: Mapping[str, str] = field(default_factory=_empty)
     access: Mapping[str, AccessLevel] = field(default_factory=_empty)
+    flow_runs: Mapping[str, str] = field(default_factory=_empty)
 
     def submission(self, submission_id: str) -> Submission | None:
         """Return a submission by id.
@@ -592,8 +595,8 @@ class _ConvBuilder:
     """Mutable working copy of a `ConversationState`; maps are copied on first write."""
 
     __slots__ = (
-        "_access", "_commands", "_inputs", "_keys", "_subs", "active", "base", "cid", "last_batch_digest",
-        "last_event_seq", "last_submission_seq", "owner_epoch", "queue", "trace",
+        "_access", "_commands", "_flows", "_inputs", "_keys", "_subs", "active", "base", "cid",
+        "last_batch_digest", "last_event_seq", "last_submission_seq", "owner_epoch", "queue", "trace",
     )  # fmt: skip
 
     def __init__(self, base: ConversationState, trace: list[Transition]) -> None:
@@ -611,6 +614,7 @@ class _ConvBuilder:
         self._inputs: set[InputKey] | None = None
         self._commands: dict[str, str] | None = None
         self._access: dict[str, AccessLevel] | None = None
+        self._flows: dict[str, str] | None = None
 
     # -- copy-on-write access ---------------------------------------------------------------------------------
 
@@ -633,6 +637,9 @@ class _ConvBuilder:
     def commands(self) -> Mapping[str, str]:
         return self.base.applied_commands if self._commands is None else self._commands
 
+    def flow_runs(self) -> Mapping[str, str]:
+        return self.base.flow_runs if self._flows is None else self._flows
+
     def add_command(self, command_id: str, submission_id: str) -> None:
         if self._commands is None:
             self._commands = _copy(self.base.applied_commands)
@@ -645,6 +652,11 @@ class _ConvBuilder:
             self._access.pop(grantee, None)
         else:
             self._access[grantee] = access
+
+    def add_flow_run(self, run_id: str, submission_id: str) -> None:
+        if self._flows is None:
+            self._flows = _copy(self.base.flow_runs)
+        self._flows[run_id] = submission_id
 
     def decide(self, event: AvroRecord, ref: InputRef | None) -> None:
         """Record an inbox input as decided; each input is decided exactly once (docs/design.md §3)."""
@@ -677,6 +689,7 @@ class _ConvBuilder:
             base.decided_inputs if self._inputs is None else frozenset(self._inputs),
             base.applied_commands if self._commands is None else MappingProxyType(self._commands),
             base.access if self._access is None else MappingProxyType(self._access),
+            base.flow_runs if self._flows is None else MappingProxyType(self._flows),
         )
 
     # -- helpers ----------------------------------------------------------------------------------------------
@@ -781,6 +794,8 @@ class _ConvBuilder:
                 f"key already admitted as submission {known.submission_id!r} (DUR-001: admitted once per key)",
             )
         self.decide(event, event.input_ref)
+        if event.flow_run_id is not None and event.flow_run_id not in self.flow_runs():
+            self.add_flow_run(event.flow_run_id, event.submission_id)  # the turn that opens the run
         proposed = Submission(
             submission_id=event.submission_id,
             submission_seq=event.submission_seq,

@@ -264,7 +264,7 @@ class App:
         except ValueError as exc:
             raise RunFailedError("bad_flow_input", str(exc)) from exc
         if flow_turn is not None:
-            return await run_flow(ctx, self.flows.get(flow_turn.name), flow_turn)
+            return await run_flow(ctx, self.flows, flow_turn)
         if self.agent is None:
             raise RunFailedError("no_agent", "the app has no agent: it runs workflows and flows only")
         return await self.agent(ctx)
@@ -289,7 +289,8 @@ class App:
         """Whether the worker keeps conversation history for this app's runs."""
         if self.keep_history is not None:
             return self.keep_history
-        return bool(getattr(self.agent, "needs_history", False))
+        # A flow run's later turn replays its earlier turns from the history (issue 18).
+        return bool(self.flows) or bool(getattr(self.agent, "needs_history", False))
 
     def runner(self) -> Agent:
         """The run body the conductor calls on a pool thread: one attempt of `agent` on its own event loop."""

@@ -1,41 +1,60 @@
-"""Running a `Flow` turn inside one run (issue 18 item 1): the machinery behind `settled/runtime/_flow.py`.
+"""Running a flow run's turn (issue 18 items 1-2): the machinery behind `settled/runtime/_flow.py`.
 
-The turn walks the graph from the flow's ``start``. Its effects are the run's own (`RunContext`): ``collect``'s
-extraction and each ``reply`` are ``ctx.model`` calls, an ``action``'s ``run`` uses ``ctx`` directly; each takes
-the next ordinal when it is made, so a new attempt that walks the same graph over the same input gets every
-recorded effect back at its ordinal and runs nothing recorded again (docs/semantics.md §9, DUR-008, DUR-010).
+A flow run is a sequence of turns (submissions) of one conversation: the one that opens it (its input
+`settled.protocol.flow_input`; the owner minted its run id, `settled.protocol.flow_run_id_for`) and the later ones
+that resume it (`settled.protocol.flow_resume_input`). A turn walks the graph from the flow's ``start`` over every
+turn of the run in order: each earlier turn (from `RunContext.history`: its input and its recorded effects) is
+replayed up to the ``collect`` where it parked, then the walk goes on with the next turn's input, and the current
+turn's effects run. Effects are the run's own (`RunContext`): ``collect``'s extraction and each ``reply`` are
+``ctx.model`` calls, an ``action``'s ``run`` uses ``ctx`` directly; each takes the next ordinal when it is made and
+the ordinals continue across the run's turns, so a later turn (or a new attempt after a crash) gets every recorded
+effect back at its ordinal and runs nothing recorded again (docs/semantics.md §9, DUR-008, DUR-010). While an
+earlier turn is replayed the context's run id is that turn's submission id (the key of its recorded calls, waits
+and approvals); the current turn's new effects are keyed by its own.
+
+Each node the walk enters is recorded once, as a ``StepRecorded`` named ``flow:<node id>`` (its result
+``{"flow", "node", "run_id"}``), buffered: it commits with the run's next record, at no extra commit. The parked
+run's state is therefore in the log: the turns' inputs, their effects and the node records, which is what
+``ProjectionReader.flow_run`` reads back (status, flow, node, what it waits for).
 
 The turn's reply (canonical JSON):
 
-* a ``collect`` lacking required fields: ``{"flow", "status": "waiting", "node", "ask", "missing", "invalid",
-  "messages", "state"}`` (``invalid``: the values the schema refused, by field, each with its problem);
-* an `End`: ``{"flow", "status": "completed", "outcome", "node", "messages", "state"}``;
+* a ``collect`` lacking required fields: ``{"flow", "run_id", "status": "waiting", "node", "ask", "missing",
+  "invalid", "messages", "state"}`` (``invalid``: the values the schema refused, by field, each with its problem);
+  the run is parked there until its next turn;
+* an `End`: ``{"flow", "run_id", "status": "completed", "outcome", "node", "messages", "state"}``;
 * a `Handoff`: ``{"handoff": to, "reason": reason}`` (settled routes nothing).
 
-``messages`` holds the texts of the ``reply`` nodes visited, in order; ``state`` the flow's state bag. A turn fails
-(`RunFailedError`, not retried) when its flow is not registered (``unknown_flow``), an action returns anything but
-`Goto`/`End`/`Handoff` or goes to a node that does not exist (``bad_flow_result``), or it visits more than
-``max_node_visits`` nodes (``flow_loop``).
+``messages`` holds the texts of the ``reply`` nodes this turn visited, in order; ``state`` the flow's state bag. A
+turn fails (`RunFailedError`, not retried) when its flow is not registered (``unknown_flow``), its run's earlier
+turns are not in the history the worker keeps (``unknown_flow_run``), the run already ended (an earlier turn ended
+it or did not complete: ``flow_run_ended``), an action returns anything but `Goto`/`End`/`Handoff` or goes to a node
+that does not exist (``bad_flow_result``), or it visits more than ``max_node_visits`` nodes (``flow_loop``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from settled.processors import RunFailedError
-from settled.protocol import FlowInvocation, bounded_text
-from settled.runtime._context import RunContext
+from settled.protocol import FlowInvocation, bounded_text, flow_invocation, flow_run_id_for
+from settled.runtime._context import RunContext, _describe, _Journal
+from settled.runtime._errors import ReplayDivergenceError
 from settled.runtime._flow import Action, Collect, End, Flow, FlowNode, Goto, Handoff, Reply
 from settled.runtime._model import Message
 from settled.runtime._tools import invoke
-from settled.schemas import canonical_json
+from settled.schemas import LogEvent, SettlementOutcome, StepRecorded, canonical_json, json_digest
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["FlowTurn", "run_flow"]
+__all__ = ["NODE_PREFIX", "FlowTurn", "run_flow"]
+
+#: The record-name prefix of a node the walk entered (module docstring).
+NODE_PREFIX = "flow:"
 
 
 def _user_text(value: Any) -> str:
@@ -43,24 +62,82 @@ def _user_text(value: Any) -> str:
     return value if isinstance(value, str) else canonical_json(value)
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """One turn of a flow run, as the walk replays or runs it."""
+
+    submission_id: str
+    input: Any
+    outcome: SettlementOutcome | None  # None: the current turn
+    events: tuple[LogEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Parked:
+    """An earlier turn's walk reached the collect where it parked: the walk goes on with the next turn from there."""
+
+    node: str
+
+
 class FlowTurn:
-    """One attempt of one flow turn: the graph walked from ``start`` with the run's context.
+    """One attempt of one turn of a flow run: every turn of the run walked in order, the current one run.
 
     Args:
         ctx: The run's context.
         flow: The flow.
-        invocation: What the submission asked for.
+        run_id: The flow run's id.
+        turns: The run's turns in order, the current one last.
     """
 
-    def __init__(self, ctx: RunContext, flow: Flow, invocation: FlowInvocation) -> None:
+    def __init__(self, ctx: RunContext, flow: Flow, run_id: str, turns: Sequence[_Turn]) -> None:
         self._ctx = ctx
         self.flow = flow
-        self.input = invocation.input
+        self.run_id = run_id
+        self._turns = tuple(turns)
+        self._turn = self._turns[-1]
+        self.input: Any = None
         self.state: dict[str, Any] = {}
         self.messages: list[str] = []
+        earlier = [e for t in self._turns[:-1] for e in t.events]
+        if earlier:
+            # The earlier turns' effects at their ordinals (they continue across the run's turns), then this turn's.
+            ctx._journal = _Journal([*earlier, *ctx._run.journal])
+            ctx._replay_until = max(ctx._journal.by_ordinal, default=-1)
 
     def _fail(self, code: str, detail: str) -> RunFailedError:
-        return RunFailedError(code, bounded_text(f"flow {self.flow.name!r}: {detail}"))
+        return RunFailedError(code, bounded_text(f"flow {self.flow.name!r} run {self.run_id!r}: {detail}"))
+
+    @property
+    def _current(self) -> bool:
+        return self._turn is self._turns[-1]
+
+    def _enter(self, node: FlowNode) -> None:
+        """Record that the walk entered ``node`` (once: a replay finds the record at its ordinal)."""
+        ctx = self._ctx
+        ordinal = ctx._next_ordinal()
+        name = NODE_PREFIX + node.id
+        rec = ctx._recorded(ordinal)
+        if rec is not None:
+            if not (isinstance(rec, StepRecorded) and rec.name == name):
+                raise ReplayDivergenceError(ordinal, _describe(rec), f"flow node {node.id!r}")
+            return
+        if not self._current:
+            raise ReplayDivergenceError(
+                ordinal, "nothing", f"flow node {node.id!r} of turn {self._turn.submission_id!r}"
+            )
+        result_json = canonical_json({"flow": self.flow.name, "node": node.id, "run_id": self.run_id})
+        ctx._pipeline.buffer.append(
+            StepRecorded(
+                submission_id=ctx.submission_id,
+                attempt_id=ctx.attempt_id,
+                name=name,
+                version=1,
+                step_id=json_digest(canonical_json([ctx.run_id, ordinal, "step", name])),
+                ordinal=ordinal,
+                result_json=result_json,
+                result_digest=json_digest(result_json),
+            )
+        )
 
     async def _extract(self, node: Collect) -> dict[str, Any]:
         """One recorded model call that extracts ``node``'s fields from the user's text; the object it answered."""
@@ -111,6 +188,7 @@ class FlowTurn:
             return None
         return {
             "flow": self.flow.name,
+            "run_id": self.run_id,
             "status": "waiting",
             "node": node.id,
             "ask": node.question(missing),
@@ -156,62 +234,122 @@ class FlowTurn:
         self.state.update(result.data)
         return self._after(node, result.node)
 
-    async def run(self) -> dict[str, Any]:
-        """Walk the graph from ``start`` until a ``collect`` lacks fields, an `End` or a `Handoff`.
-
-        Returns:
-            The turn's reply (module docstring).
-
-        Raises:
-            RunFailedError: ``bad_flow_result`` or ``flow_loop`` (module docstring).
-        """
-        at: str | End | Handoff = self.flow.start
-        last = self.flow.start
+    async def _walk(self, at: str) -> dict[str, Any] | _Parked:
+        """Walk one turn from node ``at``: its reply, or `_Parked` for an earlier turn that parked at a collect."""
+        where: str | End | Handoff = at
+        last = at
         visits = 0
-        while isinstance(at, str):
+        while isinstance(where, str):
             visits += 1
             if visits > self.flow.max_node_visits:
                 raise self._fail(
-                    "flow_loop", f"the turn visited {self.flow.max_node_visits} nodes without ending (at {at!r})"
+                    "flow_loop", f"the turn visited {self.flow.max_node_visits} nodes without ending (at {where!r})"
                 )
-            node = self.flow.node(at)
-            last = at
+            node = self.flow.node(where)
+            last = where
+            self._enter(node)
             if isinstance(node, Collect):
                 waiting = await self._collect(node)
                 if waiting is not None:
-                    return waiting
-                at = self._after(node, node.next)
+                    return waiting if self._current else _Parked(node.id)
+                where = self._after(node, node.next)
             elif isinstance(node, Reply):
                 await self._reply(node)
-                at = self._after(node, node.next)
+                where = self._after(node, node.next)
             else:
-                at = await self._action(node)
-        if isinstance(at, Handoff):
-            return {"handoff": at.to, "reason": at.reason}
+                where = await self._action(node)
+        if not self._current:
+            raise self._fail(
+                "flow_run_ended", f"the run ended in its turn {self._turn.submission_id!r}; a new turn cannot resume it"
+            )
+        if isinstance(where, Handoff):
+            return {"handoff": where.to, "reason": where.reason}
         return {
             "flow": self.flow.name,
+            "run_id": self.run_id,
             "status": "completed",
-            "outcome": at.outcome,
+            "outcome": where.outcome,
             "node": last,
             "messages": list(self.messages),
             "state": dict(self.state),
         }
 
+    async def run(self) -> dict[str, Any]:
+        """Walk the run's turns in order from ``start``; run the current one until it parks or the flow ends.
 
-async def run_flow(ctx: RunContext, flow: Flow | None, invocation: FlowInvocation) -> dict[str, Any]:
-    """Run (or resume) the flow turn a submission names.
+        Returns:
+            The turn's reply (module docstring).
+
+        Raises:
+            RunFailedError: ``flow_run_ended``, ``bad_flow_result`` or ``flow_loop`` (module docstring).
+        """
+        ctx = self._ctx
+        own_run_id = ctx.run_id
+        at = self.flow.start
+        try:
+            for turn in self._turns:
+                self._turn = turn
+                self.input = turn.input
+                self.messages = []
+                if not self._current and turn.outcome is not SettlementOutcome.COMPLETED:
+                    raise self._fail(
+                        "flow_run_ended",
+                        f"its turn {turn.submission_id!r} settled {turn.outcome.value if turn.outcome else None}",
+                    )
+                ctx.run_id = own_run_id if self._current else turn.submission_id  # the key of that turn's effects
+                walked = await self._walk(at)
+                if not isinstance(walked, _Parked):
+                    return walked
+                at = walked.node
+            raise AssertionError("unreachable: the current turn returns or raises")  # pragma: no cover
+        finally:
+            ctx.run_id = own_run_id
+
+
+def _turns(ctx: RunContext, run_id: str, invocation: FlowInvocation) -> tuple[str | None, list[_Turn]]:
+    """The run's flow name (from its opening turn) and its turns in order, the current one last."""
+    name = invocation.name
+    turns: list[_Turn] = []
+    if invocation.run_id is not None:
+        for h in ctx.history:
+            try:
+                earlier = flow_invocation(h.input_json)
+            except ValueError:
+                continue  # never admitted as a flow turn (the owner refuses a malformed envelope): not this run's
+            if earlier is None:
+                continue
+            if earlier.run_id == run_id:
+                turns.append(_Turn(h.submission_id, earlier.input, h.outcome, h.events))
+            elif earlier.run_id is None and flow_run_id_for(ctx.conversation_id, h.submission_id) == run_id:
+                name = earlier.name
+                turns.append(_Turn(h.submission_id, earlier.input, h.outcome, h.events))
+    turns.append(_Turn(ctx.submission_id, invocation.input, None))
+    return name, turns
+
+
+async def run_flow(ctx: RunContext, flows: Mapping[str, Flow], invocation: FlowInvocation) -> dict[str, Any]:
+    """Run (or resume) the flow run turn a submission names.
 
     Args:
         ctx: The run's context.
-        flow: The registered flow of that name, or None.
+        flows: The registered flows by name.
         invocation: The submission's request.
 
     Returns:
         The turn's reply (`FlowTurn.run`).
 
     Raises:
-        RunFailedError: No flow of that name is registered (``unknown_flow``; not retried), or the turn failed.
+        RunFailedError: No flow of that name is registered (``unknown_flow``), the run's opening turn is not in the
+            history (``unknown_flow_run``), or the turn failed (not retried).
     """
+    run_id = invocation.run_id or flow_run_id_for(ctx.conversation_id, ctx.submission_id)
+    name, turns = _turns(ctx, run_id, invocation)
+    if name is None:
+        raise RunFailedError(
+            "unknown_flow_run",
+            f"flow run {run_id!r}: its opening turn is not in the history this worker keeps (App.keep_history)",
+        )
+    flow = flows.get(name)
     if flow is None:
-        raise RunFailedError("unknown_flow", f"no flow named {invocation.name!r} is registered on the app")
-    return await FlowTurn(ctx, flow, invocation).run()
+        raise RunFailedError("unknown_flow", f"no flow named {name!r} is registered on the app")
+    return await FlowTurn(ctx, flow, run_id, turns).run()

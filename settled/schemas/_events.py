@@ -211,6 +211,8 @@ class SubmissionRejectReason(enum.StrEnum):
     """The record's key does not hash to the partition it arrived on (docs/design.md §2)."""
     UNAUTHORIZED = "unauthorized"
     OTHER = "other"
+    UNKNOWN_TARGET = "unknown_target"
+    """The turn names a flow run the conversation does not hold (issue 18; invented, or another conversation's)."""
 
 
 class CommandKind(enum.StrEnum):
@@ -784,6 +786,8 @@ class SubmissionAdmitted(AvroRecord):
         tools_offered: Tool names offered for the turn.
         input_json: The turn's input, canonical JSON.
         input_ref: The inbox record this decides.
+        flow_run_id: The flow run of this turn (issue 18): minted by the owner for a turn that opens one, the
+            addressed run for a turn that resumes one.
     """
 
     submission_id: str
@@ -795,6 +799,7 @@ class SubmissionAdmitted(AvroRecord):
     tools_offered: tuple[str, ...]
     input_json: CanonicalJson
     input_ref: InputRef | None = None
+    flow_run_id: str | None = None
 
 
 class SubmissionReady(AvroRecord):
@@ -1460,6 +1465,7 @@ class Receipt(AvroRecord):
         submission_seq: For an admitted or duplicate submission: its submission sequence.
         conversation_id: The conversation (the record key).
         decided_at: When the owner decided.
+        run_id: For an admitted or duplicate submission of a flow run: the run's id (issue 18).
     """
 
     schema_version: NonNegInt32 = SCHEMA_VERSION
@@ -1471,6 +1477,7 @@ class Receipt(AvroRecord):
     submission_seq: NonNegInt64 | None = None
     conversation_id: str
     decided_at: UtcMillis
+    run_id: str | None = None
 
 
 class SettlementRecord(AvroRecord):

@@ -57,8 +57,10 @@ def test_refund_flow_killed_in_each_node_refunds_once_and_completes(
     result = settled(s, receipt.request_id)
     assert result is not None and result.outcome is SettlementOutcome.COMPLETED, result
     assert result.reply_json is not None
+    assert receipt.run_id is not None
     assert json.loads(result.reply_json) == {
         "flow": "refund",
+        "run_id": receipt.run_id,
         "status": "completed",
         "outcome": "refunded",
         "node": "confirmed",
@@ -88,6 +90,7 @@ def test_a_collect_lacking_its_field_settles_with_the_question_and_runs_no_tool(
     assert result.reply_json is not None
     assert json.loads(result.reply_json) == {
         "flow": "refund",
+        "run_id": receipt.run_id,
         "status": "waiting",
         "node": "collect_amount",
         "ask": "What amount should the refund be for?",

@@ -4,14 +4,15 @@ back, as in `tests/unit/runtime/test_workflow.py`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from settled.processors import AgentRun, CancelSignal, RunFailedError
-from settled.protocol import flow_input, flow_invocation
+from settled.processors import AgentRun, CancelSignal, HistoryTurn, RunFailedError
+from settled.protocol import flow_input, flow_invocation, flow_resume_input, flow_run_id_for
 from settled.runtime import (
     App,
     End,
@@ -29,10 +30,19 @@ from settled.runtime import (
     reply,
 )
 from settled.runtime._model import ScriptStep
-from settled.schemas import LogEvent, ModelResponseCompleted, ToolCallPrepared, ToolCallSettled, canonical_json
+from settled.schemas import (
+    LogEvent,
+    ModelResponseCompleted,
+    SettlementOutcome,
+    StepRecorded,
+    ToolCallPrepared,
+    ToolCallSettled,
+    canonical_json,
+)
 from tests.unit.runtime.test_context import Recorder
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+RUN = flow_run_id_for("c1", "s1")  # the run the tests' opening turn (submission s1 of conversation c1) opens
 
 AMOUNT_SCHEMA = {"type": "object", "properties": {"amount": {"type": "number"}, "note": {"type": "string"}}}
 
@@ -116,6 +126,7 @@ def test_collect_takes_json_fields_then_the_action_and_reply_run_and_the_flow_en
     assert reply_json == canonical_json(
         {
             "flow": "refund",
+            "run_id": RUN,
             "status": "completed",
             "outcome": "refunded",
             "node": "confirmed",
@@ -154,6 +165,7 @@ def test_a_collect_lacking_fields_settles_with_the_question_and_runs_nothing_aft
     assert out == canonical_json(
         {
             "flow": "refund",
+            "run_id": RUN,
             "status": "waiting",
             "node": "collect_amount",
             "ask": "What amount and note?",
@@ -275,3 +287,104 @@ def test_registering_two_flows_of_one_name_is_refused() -> None:
     app.flow(Flow("f", "", "a", [action("a", print)]))
     with pytest.raises(ValueError, match="a flow named 'f' is already registered"):
         app.flow(Flow("f", "", "a", [action("a", print)]))
+
+
+# -------------------------------------------------------------------------------- flow runs spanning turns (item 2)
+
+
+def turn(recorder: Recorder, submission_id: str, input_value: Any, history: Sequence[HistoryTurn] = ()) -> AgentRun:
+    return AgentRun(
+        conversation_id="c1",
+        submission_id=submission_id,
+        attempt_id=f"{submission_id}-a1",
+        attempt=1,
+        input_json=canonical_json(input_value),
+        owner_epoch=1,
+        cancelled=CancelSignal(),
+        run_id=submission_id,
+        record=recorder,
+        history=tuple(history),
+    )
+
+
+def settled_turn(recorder: Recorder, submission_id: str, input_value: Any) -> HistoryTurn:
+    """A settled turn as the conductor's history hands it over: its input and its committed effects."""
+    events = tuple(e for e in recorder.events if getattr(e, "submission_id", None) == submission_id)
+    return HistoryTurn(submission_id, canonical_json(input_value), SettlementOutcome.COMPLETED, events)
+
+
+def charge_then_ask_app(charges: list[str]) -> App:
+    """A flow whose action charges, then a collect asks for a note, then it ends."""
+    app = App(agent=None, resolver_keys={"k": "x"}, options=RunOptions(clock=lambda: T0))
+
+    @app.tool(idempotent=True)
+    def charge(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+        charges.append(call.idempotency_key)
+        return {"charged": args["amount"]}
+
+    async def pay(state: dict[str, Any], ctx: RunContext) -> Goto:
+        return Goto("ask", {"receipt": await ctx.tool("charge", {"amount": 5})})
+
+    note = {"type": "object", "properties": {"note": {"type": "string"}}}
+    app.flow(
+        Flow(
+            "pay",
+            description="",
+            start="pay",
+            nodes=[action("pay", pay), collect("ask", note, ["note"], "Any note?", next=End("done"))],
+        )
+    )
+    return app
+
+
+def test_a_later_turn_resumes_the_parked_run_and_gets_the_recorded_outcomes_back() -> None:
+    charges: list[str] = []
+    app = charge_then_ask_app(charges)
+    rec = Recorder()
+    opening = flow_input("pay", {})
+    first = json.loads(app.runner()(turn(rec, "s1", opening)))
+    assert first["status"] == "waiting" and first["node"] == "ask" and first["run_id"] == RUN
+    assert len(charges) == 1
+    later = flow_resume_input(RUN, {"note": "thanks"})
+    second = json.loads(app.runner()(turn(rec, "s2", later, [settled_turn(rec, "s1", opening)])))
+    assert second == {
+        "flow": "pay",
+        "run_id": RUN,
+        "status": "completed",
+        "outcome": "done",
+        "node": "ask",
+        "messages": [],
+        "state": {"receipt": {"charged": 5}, "note": "thanks"},
+    }
+    assert len(charges) == 1, "the charge recorded in the first turn is replayed, not run again"
+    # Ordinals continue across the run's turns; every node entered is recorded once per turn that entered it.
+    s1 = [e.ordinal for e in rec.events if isinstance(e, StepRecorded | ToolCallPrepared) and e.submission_id == "s1"]
+    s2 = [e.ordinal for e in rec.events if isinstance(e, StepRecorded | ToolCallPrepared) and e.submission_id == "s2"]
+    assert s2 and min(s2) > max(s1), (s1, s2)
+    names = [(e.submission_id, e.name) for e in rec.of(StepRecorded)]
+    assert names == [("s1", "flow:pay"), ("s1", "flow:ask"), ("s2", "flow:ask")]
+
+
+def test_a_turn_of_a_run_that_ended_fails_and_runs_nothing() -> None:
+    charges: list[str] = []
+    app = charge_then_ask_app(charges)
+    rec = Recorder()
+    opening = flow_input("pay", {"note": "at once"})
+    assert '"outcome":"done"' in app.runner()(turn(rec, "s1", opening))
+    with pytest.raises(RunFailedError, match="the run ended in its turn 's1'") as ended:
+        app.runner()(turn(rec, "s2", flow_resume_input(RUN, {}), [settled_turn(rec, "s1", opening)]))
+    assert ended.value.error_type == "flow_run_ended"
+    assert len(charges) == 1 and not [e for e in rec.events if getattr(e, "submission_id", "") == "s2"]
+
+
+def test_a_later_turn_without_its_opening_turn_in_the_history_fails_naming_the_run() -> None:
+    app = charge_then_ask_app([])
+    with pytest.raises(RunFailedError, match="its opening turn is not in the history") as missing:
+        app.runner()(turn(Recorder(), "s2", flow_resume_input(RUN, {})))
+    assert missing.value.error_type == "unknown_flow_run"
+
+
+def test_a_run_id_outranks_a_flow_name_in_the_envelope() -> None:
+    both = canonical_json({"settled_flow": {"name": "other", "run_id": "fr-1"}, "input": 1})
+    invocation = flow_invocation(both)
+    assert invocation is not None and (invocation.name, invocation.run_id) == (None, "fr-1")
