@@ -58,7 +58,8 @@ SUITES = [
     # +40 s for issue 20's access grants and revocations, API and CLI (tests/integration/api/test_api_access_grants.py;
     # ~35 s here).
     # +10 s for the async lifecycle subscriber (issue 17 item 5, tests/integration/test_async_lifecycle.py; ~5 s here).
-    Suite("integration", 1230, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +20 s for issue 18's refund-flow example (tests/integration/test_refund_flow_example.py, ~12 s here).
+    Suite("integration", 1250, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
