@@ -61,6 +61,10 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "the projector commits its consumed offsets in a different Postgres transaction than the rows they "
             "produced (DUR-015)"
         ),
+        "flow_drift_unchecked": (
+            "a turn of a flow run does not compare the run's pinned digest with the deployed flow's, so a parked run "
+            "resumes against a changed graph, its recorded results replayed into other nodes (DUR-010, issue 18)"
+        ),
         "workflow_retry_unrecorded": (
             "a failed workflow step is retried in the same attempt after its backoff, with no canonical "
             "StepRetryScheduled and no timed wait, so the retry leaves no trace in the log (DUR-010, issue 17 item 3)"

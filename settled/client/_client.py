@@ -348,6 +348,72 @@ class Client:
             raise SubmissionRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
+    def abandon_flow_run(
+        self,
+        conversation_id: str,
+        run_id: str,
+        *,
+        command_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """End flow run ``run_id`` without running a node (issue 18 item 3; e.g. after a `FlowDriftError`).
+
+        An operator's turn (`settled.protocol.flow_operator_input`) whose idempotency key is ``command_id``: the same
+        id again is a duplicate. Later turns naming the run fail ``flow_run_ended``.
+
+        Args:
+            conversation_id: The run's conversation.
+            run_id: The run.
+            command_id: The command's id, its idempotency key (default: a new UUID).
+            principal: Who asks (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The receipt (admitted, or duplicate of the first abandon under the same id).
+
+        Raises:
+            ValueError: ``run_id`` is blank.
+            SubmissionRejectedError: ``unknown_target``: the conversation holds no such run.
+        """
+        envelope = protocol.flow_operator_input(run_id, "abandon")
+        return self.submit(
+            conversation_id, envelope, idempotency_key=command_id, principal=principal, timeout_s=timeout_s
+        )
+
+    def restart_flow_run(
+        self,
+        conversation_id: str,
+        run_id: str,
+        *,
+        command_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """End flow run ``run_id`` and open a new run of the deployed flow with its opening input (issue 18 item 3).
+
+        As `abandon_flow_run`; the receipt's ``run_id`` is the new run's, and the turn's reply is the new run's first
+        turn (with ``restarted_from``).
+
+        Args:
+            conversation_id: The run's conversation.
+            run_id: The run.
+            command_id: The command's id, its idempotency key (default: a new UUID).
+            principal: Who asks (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The receipt (admitted, or duplicate of the first restart under the same id).
+
+        Raises:
+            ValueError: ``run_id`` is blank.
+            SubmissionRejectedError: ``unknown_target``: the conversation holds no such run.
+        """
+        envelope = protocol.flow_operator_input(run_id, "restart")
+        return self.submit(
+            conversation_id, envelope, idempotency_key=command_id, principal=principal, timeout_s=timeout_s
+        )
+
     def run_workflow(
         self,
         name: str,

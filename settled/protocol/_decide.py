@@ -326,7 +326,12 @@ def admit(
                 field="run_id",
                 detail=f"conversation {state.conversation_id!r} holds no flow run {flow.run_id!r}",
             )
-        run_id = flow.run_id
+        # An operator's restart opens a new run (its id minted for this turn); abandon and a resume keep the run.
+        run_id = (
+            flow_run_id_for(state.conversation_id, proposal.submission_id)
+            if flow.operator == "restart"
+            else flow.run_id
+        )
     elif flow is not None:
         run_id = flow_run_id_for(state.conversation_id, proposal.submission_id)
     seq = state.last_submission_seq + 1
@@ -366,7 +371,9 @@ def _duplicate_run_id(state: ConversationState, proposal: SubmissionProposed, or
         return None  # an envelope that does not parse was never admitted: no run
     if flow is None:
         return None
-    return flow.run_id if flow.run_id is not None else flow_run_id_for(state.conversation_id, original_id)
+    if flow.run_id is not None and flow.operator != "restart":
+        return flow.run_id
+    return flow_run_id_for(state.conversation_id, original_id)
 
 
 def reject_submission(

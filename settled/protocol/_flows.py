@@ -7,9 +7,13 @@ A turn that opens a flow run has the input `flow_input` builds; a later turn of 
     {"settled_flow": {"run_id": "fr-..."}, "input": <the turn's input>}     # resumes run fr-...
 
 A ``run_id`` outranks a ``name`` beside it: a turn that names a run only resumes it (`flow_invocation` drops the
-name). The owner mints the run id when it admits the opening turn (`flow_run_id_for`: a digest of the conversation
-and the submission id, so a replayed decision mints the same id) and the receipt carries it; a turn naming a run id
-the conversation does not hold is rejected ``unknown_target`` (`settled/protocol/_decide.py`). The worker reads the
+name). An operator's turn names a run and an ``operator`` (`flow_operator_input`, issue 18 item 3): ``abandon`` ends
+the run; ``restart`` ends it and opens a new run (its id minted for the restart turn) of the deployed flow with the
+run's opening input; sent under one idempotency key (the command id), a repeat is a duplicate.
+
+The owner mints the run id when it admits the opening turn (`flow_run_id_for`: a digest of the conversation and the
+submission id, so a replayed decision mints the same id) and the receipt carries it; a turn naming a run id the
+conversation does not hold is rejected ``unknown_target`` (`settled/protocol/_decide.py`). The worker reads the
 envelope back with `flow_invocation` and runs the flow instead of the agent (`settled/runtime/_flow_run.py`).
 """
 
@@ -28,6 +32,7 @@ __all__ = [
     "TranscriptEntry",
     "flow_input",
     "flow_invocation",
+    "flow_operator_input",
     "flow_resume_input",
     "flow_run_id_for",
     "flow_run_view",
@@ -39,6 +44,9 @@ FLOW_KEY = "settled_flow"
 #: The prefix of a minted flow run id.
 _RUN_PREFIX = "fr-"
 
+#: What an operator may do to a flow run (``settled flows abandon|restart``).
+FLOW_OPERATORS = ("abandon", "restart")
+
 
 @dataclass(frozen=True)
 class FlowInvocation:
@@ -48,11 +56,13 @@ class FlowInvocation:
         name: The flow's name, for a turn that opens a run (None when it resumes one).
         run_id: The run a later turn resumes (None for a turn that opens one).
         input: The turn's input (decoded JSON).
+        operator: For an operator's turn: ``abandon`` or ``restart`` (of ``run_id``); None otherwise.
     """
 
     name: str | None
     run_id: str | None
     input: Any
+    operator: str | None = None
 
 
 def flow_run_id_for(conversation_id: str, submission_id: str) -> str:
@@ -104,6 +114,26 @@ def flow_resume_input(run_id: str, input: Any) -> dict[str, Any]:
     return {FLOW_KEY: {"run_id": run_id}, "input": input}
 
 
+def flow_operator_input(run_id: str, operator: str) -> dict[str, Any]:
+    """Build the input of an operator's turn that abandons or restarts flow run ``run_id``.
+
+    Args:
+        run_id: The run id.
+        operator: ``abandon`` or ``restart``.
+
+    Returns:
+        The envelope.
+
+    Raises:
+        ValueError: ``run_id`` is blank or ``operator`` is not one of `FLOW_OPERATORS` (named with the value).
+    """
+    if operator not in FLOW_OPERATORS:
+        raise ValueError(f"operator must be one of {list(FLOW_OPERATORS)}, got {operator!r}")
+    envelope = flow_resume_input(run_id, None)
+    envelope[FLOW_KEY]["operator"] = operator
+    return envelope
+
+
 def flow_invocation(input_json: str) -> FlowInvocation | None:
     """Read the flow turn a submission's input asks for, if it asks for one.
 
@@ -129,7 +159,10 @@ def flow_invocation(input_json: str) -> FlowInvocation | None:
     if run_id is not None:
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"input.{FLOW_KEY}.run_id must be a non-empty string, got {run_id!r}")
-        return FlowInvocation(name=None, run_id=run_id, input=value.get("input"))
+        operator = header.get("operator")
+        if operator is not None and operator not in FLOW_OPERATORS:
+            raise ValueError(f"input.{FLOW_KEY}.operator must be one of {list(FLOW_OPERATORS)}, got {operator!r}")
+        return FlowInvocation(name=None, run_id=run_id, input=value.get("input"), operator=operator)
     name = header.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"input.{FLOW_KEY}.name must be a non-empty string, got {name!r}")
@@ -165,7 +198,8 @@ class FlowRunView:
         flow: The flow's name.
         status: ``running`` (a turn runs), ``waiting`` (parked at a ``collect`` for the user's next turn, or a turn
             waits for an approval or a signal), ``completed`` (ended by an `End` or a handoff), ``failed`` or
-            ``aborted`` (a turn settled so).
+            ``aborted`` (its last turn settled so; a drifted run's turns fail ``FlowDriftError``), ``abandoned`` or
+            ``restarted`` (an operator ended it).
         node: The node the run last entered (None before its first).
         waiting_for: What it waits for: ``{"kind": "input", "node", "ask", "missing"}`` for a parked collect,
             ``{"kind": "approval" | "signal", "name", "wait_id"}`` for an open wait; None otherwise.
@@ -194,8 +228,9 @@ def flow_run_view(conversation_id: str, run_id: str, entries: list[TranscriptEnt
     Returns:
         The view, or None when the conversation holds no such run.
     """
-    flow: str | None = None
+    flows: dict[str, str] = {}  # run id -> flow name, of every run opened (or restarted) so far
     turns: list[str] = []
+    ended: str | None = None  # "abandoned" or "restarted", once an operator ended the run
     for e in entries:
         if e.kind != "input" or e.submission_id is None or e.content is None:
             continue
@@ -205,12 +240,20 @@ def flow_run_view(conversation_id: str, run_id: str, entries: list[TranscriptEnt
             continue  # the owner admits no malformed envelope
         if invocation is None:
             continue
-        if invocation.run_id is None and flow_run_id_for(conversation_id, e.submission_id) == run_id:
-            flow = invocation.name
-            turns.append(e.submission_id)
-        elif invocation.run_id == run_id and flow is not None:
-            turns.append(e.submission_id)
-    if flow is None:
+        minted = flow_run_id_for(conversation_id, e.submission_id)
+        if invocation.run_id is None and invocation.name is not None:
+            flows[minted] = invocation.name
+        elif invocation.operator == "restart" and invocation.run_id in flows:
+            flows[minted] = flows[invocation.run_id]
+        if minted == run_id and run_id in flows:
+            turns.append(e.submission_id)  # the opening turn (a restart turn opens the new run)
+        elif invocation.run_id == run_id and turns and ended is None:
+            if invocation.operator is not None:
+                ended = "abandoned" if invocation.operator == "abandon" else "restarted"
+            else:
+                turns.append(e.submission_id)
+    flow = flows.get(run_id)
+    if flow is None or not turns:
         return None
     last = turns[-1]
     mine = set(turns)
@@ -235,18 +278,16 @@ def flow_run_view(conversation_id: str, run_id: str, entries: list[TranscriptEnt
         elif e.kind == "settlement":
             failure = e.content or "failed"
     status, waiting_for, outcome = "running", None, None
-    if failure is not None:
+    if ended is not None:
+        status = ended
+    elif failure is not None:
         status = "aborted" if failure.startswith("aborted") else "failed"
     elif isinstance(reply, dict) and "handoff" in reply:
         status, outcome = "completed", f"handoff:{reply['handoff']}"
     elif isinstance(reply, dict) and reply.get("status") == "waiting":
         status = "waiting"
-        waiting_for = {
-            "kind": "input",
-            "node": reply.get("node"),
-            "ask": reply.get("ask"),
-            "missing": reply.get("missing"),
-        }
+        waiting_for = {key: reply.get(key) for key in ("node", "ask", "missing")}
+        waiting_for["kind"] = "input"
     elif isinstance(reply, dict) and reply.get("status") == "completed":
         status, outcome = "completed", reply.get("outcome")
     elif waits:

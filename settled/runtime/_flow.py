@@ -59,6 +59,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from settled.processors import RunFailedError
+from settled.schemas import canonical_json, json_digest
+
 if TYPE_CHECKING:
     from settled.runtime._context import RunContext
     from settled.runtime._model import ModelProvider
@@ -69,6 +72,7 @@ __all__ = [
     "Collect",
     "End",
     "Flow",
+    "FlowDriftError",
     "FlowNode",
     "Goto",
     "Handoff",
@@ -130,6 +134,44 @@ class Handoff:
 
     to: str
     reason: str = ""
+
+
+class FlowDriftError(RunFailedError):
+    """A turn reached a flow run pinned to another definition than the deployed one (issue 18 item 3).
+
+    The turn runs no node and settles failed with this error type until an operator chooses: ``settled flows
+    abandon RUN_ID --conversation C`` ends the run, ``settled flows restart ...`` ends it and opens a new run of the
+    deployed flow with the same opening input.
+
+    Attributes:
+        run_id: The run.
+        flow: The flow's name.
+        pinned_digest: The digest the run pinned when it opened.
+        deployed_digest: The deployed flow's digest.
+        recovery: What an operator may do: ``("restart", "abandon")``.
+    """
+
+    recovery = ("restart", "abandon")
+
+    def __init__(self, run_id: str, flow: str, pinned_digest: str, deployed_digest: str) -> None:
+        """Build the error.
+
+        Args:
+            run_id: The run.
+            flow: The flow's name.
+            pinned_digest: The digest the run pinned when it opened.
+            deployed_digest: The deployed flow's digest.
+        """
+        super().__init__(
+            "FlowDriftError",
+            f"flow run {run_id!r} of flow {flow!r} is pinned to digest {pinned_digest} but the deployed flow's digest "
+            f"is {deployed_digest}; no node ran. Recovery: restart or abandon (settled flows restart|abandon "
+            f"{run_id} --conversation C)",
+        )
+        self.run_id = run_id
+        self.flow = flow
+        self.pinned_digest = pinned_digest
+        self.deployed_digest = deployed_digest
 
 
 #: An action node's body: ``run(state, ctx)`` returning `Goto`, `End` or `Handoff`; sync (on a thread) or async.
@@ -363,6 +405,8 @@ class Flow:
         model: The model name passed to the provider.
         max_node_visits: How many nodes one turn may visit before it fails (``flow_loop``): a graph that cycles
             without collecting never spins a worker.
+        digest: SHA-256 (hex) of the canonical JSON of the flow's structure (`structure`), pinned by a run when it
+            opens (issue 18 item 3): a description, a provider or a dynamic ``next`` function does not change it.
 
     Raises:
         ValueError: A value is invalid (the message names the flow, the field and the value).
@@ -375,6 +419,7 @@ class Flow:
     provider: ModelProvider | None = None
     model: str = "default"
     max_node_visits: int = 100
+    digest: str = field(init=False, compare=False)
     _index: Mapping[str, FlowNode] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -404,6 +449,42 @@ class Flow:
             raise ValueError(f"Flow {self.name!r}: max_node_visits must be >= 1, got {self.max_node_visits}")
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "digest", json_digest(canonical_json(self.structure())))
+
+    def structure(self) -> dict[str, Any]:
+        """Return what the digest covers (issue 18 item 3): the name, ``start``, and per node its id and kind.
+
+        Besides: a collect's schema, required fields and ``next``; a reply's ``next`` when static (a node id or an
+        `End`); an action's ``version``.
+
+        Returns:
+            The structure, a JSON object.
+        """
+
+        def edge(target: Any) -> Any:
+            if isinstance(target, str):
+                return target
+            if isinstance(target, End):
+                return {"end": target.outcome}
+            return None  # a function of the state: not a static edge
+
+        nodes: list[dict[str, Any]] = []
+        for n in self.nodes:
+            if isinstance(n, Collect):
+                nodes.append(
+                    {
+                        "id": n.id,
+                        "kind": "collect",
+                        "schema": n.schema,
+                        "required": list(n.required),
+                        "next": edge(n.next),
+                    }
+                )
+            elif isinstance(n, Reply):
+                nodes.append({"id": n.id, "kind": "reply", "next": edge(n.next)})
+            else:
+                nodes.append({"id": n.id, "kind": "action", "version": n.version})
+        return {"name": self.name, "start": self.start, "nodes": nodes}
 
     def node(self, node_id: str) -> FlowNode:
         """Return the node ``node_id``.

@@ -12,6 +12,12 @@ effect back at its ordinal and runs nothing recorded again (docs/semantics.md §
 earlier turn is replayed the context's run id is that turn's submission id (the key of its recorded calls, waits
 and approvals); the current turn's new effects are keyed by its own.
 
+The opening turn's first record pins the flow's digest (``StepRecorded`` ``flow-pin``, issue 18 item 3); every
+later walk reads it back before any node, and another digest than the deployed flow's fails the turn with
+`FlowDriftError` (nothing recorded; such a refused turn is left out of later walks). An operator's turn
+(``settled flows abandon|restart``) ends the run: ``abandon`` runs no node; ``restart`` walks the deployed flow as
+the opening turn of a new run (minted for the restart turn) with the old run's opening input.
+
 Each node the walk enters is recorded once, as a ``StepRecorded`` named ``flow:<node id>`` (its result
 ``{"flow", "node", "run_id"}``), buffered: it commits with the run's next record, at no extra commit. The parked
 run's state is therefore in the log: the turns' inputs, their effects and the node records, which is what
@@ -40,11 +46,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from settled._faults import fault_enabled
 from settled.processors import RunFailedError
 from settled.protocol import FlowInvocation, bounded_text, flow_invocation, flow_run_id_for
 from settled.runtime._context import RunContext, _describe, _Journal
 from settled.runtime._errors import ReplayDivergenceError
-from settled.runtime._flow import Action, Collect, End, Flow, FlowNode, Goto, Handoff, Reply
+from settled.runtime._flow import Action, Collect, End, Flow, FlowDriftError, FlowNode, Goto, Handoff, Reply
 from settled.runtime._model import Message
 from settled.runtime._tools import invoke
 from settled.schemas import LogEvent, SettlementOutcome, StepRecorded, canonical_json, json_digest
@@ -55,6 +62,9 @@ __all__ = ["NODE_PREFIX", "FlowTurn", "run_flow"]
 
 #: The record-name prefix of a node the walk entered (module docstring).
 NODE_PREFIX = "flow:"
+
+#: The name of the record that pins the flow's digest when a run opens (``{"flow", "digest", "run_id"}``).
+PIN_NAME = "flow-pin"
 
 
 def _user_text(value: Any) -> str:
@@ -274,6 +284,40 @@ class FlowTurn:
             "state": dict(self.state),
         }
 
+    def _pin(self) -> None:
+        """Pin the flow's digest when the run opens, or check the pin (issue 18 item 3), before any node.
+
+        The pin is the opening turn's first record (its first ordinal).
+
+        Raises:
+            FlowDriftError: The run pinned another digest than the deployed flow's.
+        """
+        ctx = self._ctx
+        ordinal = ctx._next_ordinal()
+        rec = ctx._recorded(ordinal)
+        if rec is not None:
+            if not (isinstance(rec, StepRecorded) and rec.name == PIN_NAME):
+                raise ReplayDivergenceError(ordinal, _describe(rec), f"the pin of flow {self.flow.name!r}")
+            pinned = json.loads(rec.result_json).get("digest")
+            if pinned != self.flow.digest and not fault_enabled("flow_drift_unchecked"):
+                raise FlowDriftError(self.run_id, self.flow.name, str(pinned), self.flow.digest)
+            return
+        if not self._current:
+            raise ReplayDivergenceError(ordinal, "nothing", f"the pin of flow {self.flow.name!r}")
+        result_json = canonical_json({"flow": self.flow.name, "digest": self.flow.digest, "run_id": self.run_id})
+        ctx._pipeline.buffer.append(
+            StepRecorded(
+                submission_id=ctx.submission_id,
+                attempt_id=ctx.attempt_id,
+                name=PIN_NAME,
+                version=1,
+                step_id=json_digest(canonical_json([ctx.run_id, ordinal, "step", PIN_NAME])),
+                ordinal=ordinal,
+                result_json=result_json,
+                result_digest=json_digest(result_json),
+            )
+        )
+
     async def run(self) -> dict[str, Any]:
         """Walk the run's turns in order from ``start``; run the current one until it parks or the flow ends.
 
@@ -281,22 +325,20 @@ class FlowTurn:
             The turn's reply (module docstring).
 
         Raises:
+            FlowDriftError: The run is pinned to another digest than the deployed flow's (no node ran).
             RunFailedError: ``flow_run_ended``, ``bad_flow_result`` or ``flow_loop`` (module docstring).
         """
         ctx = self._ctx
         own_run_id = ctx.run_id
         at = self.flow.start
         try:
-            for turn in self._turns:
+            for index, turn in enumerate(self._turns):
                 self._turn = turn
                 self.input = turn.input
                 self.messages = []
-                if not self._current and turn.outcome is not SettlementOutcome.COMPLETED:
-                    raise self._fail(
-                        "flow_run_ended",
-                        f"its turn {turn.submission_id!r} settled {turn.outcome.value if turn.outcome else None}",
-                    )
                 ctx.run_id = own_run_id if self._current else turn.submission_id  # the key of that turn's effects
+                if index == 0:
+                    self._pin()
                 walked = await self._walk(at)
                 if not isinstance(walked, _Parked):
                     return walked
@@ -306,29 +348,74 @@ class FlowTurn:
             ctx.run_id = own_run_id
 
 
-def _turns(ctx: RunContext, run_id: str, invocation: FlowInvocation) -> tuple[str | None, list[_Turn]]:
-    """The run's flow name (from its opening turn) and its turns in order, the current one last."""
-    name = invocation.name
+@dataclass(frozen=True)
+class _Earlier:
+    """A settled turn of the conversation that names a flow (its envelope read back)."""
+
+    submission_id: str
+    invocation: FlowInvocation
+    outcome: SettlementOutcome
+    events: tuple[LogEvent, ...]
+
+
+def _flow_turns(ctx: RunContext) -> list[_Earlier]:
+    out: list[_Earlier] = []
+    for h in ctx.history:
+        try:
+            invocation = flow_invocation(h.input_json)
+        except ValueError:
+            continue  # never admitted as a flow turn (the owner refuses a malformed envelope)
+        if invocation is not None:
+            out.append(_Earlier(h.submission_id, invocation, h.outcome, h.events))
+    return out
+
+
+def _opening(ctx: RunContext, earlier: list[_Earlier], run_id: str) -> tuple[str, Any, str] | None:
+    """The run's flow name, opening input and opening turn (a restart's opening input is its old run's)."""
+    for e in earlier:
+        if flow_run_id_for(ctx.conversation_id, e.submission_id) != run_id:
+            continue
+        if e.invocation.run_id is None and e.invocation.name is not None:
+            return e.invocation.name, e.invocation.input, e.submission_id
+        if e.invocation.operator == "restart" and e.invocation.run_id is not None:
+            old = _opening(ctx, earlier, e.invocation.run_id)
+            return None if old is None else (old[0], old[1], e.submission_id)
+    return None
+
+
+def _ended(ctx: RunContext, earlier: list[_Earlier], run_id: str, opening_id: str) -> None:
+    """Raise ``flow_run_ended`` when an operator ended the run or one of its turns failed after acting."""
+    for e in earlier:
+        if e.invocation.run_id != run_id or e.submission_id == opening_id:
+            continue
+        if e.invocation.operator is not None:
+            verb = "abandoned" if e.invocation.operator == "abandon" else "restarted"
+            raise RunFailedError("flow_run_ended", f"flow run {run_id!r} was {verb} by turn {e.submission_id!r}")
+
+
+def _run_turns(ctx: RunContext, earlier: list[_Earlier], run_id: str, opening: tuple[str, Any, str]) -> list[_Turn]:
+    """The run's earlier turns in order, its opening turn first.
+
+    A later turn that failed having recorded nothing (a drift refusal: it ran no node) is left out.
+    """
+    _, opening_input, opening_id = opening
     turns: list[_Turn] = []
-    if invocation.run_id is not None:
-        for h in ctx.history:
-            try:
-                earlier = flow_invocation(h.input_json)
-            except ValueError:
-                continue  # never admitted as a flow turn (the owner refuses a malformed envelope): not this run's
-            if earlier is None:
+    for e in earlier:
+        if e.submission_id == opening_id:
+            turns.append(_Turn(e.submission_id, opening_input, e.outcome, e.events))
+        elif e.invocation.run_id == run_id and e.invocation.operator is None:
+            if e.outcome is not SettlementOutcome.COMPLETED and not e.events:
                 continue
-            if earlier.run_id == run_id:
-                turns.append(_Turn(h.submission_id, earlier.input, h.outcome, h.events))
-            elif earlier.run_id is None and flow_run_id_for(ctx.conversation_id, h.submission_id) == run_id:
-                name = earlier.name
-                turns.append(_Turn(h.submission_id, earlier.input, h.outcome, h.events))
-    turns.append(_Turn(ctx.submission_id, invocation.input, None))
-    return name, turns
+            if e.outcome is not SettlementOutcome.COMPLETED:
+                raise RunFailedError(
+                    "flow_run_ended", f"flow run {run_id!r}: its turn {e.submission_id!r} settled {e.outcome.value}"
+                )
+            turns.append(_Turn(e.submission_id, e.invocation.input, e.outcome, e.events))
+    return turns
 
 
 async def run_flow(ctx: RunContext, flows: Mapping[str, Flow], invocation: FlowInvocation) -> dict[str, Any]:
-    """Run (or resume) the flow run turn a submission names.
+    """Run the flow run turn a submission names: opening, resuming, abandoning or restarting a run.
 
     Args:
         ctx: The run's context.
@@ -336,20 +423,39 @@ async def run_flow(ctx: RunContext, flows: Mapping[str, Flow], invocation: FlowI
         invocation: The submission's request.
 
     Returns:
-        The turn's reply (`FlowTurn.run`).
+        The turn's reply (`FlowTurn.run`; an abandon's is ``{"flow", "run_id", "status": "abandoned"}``, a
+        restart's is the new run's first turn with ``restarted_from``).
 
     Raises:
         RunFailedError: No flow of that name is registered (``unknown_flow``), the run's opening turn is not in the
-            history (``unknown_flow_run``), or the turn failed (not retried).
+            history (``unknown_flow_run``), the run ended (``flow_run_ended``), or the turn failed (not retried).
+        FlowDriftError: The run is pinned to another digest than the deployed flow's (no node ran).
     """
-    run_id = invocation.run_id or flow_run_id_for(ctx.conversation_id, ctx.submission_id)
-    name, turns = _turns(ctx, run_id, invocation)
-    if name is None:
-        raise RunFailedError(
-            "unknown_flow_run",
-            f"flow run {run_id!r}: its opening turn is not in the history this worker keeps (App.keep_history)",
-        )
-    flow = flows.get(name)
+    earlier = _flow_turns(ctx)
+    current_run = flow_run_id_for(ctx.conversation_id, ctx.submission_id)
+    if invocation.run_id is None:
+        name, opening, run_id = invocation.name, None, current_run
+        turns = [_Turn(ctx.submission_id, invocation.input, None)]
+    else:
+        found = _opening(ctx, earlier, invocation.run_id)
+        if found is None:
+            raise RunFailedError(
+                "unknown_flow_run",
+                f"flow run {invocation.run_id!r}: its opening turn is not in the history this worker keeps "
+                "(App.keep_history)",
+            )
+        _ended(ctx, earlier, invocation.run_id, found[2])
+        name, opening, run_id = found[0], found, invocation.run_id
+        if invocation.operator == "abandon":
+            return {"flow": name, "run_id": run_id, "status": "abandoned"}
+        if invocation.operator == "restart":
+            turns, run_id = [_Turn(ctx.submission_id, found[1], None)], current_run
+        else:
+            turns = [*_run_turns(ctx, earlier, run_id, found), _Turn(ctx.submission_id, invocation.input, None)]
+    flow = flows.get(name or "")
     if flow is None:
         raise RunFailedError("unknown_flow", f"no flow named {name!r} is registered on the app")
-    return await FlowTurn(ctx, flow, run_id, turns).run()
+    reply = await FlowTurn(ctx, flow, run_id, turns).run()
+    if invocation.operator == "restart" and opening is not None:
+        reply["restarted_from"] = invocation.run_id
+    return reply

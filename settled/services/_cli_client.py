@@ -1,6 +1,7 @@
-"""``settled submit|abort|signal|approve|deny``, ``settled access grant|revoke``, ``settled unknown resolve|keygen``.
+"""``settled submit|abort|signal|approve|deny``, ``settled access|flows``, ``settled unknown resolve|keygen``.
 
-The client as commands (issue 5 item 8; ``settled access``: issue 20); ``unknown resolve`` sends a signed
+The client as commands (issue 5 item 8; ``settled access``: issue 20; ``settled flows abandon|restart``: issue 18
+item 3, an operator's turn of a flow run); ``unknown resolve`` sends a signed
 ``ResolveUnknown`` (DUR-009, docs/design.md §5).
 
 Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
@@ -32,11 +33,14 @@ from settled.client import (
 from settled.schemas import Receipt, ResolutionKind
 from settled.services._cli_root import command, fail, resolve_settings
 
-__all__ = ["abort", "access_app", "keygen", "resolve_unknown", "settlements_app", "signal", "submit"]
+__all__ = ["abort", "access_app", "flows_app", "keygen", "resolve_unknown", "settlements_app", "signal", "submit"]
 
 settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
 access_app = typer.Typer(
     no_args_is_help=True, help="Grant and revoke other principals' access to a conversation (issue 20)."
+)
+flows_app = typer.Typer(
+    no_args_is_help=True, help="End or restart a flow run, e.g. one refused with FlowDriftError (issue 18)."
 )
 
 
@@ -346,3 +350,45 @@ def tail(
     ):
         for record in stream:
             _print(record)
+
+
+_RUN = typer.Argument(..., metavar="RUN_ID", help="The flow run (a receipt's run_id).")
+
+
+def _flow_operator(
+    operator: str, run: str, conversation: str, command_id: str | None, principal: str | None, timeout_s: float
+) -> None:
+    """Send an operator's turn for a flow run and print its receipt (and the turn's settlement) as JSON lines."""
+    with Client(resolve_settings(), default_timeout_s=timeout_s) as client:
+        call = client.abandon_flow_run if operator == "abandon" else client.restart_flow_run
+        receipt = _client_call(
+            lambda: call(conversation, run, command_id=command_id, principal=principal, timeout_s=timeout_s)
+        )
+        _print(receipt)
+        _print(client.wait(receipt, timeout_s))
+
+
+@flows_app.command("abandon")
+@command
+def flows_abandon(
+    run: str = _RUN,
+    conversation: str = typer.Option(..., "--conversation", help="The run's conversation."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier abandon again (same id)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who asks (default: the client's)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the receipt, and of the settlement."),
+) -> None:
+    """End a flow run (no node runs); print the receipt and the turn's settlement. A repeat is a duplicate."""
+    _flow_operator("abandon", run, conversation, command_id, principal, timeout_s)
+
+
+@flows_app.command("restart")
+@command
+def flows_restart(
+    run: str = _RUN,
+    conversation: str = typer.Option(..., "--conversation", help="The run's conversation."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier restart again (same id)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who asks (default: the client's)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the receipt, and of the settlement."),
+) -> None:
+    """End a flow run and open a new run of the deployed flow with its opening input (the receipt's run_id)."""
+    _flow_operator("restart", run, conversation, command_id, principal, timeout_s)

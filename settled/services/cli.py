@@ -5,7 +5,16 @@ from __future__ import annotations
 import typer
 
 from settled.services._cli_api import api_command, tokens_app
-from settled.services._cli_client import abort, access_app, approve, deny, settlements_app, signal, submit
+from settled.services._cli_client import (
+    abort,
+    access_app,
+    approve,
+    deny,
+    flows_app,
+    settlements_app,
+    signal,
+    submit,
+)
 from settled.services._cli_demo import demo_app
 from settled.services._cli_dev import dev_app
 from settled.services._cli_doctor import doctor
@@ -37,6 +46,7 @@ app.add_typer(submissions_app, name="submissions")
 app.add_typer(conversations_app, name="conversations")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(access_app, name="access")
+app.add_typer(flows_app, name="flows")
 
 
 def main() -> None:

@@ -7,10 +7,14 @@ call (the scripted provider answers ``{"amount": 30}`` to a text naming "thirty"
 The flow ``refund`` has no approval (issue 18 item 1's tests); ``refund-approval`` is the seed's: its
 ``issue_refund`` asks a supervisor first (``ctx.approve``, decided with the engine app's approver key) and hands
 the conversation to a human when denied.
+
+``FLOW_VARIANT`` (the worker's environment) deploys a variant of both flows (issue 18 item 3): ``changed`` raises
+``issue_refund``'s version (another digest), ``described`` changes only their descriptions (the same digest).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from settled.runtime import (
@@ -61,28 +65,41 @@ def _collect_amount(next_node: str) -> Any:
     )
 
 
-refund = Flow(
-    "refund",
-    description="Collect a refund amount, then refund it",
-    start="collect_amount",
-    nodes=[
-        _collect_amount("issue_refund"),
-        action("issue_refund", _issue_refund),
-        reply("confirmed", "Tell the customer the refund was processed.", next=End("refunded")),
-    ],
-    provider=ScriptedProvider(_script),
-)
-refund_approval = Flow(
-    "refund-approval",
-    description="Collect a refund amount, get a supervisor's approval, then refund",
-    start="collect_amount",
-    nodes=[
-        _collect_amount("issue_refund"),
-        action("issue_refund", _approved_refund),
-        reply("confirmed", "Tell the customer the refund was processed.", next=End("refunded")),
-    ],
-    provider=ScriptedProvider(_script),
-)
+def flows(variant: str = "") -> tuple[Flow, Flow]:
+    """Build the two flows of a deployment variant (module docstring): ``refund`` and ``refund-approval``.
+
+    Args:
+        variant: ``""``, ``changed`` or ``described``.
+
+    Returns:
+        The flows.
+    """
+    version = 2 if variant == "changed" else 1
+    said = " (described again)" if variant == "described" else ""
+    refund = Flow(
+        "refund",
+        description="Collect a refund amount, then refund it" + said,
+        start="collect_amount",
+        nodes=[
+            _collect_amount("issue_refund"),
+            action("issue_refund", _issue_refund, version=version),
+            reply("confirmed", "Tell the customer the refund was processed.", next=End("refunded")),
+        ],
+        provider=ScriptedProvider(_script),
+    )
+    refund_approval = Flow(
+        "refund-approval",
+        description="Collect a refund amount, get a supervisor's approval, then refund" + said,
+        start="collect_amount",
+        nodes=[
+            _collect_amount("issue_refund"),
+            action("issue_refund", _approved_refund, version=version),
+            reply("confirmed", "Tell the customer the refund was processed.", next=End("refunded")),
+        ],
+        provider=ScriptedProvider(_script),
+    )
+    return refund, refund_approval
+
 
 app = App(
     agent=None,
@@ -92,5 +109,5 @@ app = App(
     tools=engine_app.app.tools,
     options=engine_app.OPTIONS,
 )
-app.flow(refund)
-app.flow(refund_approval)
+for _flow in flows(os.environ.get("FLOW_VARIANT", "")):
+    app.flow(_flow)

@@ -27,6 +27,7 @@ EXPECTED_SWITCHES = {
     "tool_runs_before_approval",
     "api_access_unchecked",
     "workflow_retry_unrecorded",
+    "flow_drift_unchecked",
     "collateral_condemned",
     "ui_csrf_unchecked",
     "lifecycle_outside_transaction",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from settled.protocol import admit, flow_input, flow_resume_input, flow_run_id_for
+from settled.protocol import admit, flow_input, flow_operator_input, flow_resume_input, flow_run_id_for
 from settled.schemas import (
     ReceiptOutcome,
     SubmissionAdmitted,
@@ -86,3 +86,21 @@ def test_a_malformed_flow_envelope_is_rejected_naming_the_field(log: Log) -> Non
     (rejected,) = decision.events
     assert isinstance(rejected, SubmissionRejected) and rejected.field == "input"
     assert "input.settled_flow.run_id must be a non-empty string, got 7" in rejected.detail
+
+
+def test_a_restart_mints_a_new_run_for_its_turn_and_an_abandon_keeps_the_run(log: Log) -> None:
+    run_id = opened(log)
+    restart = admit(log.state.conversation("c1"), proposal("s2", "restart-1", value=flow_operator_input(run_id,
+                    "restart")), log.ref(), T0)  # fmt: skip
+    admitted = restart.events[0]
+    assert isinstance(admitted, SubmissionAdmitted) and restart.receipt is not None
+    assert admitted.flow_run_id == restart.receipt.run_id == flow_run_id_for("c1", "s2") != run_id
+    log.commit("c1", restart)
+    assert log.state.conversation("c1").flow_runs == {run_id: "s1", flow_run_id_for("c1", "s2"): "s2"}
+    again = admit(log.state.conversation("c1"), proposal("s2b", "restart-1", value=flow_operator_input(run_id,
+                  "restart")), log.ref(), T0)  # fmt: skip
+    assert again.receipt is not None and again.receipt.outcome is ReceiptOutcome.DUPLICATE
+    assert again.receipt.run_id == flow_run_id_for("c1", "s2")
+    abandon = admit(log.state.conversation("c1"), proposal("s3", "abandon-1", value=flow_operator_input(run_id,
+                    "abandon")), log.ref(), T0)  # fmt: skip
+    assert abandon.receipt is not None and abandon.receipt.run_id == run_id

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from settled.protocol import TranscriptEntry, flow_input, flow_resume_input, flow_run_id_for, flow_run_view
+from settled.protocol import (
+    TranscriptEntry,
+    flow_input,
+    flow_operator_input,
+    flow_resume_input,
+    flow_run_id_for,
+    flow_run_view,
+)
 from settled.schemas import canonical_json
 
 RUN = flow_run_id_for("c1", "s1")
@@ -53,3 +60,20 @@ def test_a_handoff_completes_the_run_a_failed_turn_fails_it_and_an_unknown_run_i
     assert view is not None and view.status == "failed"
     assert flow_run_view("c1", "fr-invented", OPENED) is None
     assert flow_run_view("c2", RUN, OPENED) is None, "a run id names a run of one conversation"
+
+
+def test_an_abandoned_run_and_a_restarted_one_with_its_new_run() -> None:
+    abandoned = [*OPENED, entry("s2", "input", flow_operator_input(RUN, "abandon"))]
+    view = flow_run_view("c1", RUN, abandoned)
+    assert view is not None and (view.status, view.submission_ids) == ("abandoned", ("s1",))
+    restarted = [
+        *OPENED,
+        entry("s2", "input", flow_operator_input(RUN, "restart")),
+        node("s2", "ask"),
+        entry("s2", "reply", {"status": "waiting", "node": "ask", "ask": "How much?", "missing": ["amount"]}),
+    ]
+    view = flow_run_view("c1", RUN, restarted)
+    assert view is not None and view.status == "restarted"
+    new = flow_run_view("c1", flow_run_id_for("c1", "s2"), restarted)
+    assert new is not None
+    assert (new.flow, new.status, new.node, new.submission_ids) == ("refund", "waiting", "ask", ("s2",))

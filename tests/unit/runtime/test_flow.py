@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from settled.processors import AgentRun, CancelSignal, HistoryTurn, RunFailedError
-from settled.protocol import flow_input, flow_invocation, flow_resume_input, flow_run_id_for
+from settled.protocol import flow_input, flow_invocation, flow_operator_input, flow_resume_input, flow_run_id_for
 from settled.runtime import (
     App,
     End,
     Flow,
+    FlowDriftError,
     Goto,
     Handoff,
     ModelRequest,
@@ -39,6 +40,7 @@ from settled.schemas import (
     ToolCallSettled,
     canonical_json,
 )
+from tests._promise import promise
 from tests.unit.runtime.test_context import Recorder
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -313,7 +315,7 @@ def settled_turn(recorder: Recorder, submission_id: str, input_value: Any) -> Hi
     return HistoryTurn(submission_id, canonical_json(input_value), SettlementOutcome.COMPLETED, events)
 
 
-def charge_then_ask_app(charges: list[str]) -> App:
+def charge_then_ask_app(charges: list[str], *, version: int = 1, description: str = "") -> App:
     """A flow whose action charges, then a collect asks for a note, then it ends."""
     app = App(agent=None, resolver_keys={"k": "x"}, options=RunOptions(clock=lambda: T0))
 
@@ -329,9 +331,9 @@ def charge_then_ask_app(charges: list[str]) -> App:
     app.flow(
         Flow(
             "pay",
-            description="",
+            description=description,
             start="pay",
-            nodes=[action("pay", pay), collect("ask", note, ["note"], "Any note?", next=End("done"))],
+            nodes=[action("pay", pay, version=version), collect("ask", note, ["note"], "Any note?", next=End("done"))],
         )
     )
     return app
@@ -362,7 +364,7 @@ def test_a_later_turn_resumes_the_parked_run_and_gets_the_recorded_outcomes_back
     s2 = [e.ordinal for e in rec.events if isinstance(e, StepRecorded | ToolCallPrepared) and e.submission_id == "s2"]
     assert s2 and min(s2) > max(s1), (s1, s2)
     names = [(e.submission_id, e.name) for e in rec.of(StepRecorded)]
-    assert names == [("s1", "flow:pay"), ("s1", "flow:ask"), ("s2", "flow:ask")]
+    assert names == [("s1", "flow-pin"), ("s1", "flow:pay"), ("s1", "flow:ask"), ("s2", "flow:ask")]
 
 
 def test_a_turn_of_a_run_that_ended_fails_and_runs_nothing() -> None:
@@ -388,3 +390,109 @@ def test_a_run_id_outranks_a_flow_name_in_the_envelope() -> None:
     both = canonical_json({"settled_flow": {"name": "other", "run_id": "fr-1"}, "input": 1})
     invocation = flow_invocation(both)
     assert invocation is not None and (invocation.name, invocation.run_id) == (None, "fr-1")
+
+
+# ------------------------------------------------------------------------------------- the digest pin (item 3)
+
+
+def test_the_digest_covers_the_structure_not_the_description() -> None:
+    def flow(**changes: Any) -> Flow:
+        nodes = changes.pop("nodes", [action("a", print), reply("r", "Say hi.", next=End("x"))])
+        return Flow("f", changes.pop("description", "d"), "a", nodes, provider=ScriptedProvider(talk), **changes)
+
+    base = flow()
+    assert len(base.digest) == 64
+    assert flow(description="another description").digest == base.digest
+    assert flow(max_node_visits=7).digest == base.digest
+    assert flow(nodes=[action("a", print, version=2), reply("r", "Say hi.", next=End("x"))]).digest != base.digest
+    assert flow(nodes=[action("a", print), reply("r", "Say hi.", next=End("y"))]).digest != base.digest
+    assert flow(nodes=[action("a", print), reply("r", "Say hi.", next=lambda s: End("x"))]).digest != base.digest
+
+
+def drifted_turn(app: App, rec: Recorder, opening: Any) -> AgentRun:
+    return turn(rec, "s2", flow_resume_input(RUN, {"note": "n"}), [settled_turn(rec, "s1", opening)])
+
+
+def test_a_changed_flow_under_a_parked_run_fails_the_turn_with_both_digests_and_runs_no_node() -> None:
+    charges: list[str] = []
+    rec = Recorder()
+    opening = flow_input("pay", {})
+    v1 = charge_then_ask_app(charges)
+    v1.runner()(turn(rec, "s1", opening))
+    v2 = charge_then_ask_app(charges, version=2)
+    with pytest.raises(FlowDriftError) as drift:
+        v2.runner()(drifted_turn(v2, rec, opening))
+    error = drift.value
+    assert error.error_type == "FlowDriftError" and error.recovery == ("restart", "abandon")
+    assert (error.pinned_digest, error.deployed_digest) == (v1.flows["pay"].digest, v2.flows["pay"].digest)
+    assert v1.flows["pay"].digest in str(error) and v2.flows["pay"].digest in str(error)
+    assert "restart or abandon" in str(error)
+    assert len(charges) == 1 and not [e for e in rec.events if getattr(e, "submission_id", "") == "s2"]
+
+
+@pytest.mark.parametrize("redeploy", ["unchanged", "description"])
+def test_an_unchanged_or_description_only_redeploy_resumes(redeploy: str) -> None:
+    charges: list[str] = []
+    rec = Recorder()
+    opening = flow_input("pay", {})
+    charge_then_ask_app(charges).runner()(turn(rec, "s1", opening))
+    again = charge_then_ask_app(charges, description="new words" if redeploy == "description" else "")
+    out = json.loads(again.runner()(drifted_turn(again, rec, opening)))
+    assert (out["status"], out["outcome"]) == ("completed", "done") and len(charges) == 1
+
+
+def test_the_drift_check_off_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the fault switch ``flow_drift_unchecked`` (a parked run resumed against a changed flow)."""
+    charges: list[str] = []
+    rec = Recorder()
+    opening = flow_input("pay", {})
+    charge_then_ask_app(charges).runner()(turn(rec, "s1", opening))
+    v2 = charge_then_ask_app(charges, version=2)
+    try:
+        v2.runner()(drifted_turn(v2, rec, opening))
+        refused = False
+    except FlowDriftError:
+        refused = True
+    promise(
+        "DUR-010.flow-pinned",
+        refused and not [e for e in rec.events if getattr(e, "submission_id", "") == "s2"],
+        "a turn of a run pinned to another flow digest ran instead of failing with FlowDriftError",
+    )
+
+
+# ----------------------------------------------------------------------------------- abandon and restart (item 3)
+
+
+def test_abandon_ends_the_run_and_a_later_turn_fails_flow_run_ended() -> None:
+    charges: list[str] = []
+    app = charge_then_ask_app(charges)
+    rec = Recorder()
+    opening = flow_input("pay", {})
+    app.runner()(turn(rec, "s1", opening))
+    history = [settled_turn(rec, "s1", opening)]
+    out = json.loads(app.runner()(turn(rec, "s2", flow_operator_input(RUN, "abandon"), history)))
+    assert out == {"flow": "pay", "run_id": RUN, "status": "abandoned"}
+    history.append(settled_turn(rec, "s2", flow_operator_input(RUN, "abandon")))
+    with pytest.raises(RunFailedError, match="was abandoned by turn 's2'") as ended:
+        app.runner()(turn(rec, "s3", flow_resume_input(RUN, {"note": "n"}), history))
+    assert ended.value.error_type == "flow_run_ended" and len(charges) == 1
+
+
+def test_restart_opens_a_new_run_of_the_deployed_flow_with_the_opening_input_and_it_completes() -> None:
+    charges: list[str] = []
+    rec = Recorder()
+    opening = flow_input("pay", {})
+    charge_then_ask_app(charges).runner()(turn(rec, "s1", opening))
+    v2 = charge_then_ask_app(charges, version=2)
+    history = [settled_turn(rec, "s1", opening)]
+    restart = flow_operator_input(RUN, "restart")
+    out = json.loads(v2.runner()(turn(rec, "s2", restart, history)))
+    new_run = flow_run_id_for("c1", "s2")
+    assert (out["run_id"], out["restarted_from"], out["status"], out["node"]) == (new_run, RUN, "waiting", "ask")
+    assert len(charges) == 2, "the new run charged under its own keys"
+    history.append(settled_turn(rec, "s2", restart))
+    with pytest.raises(RunFailedError, match="was restarted by turn 's2'"):
+        v2.runner()(turn(rec, "s3", flow_resume_input(RUN, {"note": "n"}), history))
+    done = json.loads(v2.runner()(turn(rec, "s4", flow_resume_input(new_run, {"note": "n"}), history)))
+    assert (done["run_id"], done["status"], done["outcome"]) == (new_run, "completed", "done")
+    assert len(charges) == 2
