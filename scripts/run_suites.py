@@ -76,14 +76,17 @@ SUITES = [
     # agent run across two kills each, a kill right after a commit; ~35 s here);
     # +45 s for issue 22 item 4's retry budget (tests/integration/engine/test_engine_retry_budget.py: scenario 14's
     # three deaths, the error path's backoffs, a model call past its own budget; ~48 s here);
-    # +30 s for issue 24's restart in place (tests/integration/engine/test_engine_restart.py: 19 s here under load).
+    # +30 s for issue 24's restart in place (tests/integration/engine/test_engine_restart.py: 19 s here under load);
     # +40 s for issue 18's flow turns (tests/integration/engine/test_engine_flows.py: the refund flow killed in each
-    # of its 3 nodes, a collect asking; ~27 s here).
+    # of its 3 nodes, a collect asking; ~27 s here);
     # +70 s for issue 18's flow runs (tests/integration/engine/test_engine_flow_runs.py: the refund flow with its
-    # approval over two turns killed in each of 4 nodes, fail-closed addressing; ~58 s here under load).
+    # approval over two turns killed in each of 4 nodes, fail-closed addressing; ~58 s here under load);
     # +40 s for issue 18's digest pin (tests/integration/engine/test_engine_flow_drift.py: four redeploys, drift,
-    # abandon and restart through the CLI and the client; ~32 s here).
-    Suite("engine", 1105, (_pytest("tests/integration/engine"),), junit=True),
+    # abandon and restart through the CLI and the client; ~32 s here);
+    # +75 s for issue 17 item 2's approvals and pause/resume
+    # (tests/integration/engine/test_engine_workflow_approvals.py: on_approval_needed True/False/None, a denial
+    # paused then resumed, scenarios 2 and 9, a pause at a step boundary; ~63 s here under load).
+    Suite("engine", 1180, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),

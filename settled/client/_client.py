@@ -524,6 +524,91 @@ class Client:
             raise SignalRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
+    def pause_run(
+        self,
+        conversation_id: str,
+        run_id: str,
+        *,
+        reason: str | None = None,
+        command_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Pause a workflow run at its next step boundary and return the owner's reply (issue 17 item 2).
+
+        The pause is the signal ``settled.pause`` (`settled.protocol.PAUSE_SIGNAL`), canonical once applied; the run
+        honours it before its next step (its approval and body) and then waits, holding its conversation's lane and
+        no worker slot, until `resume_run`. A run in its last step settles before it would pause.
+
+        Args:
+            conversation_id: The run's conversation (``wf:<name>:<task_id>`` by default).
+            run_id: The run (its submission id).
+            reason: Why, recorded with the pause (default: ``paused by <principal>``).
+            command_id: The command's id, deduplicating it; a new UUID when ``None`` (pass the id of an earlier
+                pause whose outcome is unknown: it is answered as a duplicate if applied).
+            principal: Who pauses it (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply: ``applied``, or ``duplicate`` for a repeated command id.
+
+        Raises:
+            SignalRejectedError: The owner refused it: ``unknown_target``, ``already_terminal``, ``invalid`` (not a
+                workflow run), ``stale`` (already paused).
+            SignalOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            ValueError: An argument breaks the input contract (the field is named); nothing was sent.
+        """
+        return self.signal(
+            conversation_id,
+            run_id,
+            protocol.PAUSE_SIGNAL,
+            {"reason": reason},
+            signal_id=command_id,
+            principal=principal,
+            timeout_s=timeout_s,
+        )
+
+    def resume_run(
+        self,
+        conversation_id: str,
+        run_id: str,
+        *,
+        command_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Resume a paused workflow run and return the owner's reply (issue 17 item 2).
+
+        The resume is the signal ``settled.resume`` (`settled.protocol.RESUME_SIGNAL`): it delivers the run's pause
+        wait, and the run goes on from the step boundary where it paused; a run paused by a denied approval asks
+        again under a new approval id (the earlier denial is never its answer).
+
+        Args:
+            conversation_id: The run's conversation.
+            run_id: The run (its submission id).
+            command_id: The command's id, deduplicating it; a new UUID when ``None``.
+            principal: Who resumes it (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply: ``applied``, or ``duplicate`` for a repeated command id.
+
+        Raises:
+            SignalRejectedError: The owner refused it: ``unknown_target``, ``already_terminal``, ``invalid`` (not a
+                workflow run), ``stale`` (the run is not paused).
+            SignalOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            ValueError: An argument breaks the input contract (the field is named); nothing was sent.
+        """
+        return self.signal(
+            conversation_id,
+            run_id,
+            protocol.RESUME_SIGNAL,
+            None,
+            signal_id=command_id,
+            principal=principal,
+            timeout_s=timeout_s,
+        )
+
     # ------------------------------------------------------------------------------------------- approvals
 
     def approve(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import heapq
 import logging
 import queue
@@ -292,6 +293,8 @@ class AgentRun:
             `settled.schemas.ChainBreakError`) when they cannot be.
         history: The conversation's earlier settled submissions, oldest first (only when the conductor keeps
             history, for model-driven agents).
+        committed: Reads the submission's committed journal now (``journal`` grows as records commit): a workflow
+            run reads the signals that came while it runs (a pause, issue 17 item 2) at its step boundaries.
     """
 
     conversation_id: str
@@ -306,6 +309,7 @@ class AgentRun:
     journal: tuple[LogEvent, ...] = ()
     record: Callable[[Sequence[LogEvent]], Future[None]] = _no_recorder
     history: tuple[HistoryTurn, ...] = ()
+    committed: Callable[[], tuple[LogEvent, ...]] = tuple
 
 
 #: An agent's run body: returns the final reply as canonical JSON, or raises.
@@ -1157,6 +1161,7 @@ class Conductor:
             journal=self.journal(submission_id),
             record=self._record(conversation_id, submission_id, attempt_id),
             history=self.history(conversation_id),
+            committed=functools.partial(self.journal, submission_id),
         )
         future = self.pool.submit(self.agent, run)
         future.add_done_callback(lambda _: self._wake())  # its end is staged at once, not at the next poll

@@ -23,7 +23,8 @@
 * `lifecycle_events`, `lifecycle_matches`, `LIFECYCLE_TYPES` (`_lifecycle`): a canonical batch → its ``durable.*``
   lifecycle events, one per causing log event (issue 17 item 5).
 * `workflow_input`, `workflow_invocation`, `workflow_conversation_id` (`_workflows`): the submission envelope that
-  names a workflow run (issue 17).
+  names a workflow run (issue 17); `step_approval_id`, `pause_wait_id`, `run_control_problem`: a step's approval
+  asks, a run's pauses and the pause/resume signals the owner refuses (issue 17 item 2).
 * `flow_input`, `flow_resume_input`, `flow_invocation`, `flow_run_id_for` (`_flows`): the submission envelope that
   opens a flow run or resumes one, and the run id the owner mints (issue 18).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
@@ -175,8 +176,14 @@ from settled.protocol._states import (
 )
 from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
 from settled.protocol._workflows import (
+    PAUSE_SIGNAL,
+    RESUME_SIGNAL,
     WORKFLOW_KEY,
     WorkflowInvocation,
+    is_pause_wait,
+    pause_wait_id,
+    run_control_problem,
+    step_approval_id,
     workflow_conversation_id,
     workflow_input,
     workflow_invocation,
@@ -197,8 +204,10 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "MAX_TOOLS_OFFERED",
     "NONTERMINAL_STATES",
+    "PAUSE_SIGNAL",
     "RESERVED_CONVERSATION_PREFIXES",
     "RESERVED_SIGNAL_PREFIX",
+    "RESUME_SIGNAL",
     "RETRY_BUDGET_EXHAUSTED",
     "STEP_LOG_PREFIX",
     "STEP_RESULT_PREFIX",
@@ -283,6 +292,7 @@ __all__ = [
     "hidden",
     "input_key",
     "interrupt",
+    "is_pause_wait",
     "is_retry_wait",
     "lifecycle_event_id",
     "lifecycle_events",
@@ -291,6 +301,7 @@ __all__ = [
     "may_grant",
     "open_waits",
     "outcome_state",
+    "pause_wait_id",
     "quarantine",
     "quarantine_conversation",
     "reason_code",
@@ -301,11 +312,13 @@ __all__ = [
     "resolve_wait",
     "retry_wait_id_for",
     "revoke_access",
+    "run_control_problem",
     "schedule",
     "schedule_retry",
     "scope_digest",
     "signal",
     "start_attempt",
+    "step_approval_id",
     "terminalize",
     "wait_id_for",
     "waiting_state",

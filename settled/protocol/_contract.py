@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from settled.protocol._workflows import PAUSE_SIGNAL, RESUME_SIGNAL
 from settled.schemas import (
     AbortRequested,
     DecideApproval,
@@ -69,6 +70,10 @@ RESERVED_CONVERSATION_PREFIXES = ("~partition/", "~quarantine/")
 RESERVED_SIGNAL_PREFIX = "settled."
 """Signal-name prefix of settled's own waits (a submission's retry backoff, ``settled.retry#<n>``): no signal a
 client sends, and no ``ctx.signal`` wait, may use it, so nothing outside the owner can end such a wait."""
+
+CONTROL_SIGNALS = (PAUSE_SIGNAL, RESUME_SIGNAL)
+"""The reserved-prefix signals a client may send: a workflow run's pause and resume (issue 17 item 2), which the
+owner decides by `settled.protocol.run_control_problem` (refused for anything but a workflow run)."""
 
 #: A NUL, a lone surrogate or another control character (category Cc).
 _FORBIDDEN_IN_ID = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -243,7 +248,7 @@ def check_command(
         return found or _check_text("reason", command.reason)
     if isinstance(command, SendSignal):
         found = found or check_id("name", command.name)
-        if found is None and command.name.startswith(RESERVED_SIGNAL_PREFIX):
+        if found is None and command.name.startswith(RESERVED_SIGNAL_PREFIX) and command.name not in CONTROL_SIGNALS:
             return Violation(
                 "name", f"starts with the reserved prefix {RESERVED_SIGNAL_PREFIX!r}", excerpt(command.name)
             )

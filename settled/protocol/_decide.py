@@ -39,6 +39,7 @@ from settled.protocol._errors import (
 from settled.protocol._flows import flow_invocation, flow_run_id_for
 from settled.protocol._fold import ConversationState, PartitionState, Submission
 from settled.protocol._states import SubmissionState, outcome_state
+from settled.protocol._workflows import run_control_problem
 from settled.schemas import (
     AbortRecorded,
     AbortRequested,
@@ -1000,6 +1001,8 @@ def signal(
       a rejection's only records are that decision and its receipt (docs/design.md §3);
     * the same signal id again → the same `SignalReceived` again with the new ``input_ref`` (it changes nothing)
       and a duplicate receipt;
+    * a workflow run's pause or resume the run cannot take (`run_control_problem`: not a workflow run, a resume of a
+      run not paused, a pause of a paused one) → `CommandRejected` with that reason and its receipt;
     * otherwise `SignalReceived` + applied receipt. The owner then delivers it to the run's first open wait with its
       name (`deliveries`), in a later decision, once it is canonical.
 
@@ -1020,6 +1023,10 @@ def signal(
     checked = _precheck_command(state, command, input_ref, now, check_contract)
     if isinstance(checked, Decision):
         return checked
+    control = None if command.command_id in state.applied_commands else run_control_problem(checked, command.name)
+    if control is not None:
+        reason, detail = control
+        return reject_command(state, command, input_ref, now, reason=reason, detail=detail)
     received = SignalReceived(
         command_id=command.command_id,
         submission_id=command.submission_id,

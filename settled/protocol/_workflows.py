@@ -7,15 +7,45 @@ A workflow run is one submission whose input is the envelope `workflow_input` bu
 in the conversation `workflow_conversation_id` gives by default (``wf:<name>:<task_id>``), with the task id as its
 idempotency key: the same task id and input again is a duplicate of the original run, another input a conflict.
 The worker reads the envelope back with `workflow_invocation` and runs the named workflow instead of the agent.
+
+Approvals and pauses (issue 17 item 2) use the generic wait of `settled/protocol/_waits.py`:
+
+* a step with ``requires_approval`` asks for approval under `step_approval_id` (run, step, ask number): a denied
+  ask that pauses the run is never the answer of the next ask, which has its own id;
+* a paused run waits on a signal wait named `RESUME_SIGNAL` whose wait id is `pause_wait_id`; ``Client.pause_run``
+  sends the signal `PAUSE_SIGNAL`, which the run honours at its next step boundary, and ``Client.resume_run`` the
+  signal `RESUME_SIGNAL`, which delivers the pause wait. `run_control_problem` says why the owner refuses either.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["WORKFLOW_KEY", "WorkflowInvocation", "workflow_conversation_id", "workflow_input", "workflow_invocation"]
+from settled.schemas import CommandRejectReason
+
+if TYPE_CHECKING:
+    from settled.protocol._fold import Submission
+
+__all__ = [
+    "PAUSE_SIGNAL",
+    "RESUME_SIGNAL",
+    "WORKFLOW_KEY",
+    "WorkflowInvocation",
+    "is_pause_wait",
+    "pause_wait_id",
+    "run_control_problem",
+    "step_approval_id",
+    "workflow_conversation_id",
+    "workflow_input",
+    "workflow_invocation",
+]
+
+#: The signal that pauses a workflow run at its next step boundary (``Client.pause_run``; payload ``{"reason"}``).
+PAUSE_SIGNAL = "settled.pause"
+#: The signal that resumes a paused workflow run (``Client.resume_run``): it delivers the run's pause wait.
+RESUME_SIGNAL = "settled.resume"
 
 #: The input key that marks a submission as a workflow run.
 WORKFLOW_KEY = "settled_workflow"
@@ -94,3 +124,74 @@ def workflow_invocation(input_json: str) -> WorkflowInvocation | None:
     if not isinstance(task_id, str) or not task_id:
         raise ValueError(f"input.{WORKFLOW_KEY}.task_id must be a non-empty string, got {task_id!r}")
     return WorkflowInvocation(name=name, task_id=task_id, input=value.get("input"))
+
+
+def step_approval_id(run_id: str, step: str, ask: int) -> str:
+    """Return the approval id of a workflow step's ``ask``-th approval request (1-based).
+
+    Args:
+        run_id: The run id.
+        step: The step's name.
+        ask: The ask number: 1, then one more after each denial that paused the run and its resume.
+
+    Returns:
+        ``<run_id>#approve:<step>#<ask>`` (an approval of that run: `settled.protocol.approval_problem`).
+    """
+    return f"{run_id}#approve:{step}#{ask}"
+
+
+def pause_wait_id(run_id: str, ordinal: int) -> str:
+    """Return the wait id of a workflow run's pause at a record ordinal.
+
+    Args:
+        run_id: The run id.
+        ordinal: The ordinal of the pause's ``WaitRequested``.
+
+    Returns:
+        ``<run_id>#p<ordinal>``.
+    """
+    return f"{run_id}#p{ordinal}"
+
+
+def is_pause_wait(run_id: str, wait_id: str) -> bool:
+    """Whether ``wait_id`` is a pause of run ``run_id`` (`pause_wait_id`).
+
+    Args:
+        run_id: The run id.
+        wait_id: A wait id.
+
+    Returns:
+        True for a pause wait of that run.
+    """
+    prefix = f"{run_id}#p"
+    return wait_id.startswith(prefix) and wait_id[len(prefix) :].isdigit()
+
+
+def run_control_problem(sub: Submission, name: str) -> tuple[CommandRejectReason, str] | None:
+    """Say why the owner refuses a pause or resume signal to an unsettled run, or None when it accepts it.
+
+    A pause or resume is for a workflow run only (``invalid``); a resume needs the run paused, a pause needs it not
+    paused (``stale``: the run's state moved on, e.g. a resume sent before the pause took effect). Other signal
+    names are never refused here.
+
+    Args:
+        sub: The target run (unsettled).
+        name: The signal's name.
+
+    Returns:
+        (reason, detail) naming the run and what it is doing, or None.
+    """
+    if name not in (PAUSE_SIGNAL, RESUME_SIGNAL):
+        return None
+    try:
+        invocation = None if sub.input_json is None else workflow_invocation(sub.input_json)
+    except ValueError:
+        invocation = None
+    if invocation is None:
+        return (CommandRejectReason.INVALID, f"run {sub.submission_id!r} is not a workflow run; {name!r} is refused")
+    paused = any(is_pause_wait(sub.submission_id, w) for w in sub.waits)
+    if name == RESUME_SIGNAL and not paused:
+        return (CommandRejectReason.STALE, f"run {sub.submission_id!r} is not paused (it is {sub.state.value})")
+    if name == PAUSE_SIGNAL and paused:
+        return (CommandRejectReason.STALE, f"run {sub.submission_id!r} is already paused")
+    return None

@@ -33,6 +33,13 @@ timed wait until that wake-up, and the attempt ends holding no worker slot; once
 runs the step again. ``max_retries=3`` is at most 4 executions of a step; the failure after the last settles the
 run failed with that error (not retried). Only deaths count toward ``App.max_attempts``.
 
+A step with ``requires_approval`` asks before its body runs (issue 17 item 2): its request is canonical first, then
+``on_approval_needed(step)`` answers (recorded once) or, without an answer, the run waits for a person's signed
+``settled approve|deny`` holding no worker slot. A denial pauses the run (``on_denial="pause"``) until
+``Client.resume_run``, which asks again under a new approval id, or settles it failed (``on_denial="fail"``).
+``Client.pause_run`` pauses a run at its next step boundary; a paused run is a waiting run (it holds its
+conversation's lane, no worker slot) until ``Client.resume_run``.
+
 This module is the author-facing API; the machinery that runs a workflow inside a run is
 `settled/runtime/_workflow_run.py`.
 """
@@ -91,8 +98,8 @@ class Step:
         fn: The body, ``fn(ctx: StepContext)`` returning a JSON value; sync bodies run on a thread, async ones on the
             run loop (only an async body can ``await ctx.checkpoint``).
         description: What the step does, in a few words.
-        requires_approval: The step waits for a person's approval before its body runs (issue 17 item 2; not
-            built yet: `Workflow` refuses it).
+        requires_approval: The step's body runs only once approved (issue 17 item 2): the workflow's
+            ``on_approval_needed`` answers, or a person with ``settled approve|deny``.
 
     Raises:
         ValueError: ``name`` is empty or has other characters.
@@ -140,12 +147,15 @@ class Workflow:
         retry_backoff: The wait before the first retry; doubled per retry up to ``max_retry_backoff``, plus up to
             20% jitter.
         max_retry_backoff: The longest wait before a retry (jitter aside).
-        on_approval_needed: Who answers a step's approval (issue 17 item 2; must be None for now).
-        on_denial: What a denied approval does: ``"pause"`` or ``"fail"`` (issue 17 item 2).
+        on_approval_needed: ``fn(step) -> True | False | None`` (sync, or async): called once a step's approval
+            request is canonical (at least once: again after a crash before its answer is recorded); its answer is
+            recorded once and decides; None leaves the decision to a person (``settled approve|deny``). Without
+            it a person always decides.
+        on_denial: What a denied approval does: ``"pause"`` (the run waits for ``resume``, which asks again under
+            a new approval id) or ``"fail"`` (the run settles failed, ``approval_denied``).
 
     Raises:
-        ValueError: A value is invalid (the message names the field and value), or an item not built yet is asked
-            for (``requires_approval``, ``on_approval_needed``).
+        ValueError: A value is invalid (the message names the field and value).
     """
 
     name: str
@@ -154,7 +164,7 @@ class Workflow:
     step_timeout: timedelta = timedelta(seconds=60)
     retry_backoff: timedelta = timedelta(seconds=1)
     max_retry_backoff: timedelta = timedelta(seconds=60)
-    on_approval_needed: Callable[[Step], Awaitable[bool] | bool] | None = None
+    on_approval_needed: Callable[[Step], Awaitable[bool | None] | bool | None] | None = None
     on_denial: Literal["pause", "fail"] = "pause"
     _index: Mapping[str, int] = field(init=False, repr=False, compare=False)
 
@@ -179,11 +189,9 @@ class Workflow:
             )
         if self.on_denial not in ("pause", "fail"):
             raise ValueError(f"Workflow {self.name!r}: on_denial must be 'pause' or 'fail', got {self.on_denial!r}")
-        gated = [s.name for s in steps if s.requires_approval]
-        if gated or self.on_approval_needed is not None:
+        if self.on_approval_needed is not None and not callable(self.on_approval_needed):
             raise ValueError(
-                f"Workflow {self.name!r}: requires_approval (steps {gated}) and on_approval_needed are not supported "
-                "yet (issue 17 item 2)"
+                f"Workflow {self.name!r}: on_approval_needed must be callable or None, got {self.on_approval_needed!r}"
             )
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "_index", {n: i for i, n in enumerate(names)})

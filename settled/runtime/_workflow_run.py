@@ -19,6 +19,24 @@ Retries (issue 17 item 3; the one retry layer of a workflow step): a failed exec
 wait's (`RunContext._suspend`). The next attempt counts the step's ``StepRetryScheduled`` records and runs it again;
 replay never re-raises a recorded error. The failure after ``max_retries`` retries settles the run failed
 (`RunFailedError`, the last error's type, not retried).
+
+Approvals (issue 17 item 2): before the body of a step with ``requires_approval`` the run asks, ask number ``k``
+(1, then one more after each denial that paused the run and its resume), under `settled.protocol.step_approval_id`:
+
+* ``approval-request:<step>#<k>`` (a ``StepRecorded``, awaited): the request is canonical (failpoint
+  ``workflow.after_approval_request_commit``); ``durable.approval_needed`` derives from it;
+* with ``on_approval_needed``: its answer through ``ctx.step`` as ``approval:<step>#<k>`` (``{"approved": true |
+  false | null}``), so the callback runs at least once and its answer is recorded once; null leaves it to a person;
+* a person: a ``WaitRequested`` of kind approval with that id (`settled.protocol.approval_details` of the step, the
+  ask, the workflow and the task), decided by a signed ``DecideApproval`` (``settled approve|deny``).
+
+Pauses: a paused run waits on a ``WaitRequested`` of kind signal named ``settled.resume`` whose id is
+`settled.protocol.pause_wait_id` and whose ``details_json`` says why: ``{"approval_id", "reason", "source",
+"step"}`` (``source``: the ``settled.pause`` signal it honours, or null for a denial; ``approval_id``: the denied
+ask, or null). ``durable.paused`` derives from it. A ``settled.pause`` signal is honoured at the next step boundary
+(before a step's approval and body), read from the committed journal as it grows (``AgentRun.committed``); once a
+pause wait names it as its ``source`` it is consumed. ``settled.resume`` delivers the pause wait through the
+owner's signal deliveries; the next attempt goes on from that step boundary (or asks again after a denial).
 """
 
 from __future__ import annotations
@@ -28,16 +46,29 @@ import json
 import logging
 import random
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
+from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors import AttemptSupersededError, RunFailedError
-from settled.protocol import STEP_LOG_PREFIX, STEP_RESULT_PREFIX, WorkflowInvocation, bounded_text, wait_id_for
-from settled.runtime._context import RunContext
+from settled.protocol import (
+    PAUSE_SIGNAL,
+    RESUME_SIGNAL,
+    STEP_LOG_PREFIX,
+    STEP_RESULT_PREFIX,
+    WorkflowInvocation,
+    approval_details,
+    bounded_text,
+    pause_wait_id,
+    step_approval_id,
+    wait_id_for,
+)
+from settled.runtime._context import ApprovalDecision, RunContext
 from settled.runtime._errors import ReplayDivergenceError, RunSuspended
 from settled.runtime._tools import invoke
 from settled.runtime._workflow import Step, StepContext, StepTimeoutError, Workflow
 from settled.schemas import (
+    SignalReceived,
     StepRecorded,
     StepRetryScheduled,
     WaitKind,
@@ -54,6 +85,10 @@ __all__ = ["RESULT_PREFIX", "WorkflowRun", "run_workflow"]
 RESULT_PREFIX = STEP_RESULT_PREFIX  # settled/protocol/_lifecycle.py reads them too
 CHECKPOINT_PREFIX = "checkpoint:"
 LOG_PREFIX = STEP_LOG_PREFIX
+APPROVAL_REQUEST_PREFIX = "approval-request:"
+APPROVAL_ANSWER_PREFIX = "approval:"
+#: Who decided an approval that ``on_approval_needed`` answered (`ApprovalDecision.by`).
+CALLBACK_APPROVER = "on_approval_needed"
 
 
 class WorkflowRun:
@@ -83,18 +118,34 @@ class WorkflowRun:
         self._checkpoints: dict[str, tuple[int, Any]] = {}  # step -> (ordinal, data) of its last checkpoint
         self._retries: dict[str, int] = {}  # step -> retries scheduled (its StepRetryScheduled records)
         self._retry_waits: dict[str, str] = {}  # step -> the wait id of its last scheduled retry
+        self._approvals: dict[str, Any] = {}  # approval-request:/approval: record name -> its value
+        self._requested: set[str] = set()  # ids of the waits the run requested
+        self._pause_of: dict[str, str] = {}  # denied approval id -> the pause wait it caused
+        self._pause_sources: set[str] = set()  # pause signals honoured (a pause wait names each as its source)
         last = -1
         for e in ctx._run.journal:
             ordinal = getattr(e, "ordinal", None)
             if isinstance(ordinal, int):
                 last = max(last, ordinal)
+            if isinstance(e, WaitRequested):
+                self._requested.add(e.wait_id)
+                if e.name == RESUME_SIGNAL and e.kind is WaitKind.SIGNAL and e.details_json is not None:
+                    details = json.loads(e.details_json)
+                    if isinstance(details, dict):
+                        if isinstance(details.get("approval_id"), str):
+                            self._pause_of.setdefault(details["approval_id"], e.wait_id)
+                        if isinstance(details.get("source"), str):
+                            self._pause_sources.add(details["source"])
+                continue
             if isinstance(e, StepRetryScheduled):
                 self._retries[e.step] = max(self._retries.get(e.step, 0), e.retry)
                 self._retry_waits[e.step] = e.wait_id
                 continue
             if not isinstance(e, StepRecorded):
                 continue
-            if e.name.startswith(RESULT_PREFIX):
+            if e.name.startswith((APPROVAL_REQUEST_PREFIX, APPROVAL_ANSWER_PREFIX)):
+                self._approvals.setdefault(e.name, json.loads(e.result_json))
+            elif e.name.startswith(RESULT_PREFIX):
                 self._results.setdefault(e.name.removeprefix(RESULT_PREFIX), json.loads(e.result_json))
             elif e.name.startswith(CHECKPOINT_PREFIX):
                 step = e.name.removeprefix(CHECKPOINT_PREFIX)
@@ -218,16 +269,137 @@ class WorkflowRun:
             raise StepTimeoutError(step.name, timeout_s) from None
 
     async def run(self) -> dict[str, Any]:
-        """Run the steps without a recorded result, in order.
+        """Run the steps without a recorded result, in order: at each step boundary a pause, then the approval.
 
         Returns:
             The step results by name (the run's reply).
+
+        Raises:
+            RunSuspended: The run paused, or waits for a person's approval (the attempt ends).
+            RunFailedError: A step failed past its retries, or its approval was denied under ``on_denial="fail"``.
         """
         for step in self.workflow.steps:
             if step.name in self._results:
                 continue  # recorded: never run again
+            await self._boundary(step)
+            if step.requires_approval:
+                await self._gate(step)
             self._results[step.name] = await self._run_step(step)
         return dict(self._results)
+
+    # -- pauses and approvals (issue 17 item 2) -------------------------------------------------------------------
+
+    async def _boundary(self, step: Step) -> None:
+        """Honour a ``settled.pause`` signal not honoured yet: pause before ``step`` (module docstring)."""
+        run = self._ctx._run
+        for e in run.committed() or run.journal:
+            if (
+                isinstance(e, SignalReceived)
+                and e.name == PAUSE_SIGNAL
+                and e.submission_id == self._ctx.submission_id
+                and e.command_id not in self._pause_sources
+            ):
+                payload = json.loads(e.payload_json)
+                reason = payload.get("reason") if isinstance(payload, dict) else None
+                why = reason if isinstance(reason, str) and reason else f"paused by {e.principal}"
+                await self._pause(step, why, source=e.command_id)
+
+    async def _pause(
+        self, step: Step, reason: str, *, source: str | None = None, approval_id: str | None = None
+    ) -> NoReturn:
+        """Request the run's pause wait (resumed by ``settled.resume``) and end the attempt."""
+        ctx = self._ctx
+        ordinal = ctx._next_ordinal()
+        details = {"approval_id": approval_id, "reason": bounded_text(reason), "source": source, "step": step.name}
+        _log.info("workflow run paused", extra={"submission_id": ctx.submission_id, "step": step.name})
+        await ctx._suspend(
+            WaitRequested(
+                submission_id=ctx.submission_id,
+                attempt_id=ctx.attempt_id,
+                wait_id=pause_wait_id(self.run_id, ordinal),
+                kind=WaitKind.SIGNAL,
+                name=RESUME_SIGNAL,
+                ordinal=ordinal,
+                details_json=canonical_json(details),
+            )
+        )
+
+    async def _gate(self, step: Step) -> None:
+        """Return once ``step`` is approved; pause or fail on a denial (``on_denial``)."""
+        ask = 1
+        while True:
+            approval_id = step_approval_id(self.run_id, step.name, ask)
+            decision = await self._ask(step, ask, approval_id)
+            if decision.approved:
+                return
+            why = f"approval {approval_id} of step {step.name!r} denied by {decision.by}" + (
+                f": {decision.reason}" if decision.reason else ""
+            )
+            if self.workflow.on_denial == "fail":
+                raise RunFailedError("approval_denied", bounded_text(why))
+            pause = self._pause_of.get(approval_id)
+            if pause is None:
+                await self._pause(step, why, approval_id=approval_id)
+            if pause not in self._ctx._journal.waits:  # never so: a run is Ready only once every wait is decided
+                raise RunSuspended(f"the pause {pause} of step {step.name!r} is still open")
+            ask += 1  # resumed: ask again, under a new id
+
+    async def _ask(self, step: Step, ask: int, approval_id: str) -> ApprovalDecision:
+        """Ask for ``step``'s approval (ask ``ask``): the canonical request, then the callback's or a person's."""
+        key = f"{step.name}#{ask}"
+        request = APPROVAL_REQUEST_PREFIX + key
+        if request not in self._approvals:
+            value = {"approval_id": approval_id, "ask": ask, "description": step.description, "step": step.name}
+            await self._ctx._pipeline.record([self._record(request, value)])
+            self._approvals[request] = value
+            failpoint("workflow.after_approval_request_commit")
+        if self.workflow.on_approval_needed is not None:
+            name = APPROVAL_ANSWER_PREFIX + key
+            if name in self._approvals:
+                answer = self._approvals[name]
+            else:
+                answer = await self._ctx.step(name, self._callback, step)
+                self._approvals[name] = answer
+            approved = answer.get("approved") if isinstance(answer, dict) else None
+            if isinstance(approved, bool):
+                return ApprovalDecision(approved=approved, by=CALLBACK_APPROVER, reason=None)
+        if approval_id in self._requested:
+            decided = self._ctx._journal.waits.get(approval_id)
+            if decided is None:  # never so: a run is Ready only once every wait is decided
+                raise RunSuspended(f"approval {approval_id} is still open")
+            return ApprovalDecision.of(decided)
+        args_json = canonical_json(
+            {
+                "ask": ask,
+                "description": step.description,
+                "step": step.name,
+                "task_id": self.task_id,
+                "workflow": self.workflow.name,
+            }
+        )
+        ctx = self._ctx
+        await ctx._suspend(
+            WaitRequested(
+                submission_id=ctx.submission_id,
+                attempt_id=ctx.attempt_id,
+                wait_id=approval_id,
+                kind=WaitKind.APPROVAL,
+                name=step.name,
+                ordinal=ctx._next_ordinal(),
+                details_json=approval_details(step.name, step.description, args_json),
+            )
+        )
+
+    async def _callback(self, step: Step) -> dict[str, Any]:
+        """Call ``on_approval_needed(step)``; its answer as the recorded ``{"approved": ...}``."""
+        callback = self.workflow.on_approval_needed
+        assert callback is not None  # only called when set
+        answer = await invoke(callback, step)
+        if answer is not None and not isinstance(answer, bool):
+            raise TypeError(
+                f"workflow {self.workflow.name!r}: on_approval_needed must return True, False or None, got {answer!r}"
+            )
+        return {"approved": answer}
 
 
 async def run_workflow(ctx: RunContext, workflow: Workflow | None, invocation: WorkflowInvocation) -> dict[str, Any]:

@@ -33,7 +33,18 @@ from settled.client import (
 from settled.schemas import Receipt, ResolutionKind
 from settled.services._cli_root import command, fail, resolve_settings
 
-__all__ = ["abort", "access_app", "flows_app", "keygen", "resolve_unknown", "settlements_app", "signal", "submit"]
+__all__ = [
+    "abort",
+    "access_app",
+    "flows_app",
+    "keygen",
+    "pause_run",
+    "resolve_unknown",
+    "resume_run",
+    "settlements_app",
+    "signal",
+    "submit",
+]
 
 settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
 access_app = typer.Typer(
@@ -122,6 +133,44 @@ def signal(
     _send_command(
         timeout_s,
         lambda client: client.signal(conversation, run, name, value, signal_id=signal_id, principal=principal),
+    )
+
+
+@command
+def pause_run(
+    run: str = typer.Argument(..., metavar="RUN_ID", help="The workflow run (its submission id)."),
+    conversation: str = typer.Option(..., "--conversation", help="The run's conversation (wf:<name>:<task_id>)."),
+    reason: str | None = typer.Option(None, "--reason", help="Why (recorded with the pause)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="The command's id (dedup; default: a UUID)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who pauses it (default: the client's)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
+) -> None:
+    """Pause a workflow run at its next step boundary; print the owner's reply (a receipt) as a JSON line.
+
+    Applied, duplicate (the same --command-id again) or rejected with its reason (not a workflow run, already
+    paused, settled, unknown): a rejection exits 1 after printing its receipt.
+    """
+    _send_command(
+        timeout_s,
+        lambda client: client.pause_run(conversation, run, reason=reason, command_id=command_id, principal=principal),
+    )
+
+
+@command
+def resume_run(
+    run: str = typer.Argument(..., metavar="RUN_ID", help="The paused workflow run (its submission id)."),
+    conversation: str = typer.Option(..., "--conversation", help="The run's conversation (wf:<name>:<task_id>)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="The command's id (dedup; default: a UUID)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who resumes it (default: the client's)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
+) -> None:
+    """Resume a paused workflow run; print the owner's reply (a receipt) as a JSON line.
+
+    A run paused by a denied approval asks again under a new approval id. A run not paused is rejected (stale).
+    """
+    _send_command(
+        timeout_s,
+        lambda client: client.resume_run(conversation, run, command_id=command_id, principal=principal),
     )
 
 

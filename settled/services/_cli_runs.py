@@ -40,7 +40,7 @@ from rich.table import Table
 from settled import protocol
 from settled.projections import ProjectionReader, ReadYourWritesTimeoutError
 from settled.schemas import Receipt
-from settled.services._cli_client import keygen, resolve_unknown
+from settled.services._cli_client import keygen, pause_run, resolve_unknown, resume_run
 from settled.services._cli_projections import SCHEMA_ENV_VAR, projection_names, projection_settings
 
 __all__ = [
@@ -234,6 +234,9 @@ def runs_list(
          "waiting_name", "waiting_since", "waiting_deadline", "current_step", "outcome", "admitted_at"),
     )  # fmt: skip
 
+
+runs_app.command("pause")(pause_run)
+runs_app.command("resume")(resume_run)
 
 _CONVERSATION = typer.Option(
     None, "--conversation", help="Only this conversation's (a submission id is unique per conversation)."

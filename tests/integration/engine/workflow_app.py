@@ -9,6 +9,13 @@ returns its result.
 Retries (issue 17 item 3): ``flaky`` fails its first two executions then passes; ``broken`` always fails (one retry
 allowed); ``hung``'s first execution blocks until the test creates the file ``<world db>.release`` (past its 1 s
 ``step_timeout``), then tries to log and returns "late", writing what happened to ``wf_runs`` as step ``hung-late``.
+
+Approvals and pauses (issue 17 item 2): the seed's ``send-payment`` (``calculate``, then ``send-money`` which
+requires approval; each body writes a run as in the invoice) in four variants: ``pay-yes`` and ``pay-no`` (fail on
+denial) answered by an ``on_approval_needed`` that writes its call to ``wf_runs`` as step ``ask`` and answers True /
+False; ``pay-person`` whose callback answers None (a person decides); ``pay-cli`` without a callback. ``paused``
+has three steps; ``first`` blocks until the test creates ``<world db>.go-<task>`` (so a pause sent meanwhile takes
+effect at the boundary after it).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 
 from settled._failpoints import failpoint
 from settled.runtime import App, Step, StepContext, Workflow
-from tests.integration.engine.engine_app import WORLD_ENV
+from tests.integration.engine.engine_app import APPROVER_KEY_ID, RESOLVER_PUBLIC_B64, WORLD_ENV
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS wf_runs (task TEXT, step TEXT, seen TEXT)"
 
@@ -132,10 +139,63 @@ timeouts = Workflow(
 
 invoice = Workflow("process-invoice", steps=[Step(n, _body(n), description=f"{n} the invoice") for n in RESULTS])
 
+PAYMENT: dict[str, Any] = {"calculate": {"amount": 10000, "recipient": "vendor@acme.com"}, "send-money": {"txn": "abc"}}
+
+
+def _pay(name: str) -> Any:
+    def body(ctx: StepContext) -> Any:
+        _note(ctx.task_id, name, {"previous": ctx.previous, "state": ctx.get_state().attempt})
+        failpoint(f"wftest.in_{name}")
+        return PAYMENT[name]
+
+    return body
+
+
+def _answer(value: bool | None) -> Any:
+    def on_approval_needed(step: Step) -> bool | None:
+        _note("ask", step.name, {"description": step.description, "answer": value})
+        return value
+
+    return on_approval_needed
+
+
+def _payment(name: str, answer: Any, on_denial: Any = "pause") -> Workflow:
+    steps = [
+        Step("calculate", _pay("calculate")),
+        Step("send-money", _pay("send-money"), description="Send $10,000 to vendor@acme.com", requires_approval=True),
+    ]
+    return Workflow(name, steps=steps, on_approval_needed=answer, on_denial=on_denial)
+
+
+def _blocked(ctx: StepContext) -> Any:
+    _note(ctx.task_id, "first", None)
+    go = Path(f"{os.environ[WORLD_ENV]}.go-{ctx.task_id}")
+    while not go.exists():  # the test's barrier: it creates the file once its pause is applied
+        time.sleep(0.05)
+    return 1
+
+
+def _plain(name: str) -> Any:
+    def body(ctx: StepContext) -> Any:
+        _note(ctx.task_id, name, None)
+        return name
+
+    return body
+
+
+paused = Workflow(
+    "paused", steps=[Step("first", _blocked), Step("second", _plain("second")), Step("third", _plain("third"))]
+)
+
 #: Two attempts: a death is charged (the kill tests need one more attempt), a retry's wake-up is not, so ``flaky``'s
 #: three executions (two retries) within ``max_attempts=2`` show that only deaths count.
-app = App(agent=None, max_attempts=2)
+app = App(agent=None, max_attempts=2, approver_keys={APPROVER_KEY_ID: RESOLVER_PUBLIC_B64})
 app.workflow(invoice)
 app.workflow(retries)
 app.workflow(exhausted)
 app.workflow(timeouts)
+app.workflow(_payment("pay-yes", _answer(True)))
+app.workflow(_payment("pay-no", _answer(False), on_denial="fail"))
+app.workflow(_payment("pay-person", _answer(None)))
+app.workflow(_payment("pay-cli", None))
+app.workflow(paused)

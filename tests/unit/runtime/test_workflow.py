@@ -6,6 +6,8 @@ The recorder stands where the conductor stands (`AgentRun.record`), as in `tests
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -15,10 +17,12 @@ from typing import Any
 import pytest
 
 from settled.processors import AgentRun, CancelSignal, RunFailedError
-from settled.protocol import workflow_input
+from settled.protocol import PAUSE_SIGNAL, pause_wait_id, step_approval_id, workflow_input
 from settled.runtime import App, RunCancelledError, RunOptions, Step, StepContext, Workflow
 from settled.schemas import (
+    InputRef,
     LogEvent,
+    SignalReceived,
     StepRecorded,
     StepRetryScheduled,
     WaitKind,
@@ -293,3 +297,88 @@ def test_names_and_registration() -> None:
     app.workflow(Workflow("w", steps=[Step("a", print)]))
     with pytest.raises(ValueError, match="'w' is already registered"):
         app.workflow(Workflow("w", steps=[Step("a", print)]))
+
+
+# -- approvals and pauses (issue 17 item 2) -----------------------------------------------------------------------
+
+
+def _pause_signal(command_id: str, reason: str | None) -> SignalReceived:
+    return SignalReceived(
+        command_id=command_id,
+        submission_id="s1",
+        name=PAUSE_SIGNAL,
+        payload_json=canonical_json({"reason": reason}),
+        principal="ops",
+        input_ref=InputRef(topic="t.inbox", partition=0, offset=7),
+    )
+
+
+def test_a_pause_signal_is_honoured_once_at_the_next_step_boundary() -> None:
+    ran: list[str] = []
+
+    def body(name: str) -> Any:
+        def run(ctx: StepContext) -> Any:
+            ran.append(name)
+            return name
+
+        return run
+
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    app.workflow(Workflow("w", steps=[Step("a", body("a")), Step("b", body("b"))]))
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+    live: list[LogEvent] = []
+
+    def record(events: Sequence[LogEvent]) -> Future[None]:
+        if any(isinstance(e, StepRecorded) and e.name == "step:a" for e in events):
+            live.extend([*recorder.events, *events, _pause_signal("p1", "freeze")])  # it commits while a runs
+        return recorder(events)
+
+    run = dataclasses.replace(attempt(recorder, 1, envelope), record=record, committed=lambda: tuple(live))
+    with pytest.raises(RunCancelledError, match=r"settled\.resume"):
+        app.runner()(run)
+    assert ran == ["a"]
+    (pause,) = [e for e in recorder.events if isinstance(e, WaitRequested)]
+    assert pause.wait_id == pause_wait_id("s1", pause.ordinal) and pause.kind is WaitKind.SIGNAL
+    assert json.loads(pause.details_json or "null") == {
+        "approval_id": None,
+        "reason": "freeze",
+        "source": "p1",
+        "step": "b",
+    }
+    # Resumed: the next attempt's journal holds the signal and the delivered pause; it is not honoured again.
+    journal = [*recorder.events, _pause_signal("p1", "freeze"), _pause_signal("p1", "freeze")]
+    journal.append(
+        WaitResolved(submission_id="s1", wait_id=pause.wait_id, outcome=WaitOutcome.DELIVERED, decided_at=T0)
+    )
+    reply = app.runner()(attempt(recorder, 2, envelope, journal))
+    assert reply == canonical_json({"a": "a", "b": "b"})
+    assert ran == ["a", "b"]
+
+
+def test_an_approval_answer_other_than_true_false_or_none_is_an_error_naming_it() -> None:
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    gated = Step("a", lambda ctx: 1, requires_approval=True)
+    app.workflow(Workflow("w", steps=[gated], on_approval_needed=lambda step: "yes"))
+    recorder = Recorder()
+    with pytest.raises(TypeError, match="must return True, False or None, got 'yes'"):
+        app.runner()(attempt(recorder, 1, workflow_input("w", "t", None)))
+    assert recorder.names() == ["approval-request:a#1"]  # the request was canonical first; no answer recorded
+
+
+def test_a_denial_under_on_denial_fail_settles_failed_and_the_body_never_runs() -> None:
+    ran: list[int] = []
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    gated = Step("a", lambda ctx: ran.append(1), requires_approval=True)
+    app.workflow(Workflow("w", steps=[gated], on_approval_needed=lambda step: False, on_denial="fail"))
+    recorder = Recorder()
+    with pytest.raises(RunFailedError) as failed:
+        app.runner()(attempt(recorder, 1, workflow_input("w", "t", None)))
+    assert failed.value.error_type == "approval_denied"
+    assert step_approval_id("s1", "a", 1) in str(failed.value)
+    assert ran == [] and recorder.names() == ["approval-request:a#1", "approval:a#1"]
+
+
+def test_on_approval_needed_must_be_callable() -> None:
+    with pytest.raises(ValueError, match="on_approval_needed must be callable or None, got 'yes'"):
+        Workflow("w", steps=[Step("a", print)], on_approval_needed="yes")  # type: ignore[arg-type]
