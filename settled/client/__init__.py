@@ -37,6 +37,7 @@ from settled.client._errors import (
 )
 from settled.client._keys import load_signing_key, public_key_b64, write_signing_key
 from settled.client._lifecycle import LifecycleStream
+from settled.client._runs import IncompleteRun
 from settled.client._settlements import SettlementStream
 from settled.client._stream import Part, RunStream, StreamItem, Superseded
 from settled.producers._partitioner import murmur2, partition_for_key
@@ -60,6 +61,7 @@ __all__ = [
     "CommandRejectedError",
     "IdempotencyConflictError",
     "InboxProduceError",
+    "IncompleteRun",
     "LifecycleStream",
     "OutcomeUnknownError",
     "Part",

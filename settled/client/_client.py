@@ -48,9 +48,11 @@ from settled.client._errors import (
 from settled.client._inbox import InboxProducer
 from settled.client._lifecycle import LifecycleStream
 from settled.client._receipts import ReceiptsReader, ReceiptWaiter
+from settled.client._runs import IncompleteRun
 from settled.client._settlements import SettlementStream
 from settled.client._stream import RunStream
 from settled.client._waits import SettlementsReader
+from settled.projections import ProjectionNames, ProjectionReader, default_schema
 from settled.schemas import (
     AbortRequested,
     AccessLevel,
@@ -164,6 +166,8 @@ class Client:
         producer_overrides: Mapping[str, Any] | None = None,
         clock: Callable[[], datetime] = _utcnow,
         api_signer: tuple[str, Ed25519PrivateKey, str] | None = None,
+        projection_dsn: str | None = None,
+        projection_schema: str | None = None,
     ) -> None:
         """Build a client; nothing connects until the first request.
 
@@ -185,6 +189,9 @@ class Client:
                 produces in the headers of `settled.protocol.API_HEADERS`, so that the partition owner trusts its
                 principal and checks the conversation's access (``owner`` or ``all``). None: unsigned records, decided
                 as from any trusted inbox writer.
+            projection_dsn: The PostgreSQL holding the projection, for the reads that use it (`incomplete_runs`);
+                None: ``settings.postgres_dsn`` (``SETTLED_POSTGRES_DSN``). Nothing connects until such a read.
+            projection_schema: The projection's schema (None: the namespace's default, as ``settled runs``).
 
         Raises:
             ValueError: If an argument is out of range (named).
@@ -212,6 +219,10 @@ class Client:
         if api_signer is not None and api_signer[2] not in (protocol.ACCESS_OWNER, protocol.ACCESS_ALL):
             raise ValueError(f"api_signer's access must be owner or all, got {api_signer[2]!r}")
         self._api_signer = api_signer
+        self._projection_dsn = projection_dsn if projection_dsn is not None else settings.postgres_dsn
+        self._projection_schema = projection_schema
+        self._projection: ProjectionReader | None = None
+        self._projection_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -237,6 +248,9 @@ class Client:
             _log.warning("inbox records undelivered at close", extra={"records": left})
         self._reader.close(timeout_s)
         self._settlements.close(timeout_s)
+        with self._projection_lock:
+            if self._projection is not None:
+                self._projection.close()
 
     @property
     def producer_replacements(self) -> int:
@@ -608,6 +622,53 @@ class Client:
             principal=principal,
             timeout_s=timeout_s,
         )
+
+    # ------------------------------------------------------------------------------------------- workflow runs
+
+    def incomplete_runs(
+        self,
+        *,
+        after: Receipt | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        timeout_s: float | None = None,
+    ) -> list[IncompleteRun]:
+        """List the workflow runs not settled yet, oldest first, from the projection (issue 17 item 4).
+
+        The seed's ``getIncompleteTasks()``: no need to run them again by hand (a worker resumes an interrupted run
+        by itself), but where each is and what it waits for. Read from the projection, so it lags the log by the
+        projector's delay; ``after`` waits until the projection holds a receipt's request (read-your-writes).
+
+        Args:
+            after: A receipt (e.g. ``run_workflow``'s, or a ``pause_run``'s) the projection must hold first.
+            workflow: Only this workflow's runs.
+            limit: Most runs returned.
+            timeout_s: Bound on the wait for ``after``, in seconds (default: the client's).
+
+        Returns:
+            The runs.
+
+        Raises:
+            ValueError: No projection is configured (``projection_dsn`` / ``SETTLED_POSTGRES_DSN`` empty), or
+                ``limit`` is not positive.
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
+        """
+        rows = self._projection_reader().workflow_runs(
+            incomplete=True, workflow=workflow, limit=limit, after=after, timeout_s=self.timeout_s(timeout_s)
+        )
+        return [IncompleteRun.of(row) for row in rows]
+
+    def _projection_reader(self) -> ProjectionReader:
+        if not self._projection_dsn:
+            raise ValueError(
+                "Client.incomplete_runs reads the projection: pass Client(projection_dsn=...) or set "
+                f"SETTLED_POSTGRES_DSN (projection_dsn is {self._projection_dsn!r})"
+            )
+        with self._projection_lock:
+            if self._projection is None:
+                schema = self._projection_schema or default_schema(self.settings.namespace)
+                self._projection = ProjectionReader(self._projection_dsn, ProjectionNames(schema))
+            return self._projection
 
     # ------------------------------------------------------------------------------------------- approvals
 

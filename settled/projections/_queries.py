@@ -419,6 +419,7 @@ class ProjectionReader:
         limit: int = 100,
         after: Receipt | None = None,
         timeout_s: float = 10.0,
+        workflows: bool = False,
     ) -> list[Row]:
         """List runs (one per submission), newest admissions first.
 
@@ -426,6 +427,9 @@ class ProjectionReader:
             incomplete: Only runs not settled yet (queued, running, waiting, recovery, terminalizing, unknown).
             conversation_id: Only this conversation's.
             limit: Most rows returned.
+            workflows: Add the ``workflow_runs`` columns (issue 17 item 4): ``workflow``, ``task_id``,
+                ``step_number``, ``total_steps``, ``step_name`` and ``waits_for`` (None for a run that is not a
+                workflow run).
             after: Wait first until the projection holds this receipt's request.
             timeout_s: Bound on that wait, in seconds.
 
@@ -450,6 +454,12 @@ class ProjectionReader:
         query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY admitted_at DESC, submission_id LIMIT %s").format(
             self._t("runs"), sql.SQL(" AND ").join(where)
         )
+        if workflows:
+            query = sql.SQL(
+                "SELECT r.*, w.workflow, w.task_id, w.step_number, w.total_steps, w.step_name, w.waits_for "
+                "FROM ({}) r LEFT JOIN {} w ON w.conversation_id = r.conversation_id "
+                "AND w.submission_id = r.submission_id ORDER BY r.admitted_at DESC, r.submission_id"
+            ).format(query, self._t("workflow_runs"))
         return self._query(query, tuple(params))
 
     def runs_of(
@@ -535,6 +545,52 @@ class ProjectionReader:
         return self._query(
             sql.SQL("SELECT * FROM {} ORDER BY unknown_since, call_id").format(self._t("unknown_obligations"))
         )
+
+    def workflow_runs(
+        self,
+        *,
+        incomplete: bool = True,
+        workflow: str | None = None,
+        limit: int = 100,
+        after: Receipt | None = None,
+        timeout_s: float = 10.0,
+    ) -> list[Row]:
+        """List workflow runs (issue 17 item 4), oldest admission first.
+
+        Each row has ``workflow``, ``task_id``, ``step_number`` of ``total_steps`` and ``step_name`` (the step it is
+        at), ``steps_done``, ``waits_for`` (``pause``, ``approval``, ``retry``, ``signal``, ``unknown``,
+        ``next_attempt`` or None) with ``waiting_name``, ``waiting_since`` and ``waiting_deadline``, and the run's
+        ``status``, ``state`` and ``outcome`` (layout 8, ``settled/projections/sql/0008_workflow_runs.sql``).
+
+        Args:
+            incomplete: Only runs not settled yet.
+            workflow: Only this workflow's.
+            limit: Most rows returned.
+            after: Wait first until the projection holds this receipt's request (read-your-writes).
+            timeout_s: Bound on that wait, in seconds.
+
+        Returns:
+            ``workflow_runs`` view rows.
+
+        Raises:
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
+            ValueError: ``limit`` is not positive.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self._after(after, timeout_s)
+        where = [sql.SQL("TRUE")]
+        params: list[Any] = []
+        if incomplete:
+            where.append(sql.SQL("state NOT IN ('completed', 'failed', 'aborted')"))
+        if workflow is not None:
+            where.append(sql.SQL("workflow = %s"))
+            params.append(workflow)
+        params.append(limit)
+        query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY admitted_at, submission_id LIMIT %s").format(
+            self._t("workflow_runs"), sql.SQL(" AND ").join(where)
+        )
+        return self._query(query, tuple(params))
 
     def obligations(self, *, after: Receipt | None = None, timeout_s: float = 10.0) -> list[Row]:
         """List what someone owes a run, oldest first (issue 22 item 5).

@@ -5,7 +5,9 @@ and failpoints as ``ctx.step``), told apart by its name:
 
 * ``step:<name>``: the step's result (its one recorded success);
 * ``checkpoint:<name>``: a checkpoint's data (awaited: canonical when ``checkpoint`` returns);
-* ``log:<name>``: a log line (buffered: committed with the run's next record).
+* ``log:<name>``: a log line (buffered: committed with the run's next record);
+* ``workflow``: the run's plan, ``{"steps": [<step names in order>], "workflow": <name>}``, buffered by the first
+  attempt (committed with its first record): the projection reads the run's total steps from it (issue 17 item 4).
 
 A workflow run has no agent code, so its records are found by name, not by callsite ordinal: a new attempt reads
 the recorded results (``previous``) and each step's last checkpoint (the highest ordinal) from the journal, skips
@@ -85,6 +87,7 @@ __all__ = ["RESULT_PREFIX", "WorkflowRun", "run_workflow"]
 RESULT_PREFIX = STEP_RESULT_PREFIX  # settled/protocol/_lifecycle.py reads them too
 CHECKPOINT_PREFIX = "checkpoint:"
 LOG_PREFIX = STEP_LOG_PREFIX
+PLAN_NAME = "workflow"
 APPROVAL_REQUEST_PREFIX = "approval-request:"
 APPROVAL_ANSWER_PREFIX = "approval:"
 #: Who decided an approval that ``on_approval_needed`` answered (`ApprovalDecision.by`).
@@ -122,6 +125,7 @@ class WorkflowRun:
         self._requested: set[str] = set()  # ids of the waits the run requested
         self._pause_of: dict[str, str] = {}  # denied approval id -> the pause wait it caused
         self._pause_sources: set[str] = set()  # pause signals honoured (a pause wait names each as its source)
+        self._planned = False  # the plan record is in the journal
         last = -1
         for e in ctx._run.journal:
             ordinal = getattr(e, "ordinal", None)
@@ -143,7 +147,9 @@ class WorkflowRun:
                 continue
             if not isinstance(e, StepRecorded):
                 continue
-            if e.name.startswith((APPROVAL_REQUEST_PREFIX, APPROVAL_ANSWER_PREFIX)):
+            if e.name == PLAN_NAME:
+                self._planned = True
+            elif e.name.startswith((APPROVAL_REQUEST_PREFIX, APPROVAL_ANSWER_PREFIX)):
                 self._approvals.setdefault(e.name, json.loads(e.result_json))
             elif e.name.startswith(RESULT_PREFIX):
                 self._results.setdefault(e.name.removeprefix(RESULT_PREFIX), json.loads(e.result_json))
@@ -278,6 +284,10 @@ class WorkflowRun:
             RunSuspended: The run paused, or waits for a person's approval (the attempt ends).
             RunFailedError: A step failed past its retries, or its approval was denied under ``on_denial="fail"``.
         """
+        if not self._planned:
+            plan = {"steps": [step.name for step in self.workflow.steps], "workflow": self.workflow.name}
+            self._ctx._pipeline.buffer.append(self._record(PLAN_NAME, plan))  # rides with the first record
+            self._planned = True
         for step in self.workflow.steps:
             if step.name in self._results:
                 continue  # recorded: never run again

@@ -213,7 +213,8 @@ def runs_list(
 ) -> None:
     """List runs: status (queued, running, waiting, recovery, terminalizing, or the outcome), what it waits for.
 
-    A waiting run shows its kind (approval, signal or unknown), name, since and deadline.
+    A waiting run shows its kind (approval, signal or unknown), name, since and deadline. A workflow run also shows
+    its workflow, task id, the step it is at of how many, and what it waits for (pause, approval, retry, ...).
     """
     _id("--conversation", conversation)
     rows = _query(
@@ -221,17 +222,27 @@ def runs_list(
         after,
         after_timeout_s,
         lambda reader, receipt, timeout_s: reader.runs(
-            incomplete=incomplete, conversation_id=conversation, limit=limit, after=receipt, timeout_s=timeout_s
+            incomplete=incomplete,
+            conversation_id=conversation,
+            limit=limit,
+            after=receipt,
+            timeout_s=timeout_s,
+            workflows=True,
         ),
     )
     if as_json:
         _dump(rows)
         return
+    for row in rows:  # the step a workflow run is at, of how many: "2/4 validate"
+        if row.get("total_steps") is not None:
+            at = f"{row['step_number']}/{row['total_steps']}" if row.get("step_number") is not None else "-"
+            row["step"] = f"{at} {row['step_name'] or ''}".strip()
     _table(
         f"runs ({'incomplete' if incomplete else 'all'})",
         rows,
-        ("submission_id", "conversation_id", "submission_seq", "status", "state", "attempt_count", "waiting_kind",
-         "waiting_name", "waiting_since", "waiting_deadline", "current_step", "outcome", "admitted_at"),
+        ("submission_id", "conversation_id", "submission_seq", "status", "state", "attempt_count", "workflow",
+         "task_id", "step", "waits_for", "waiting_kind", "waiting_name", "waiting_since", "waiting_deadline",
+         "current_step", "outcome", "admitted_at"),
     )  # fmt: skip
 
 

@@ -297,7 +297,7 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
                 )
         with pytest.raises(ProjectionLayoutError, match="layout '1'"):
             check_layout(conn, schema)
-        assert migrate(conn, schema) == [2, 3, 4, 5, 6, 7]
+        assert migrate(conn, schema) == [2, 3, 4, 5, 6, 7, 8]
         check_layout(conn, schema)
         # The same request id in a second conversation is a second row now; the first one is kept.
         conn.execute(
@@ -310,7 +310,7 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
             sql.SQL("SELECT conversation_id FROM {} ORDER BY 1").format(sql.Identifier(schema, "receipts"))
         ).fetchall()
         assert [r[0] for r in rows] == ["c1", "c2"]
-        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "7"
+        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "8"
         # Layout 7 names each projected conversation's opener (the API's reads depend on it), and only the opener.
         access = conn.execute(
             sql.SQL("SELECT conversation_id, principal, access FROM {}").format(

@@ -53,6 +53,7 @@ EXPECTED: dict[str, list[str]] = {
         "DEFAULT_PRINCIPAL",
         "IdempotencyConflictError",
         "InboxProduceError",
+        "IncompleteRun",
         "LifecycleStream",
         "NO_RESULT",
         "OutcomeUnknownError",

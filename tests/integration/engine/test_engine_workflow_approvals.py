@@ -63,7 +63,10 @@ def _asks(world_db: Path) -> list[tuple[str, object]]:
 
 
 def _records(events: list[LogEvent]) -> list[str]:
-    return [e.name for e in events if isinstance(e, StepRecorded) and not e.name.startswith("log:")]
+    """The step records' names, log lines and the run's plan (``workflow``) left out."""
+    return [
+        e.name for e in events if isinstance(e, StepRecorded) and not e.name.startswith("log:") and e.name != "workflow"
+    ]
 
 
 def _request(s: Settings, sid: str, wait_id: str) -> WaitRequested:

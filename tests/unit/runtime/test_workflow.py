@@ -53,7 +53,11 @@ class Recorder:
         return [e for b in self.batches for e in b]
 
     def names(self) -> list[str]:
-        return [e.name for e in self.events if isinstance(e, StepRecorded)]
+        """The names of the step records, the run's plan (``workflow``, one per run) left out."""
+        return [e.name for e in self.events if isinstance(e, StepRecorded) and e.name != "workflow"]
+
+    def plans(self) -> list[Any]:
+        return [json.loads(e.result_json) for e in self.events if isinstance(e, StepRecorded) and e.name == "workflow"]
 
 
 def attempt(recorder: Recorder, n: int, input_value: Any, journal: Sequence[LogEvent] = ()) -> AgentRun:
@@ -126,6 +130,9 @@ def test_a_resumed_run_skips_recorded_steps_and_sees_previous_and_its_last_check
     ordinals = [e.ordinal for e in recorder.events if isinstance(e, (StepRecorded, StepRetryScheduled))]
     assert len(set(ordinals)) == len(ordinals), "every record has its own ordinal (a retry's wait shares its retry's)"
     assert recorder.names()[-3:] == ["log:second", "checkpoint:second", "step:second"]
+    # The plan, once per run, committed with the first attempt's first record (the projection's total steps).
+    assert recorder.plans() == [{"steps": ["first", "second"], "workflow": "w"}]
+    assert recorder.batches[0][0].name == "workflow"  # type: ignore[union-attr]
 
 
 def test_a_step_failing_twice_then_passing_has_two_canonical_retries_and_one_result() -> None:
@@ -145,8 +152,8 @@ def test_a_step_failing_twice_then_passing_has_two_canonical_retries_and_one_res
     for n in (1, 2):
         with pytest.raises(RunCancelledError, match=f"retry:flaky#{n}"):
             app.runner()(attempt(recorder, n, envelope, expired(recorder)))
-        # the retry and its timed wait are one batch, the run's last
-        retry, wait = recorder.batches[-1]
+        # the retry and its timed wait are one batch, the run's last (the first also carries the run's plan)
+        retry, wait = [e for e in recorder.batches[-1] if not (isinstance(e, StepRecorded) and e.name == "workflow")]
         assert isinstance(retry, StepRetryScheduled) and isinstance(wait, WaitRequested)
         assert (retry.step, retry.retry, retry.error_type, retry.error_message) == (
             "flaky",
