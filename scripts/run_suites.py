@@ -86,8 +86,10 @@ SUITES = [
     # +75 s for issue 17 item 2's approvals and pause/resume
     # (tests/integration/engine/test_engine_workflow_approvals.py: on_approval_needed True/False/None, a denial
     # paused then resumed, scenarios 2 and 9, a pause at a step boundary; ~63 s here under load);
-    # +20 s for issue 17 item 4's incomplete runs (tests/integration/engine/test_engine_workflow_runs.py, ~11 s here).
-    Suite("engine", 1200, (_pytest("tests/integration/engine"),), junit=True),
+    # +20 s for issue 17 item 4's incomplete runs (tests/integration/engine/test_engine_workflow_runs.py, ~11 s here);
+    # +40 s for issue 17 item 6's two examples run by their README commands under a kill
+    # (tests/integration/engine/test_engine_examples.py, ~31 s here).
+    Suite("engine", 1240, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),
