@@ -124,8 +124,9 @@ SUITES = [
     # +5 s for issue 17's workflow_retry_unrecorded (a unit test, ~4 s with the runner's start-up);
     # +15 s for issue 21's ui_csrf_unchecked (an integration test, ~6 s with the runner's start-up);
     # +20 s for issue 22's attempt_count_after_start (an integration test, ~13 s with the runner's start-up);
-    # +10 s for issue 18's flow_drift_unchecked (a unit test, ~8 s with the runner's start-up).
-    Suite("fault-switches", 360, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # +10 s for issue 18's flow_drift_unchecked (a unit test, ~8 s with the runner's start-up);
+    # +10 s for issue 17 item 2's workflow_denial_replayed (a unit test, ~7 s with the runner's start-up).
+    Suite("fault-switches", 370, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

@@ -69,6 +69,12 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "a failed workflow step is retried in the same attempt after its backoff, with no canonical "
             "StepRetryScheduled and no timed wait, so the retry leaves no trace in the log (DUR-010, issue 17 item 3)"
         ),
+        "workflow_denial_replayed": (
+            "a workflow run resumed after a denied step approval reads that denial again as its answer and pauses "
+            "again, instead of asking anew under the next approval id, so no approval can ever let the step run "
+            "(issue 17 item 2; DUR-008's rule for deliveries: a run acts only on the canonical answer to the request "
+            "it made)"
+        ),
         "signal_honoured_before_canonical": (
             "ctx.signal returns a signal found in the run's journal at once, with no canonical wait request and "
             "delivery, so nothing records which wait consumed it and a later wait takes it again (issue 16; "

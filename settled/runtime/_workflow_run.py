@@ -352,6 +352,10 @@ class WorkflowRun:
                 await self._pause(step, why, approval_id=approval_id)
             if pause not in self._ctx._journal.waits:  # never so: a run is Ready only once every wait is decided
                 raise RunSuspended(f"the pause {pause} of step {step.name!r} is still open")
+            if fault_enabled("workflow_denial_replayed"):
+                # Fault switch (issue 17 item 2; tests/fault_switches.toml): the resumed run reads the earlier
+                # denial as its answer again and pauses again, never asking under the next approval id.
+                await self._pause(step, why)
             ask += 1  # resumed: ask again, under a new id
 
     async def _ask(self, step: Step, ask: int, approval_id: str) -> ApprovalDecision:

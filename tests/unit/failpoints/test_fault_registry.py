@@ -28,6 +28,7 @@ EXPECTED_SWITCHES = {
     "api_access_unchecked",
     "workflow_retry_unrecorded",
     "flow_drift_unchecked",
+    "workflow_denial_replayed",
     "collateral_condemned",
     "ui_csrf_unchecked",
     "lifecycle_outside_transaction",

@@ -389,3 +389,53 @@ def test_a_denial_under_on_denial_fail_settles_failed_and_the_body_never_runs() 
 def test_on_approval_needed_must_be_callable() -> None:
     with pytest.raises(ValueError, match="on_approval_needed must be callable or None, got 'yes'"):
         Workflow("w", steps=[Step("a", print)], on_approval_needed="yes")  # type: ignore[arg-type]
+
+
+def test_a_resumed_denial_asks_again_under_a_new_approval_id() -> None:
+    """Catches the fault switch ``workflow_denial_replayed`` (a denial read again as the answer after resume)."""
+    ran: list[int] = []
+    app = App(agent=None, options=RunOptions(clock=lambda: T0))
+    gated = Step("a", lambda ctx: ran.append(1) or "sent", description="send", requires_approval=True)
+    app.workflow(Workflow("w", steps=[gated]))  # no on_approval_needed: a person decides; a denial pauses
+    envelope = workflow_input("w", "t", None)
+    recorder = Recorder()
+
+    def decided(wait_id: str, payload: Any) -> WaitResolved:
+        return WaitResolved(
+            submission_id="s1",
+            wait_id=wait_id,
+            outcome=WaitOutcome.DELIVERED,
+            source_id=f"cmd-{wait_id}",
+            payload_json=canonical_json(payload),
+            decided_at=T0,
+        )
+
+    def last_wait() -> WaitRequested:
+        return [e for e in recorder.events if isinstance(e, WaitRequested)][-1]
+
+    denial = {"approved": False, "by": "k1", "principal": "ops", "reason": "no"}
+    journal: list[LogEvent] = []
+    with pytest.raises(RunCancelledError):
+        app.runner()(attempt(recorder, 1, envelope))
+    first = last_wait()
+    assert first.wait_id == step_approval_id("s1", "a", 1) and first.kind is WaitKind.APPROVAL
+    journal = [*recorder.events, decided(first.wait_id, denial)]
+    with pytest.raises(RunCancelledError):
+        app.runner()(attempt(recorder, 2, envelope, journal))
+    pause = last_wait()
+    assert pause.name == "settled.resume" and json.loads(pause.details_json or "null")["approval_id"] == first.wait_id
+    journal = [*recorder.events, decided(first.wait_id, denial), decided(pause.wait_id, None)]
+    with contextlib.suppress(RunCancelledError):
+        app.runner()(attempt(recorder, 3, envelope, journal))
+    asked = last_wait()
+    promise(
+        "WAIT-004.denial-not-replayed",
+        asked.kind is WaitKind.APPROVAL and asked.wait_id == step_approval_id("s1", "a", 2),
+        f"after the resume the run requested {asked.kind.value} {asked.wait_id!r}; expected a new approval request "
+        f"{step_approval_id('s1', 'a', 2)!r}, never the earlier denial read again",
+    )
+    approval = {"approved": True, "by": "k1", "principal": "ops", "reason": None}
+    journal = [*recorder.events, *(decided(w, p) for w, p in ((first.wait_id, denial), (pause.wait_id, None)))]
+    journal.append(decided(asked.wait_id, approval))
+    reply = app.runner()(attempt(recorder, 4, envelope, journal))
+    assert reply == canonical_json({"a": "sent"}) and ran == [1]
