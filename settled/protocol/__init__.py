@@ -176,6 +176,8 @@ from settled.protocol._states import (
 )
 from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
 from settled.protocol._workflows import (
+    APPROVAL_ANSWER_PREFIX,
+    APPROVAL_REQUEST_PREFIX,
     PAUSE_SIGNAL,
     RESUME_SIGNAL,
     WORKFLOW_KEY,
@@ -193,6 +195,8 @@ __all__ = [
     "ACCESS_ALL",
     "ACCESS_OWNER",
     "API_HEADERS",
+    "APPROVAL_ANSWER_PREFIX",
+    "APPROVAL_REQUEST_PREFIX",
     "EDGES",
     "EXCERPT_CHARS",
     "FLOW_KEY",

@@ -11,14 +11,17 @@ log event                             lifecycle event
 ``AttemptStarted``                    ``durable.started`` (per attempt: a resume is a new attempt)
 ``StepRecorded`` ``step:<name>``      ``durable.step_completed`` (a workflow step's one recorded result)
 ``StepRecorded`` ``log:<name>``       ``durable.log``
-``WaitRequested`` of kind approval    ``durable.approval_needed``
+``WaitRequested`` of kind approval    ``durable.approval_needed`` (not a workflow step's ask: its request record is)
+``StepRecorded``                      ``durable.approval_needed`` (a workflow step's ask ``k``, issue 17 item 2)
+``approval-request:<step>#<k>``
 ``ApprovalDecided`` approved          ``durable.approval_granted``
+``StepRecorded`` ``approval:<s>#<k>`` ``durable.approval_granted`` (``on_approval_needed`` answered true)
 ``StepRetryScheduled``                ``durable.retry``
 ``Settlement`` failed                 ``durable.failed``
 ``Settlement`` completed              ``durable.completed``
-(none yet)                            ``durable.paused``: no canonical pause record exists yet; it maps here once
-                                      one does
-====================================  ==============================================================================
+``WaitRequested`` of a pause          ``durable.paused`` (kind signal, name ``settled.resume``, id
+                                      ``<run>#p<ordinal>``: a denial or a ``pause_run``; with its reason)
+===================================== ==============================================================================
 
 Everything else (checkpoints, model responses, tool calls, signals, denials, aborted settlements…) has no lifecycle
 event. Pure: no I/O, no clock.
@@ -31,6 +34,13 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
+from settled.protocol._workflows import (
+    APPROVAL_ANSWER_PREFIX,
+    APPROVAL_REQUEST_PREFIX,
+    RESUME_SIGNAL,
+    is_pause_wait,
+    step_approval_id,
+)
 from settled.schemas import (
     ApprovalDecided,
     AttemptStarted,
@@ -54,7 +64,7 @@ __all__ = [
     "lifecycle_matches",
 ]
 
-#: Every ``durable.*`` event type, in the seed's order (``durable.paused`` has no causing record yet).
+#: Every ``durable.*`` event type, in the seed's order.
 LIFECYCLE_TYPES: Final = (
     "durable.started",
     "durable.step_completed",
@@ -145,11 +155,28 @@ def lifecycle_matches(pattern: str, event_type: str) -> bool:
     return fnmatch.fnmatchcase(event_type, pattern)
 
 
+def _step_approval(event: StepRecorded) -> tuple[str, str, dict[str, Any]] | None:
+    """A workflow step's approval request (``durable.approval_needed``) or callback approval (``..._granted``)."""
+    if event.name.startswith(APPROVAL_REQUEST_PREFIX):
+        step, _, ask = event.name.removeprefix(APPROVAL_REQUEST_PREFIX).rpartition("#")
+        value = json.loads(event.result_json)
+        approval_id = value.get("approval_id") if isinstance(value, dict) else None
+        return "durable.approval_needed", event.submission_id, {"approval_id": approval_id, "name": step}
+    step, _, ask = event.name.removeprefix(APPROVAL_ANSWER_PREFIX).rpartition("#")
+    answer = json.loads(event.result_json)
+    if not (isinstance(answer, dict) and answer.get("approved") is True and ask.isdigit()):
+        return None  # denied, or left to a person: that person's decision is the ApprovalDecided
+    approval_id = step_approval_id(event.submission_id, step, int(ask))
+    return "durable.approval_granted", event.submission_id, {"approval_id": approval_id, "principal": None}
+
+
 def _map(event: LogEvent) -> tuple[str, str, dict[str, Any]] | None:
     """The lifecycle type, run and data of one log event, or ``None`` (the module docstring's table)."""
     if isinstance(event, AttemptStarted):
         return "durable.started", event.submission_id, {"attempt": event.attempt, "attempt_id": event.attempt_id}
     if isinstance(event, StepRecorded):
+        if event.name.startswith((APPROVAL_REQUEST_PREFIX, APPROVAL_ANSWER_PREFIX)):
+            return _step_approval(event)
         if event.name.startswith(STEP_RESULT_PREFIX):
             step = event.name.removeprefix(STEP_RESULT_PREFIX)
             return "durable.step_completed", event.submission_id, {"step": step, "attempt_id": event.attempt_id}
@@ -162,8 +189,17 @@ def _map(event: LogEvent) -> tuple[str, str, dict[str, Any]] | None:
             )
         return None
     if isinstance(event, WaitRequested):
-        if event.kind is not WaitKind.APPROVAL:
-            return None
+        if (
+            event.kind is WaitKind.SIGNAL
+            and event.name == RESUME_SIGNAL
+            and is_pause_wait(event.submission_id, event.wait_id)
+        ):
+            details = json.loads(event.details_json or "{}")
+            keys = ("approval_id", "reason", "source", "step")
+            data = {key: details.get(key) for key in keys} if isinstance(details, dict) else {}
+            return "durable.paused", event.submission_id, {"wait_id": event.wait_id, **data}
+        if event.kind is not WaitKind.APPROVAL or event.wait_id.startswith(f"{event.submission_id}#approve:"):
+            return None  # a workflow step's ask was announced by its request record
         return "durable.approval_needed", event.submission_id, {"approval_id": event.wait_id, "name": event.name}
     if isinstance(event, ApprovalDecided):
         if not event.approved:

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from settled.protocol._fold import Submission
 
 __all__ = [
+    "APPROVAL_ANSWER_PREFIX",
+    "APPROVAL_REQUEST_PREFIX",
     "PAUSE_SIGNAL",
     "RESUME_SIGNAL",
     "WORKFLOW_KEY",
@@ -41,6 +43,11 @@ __all__ = [
     "workflow_input",
     "workflow_invocation",
 ]
+
+#: Name prefixes of a workflow step's approval records (``StepRecorded``, settled/runtime/_workflow_run.py): the
+#: request of ask ``k`` (``approval-request:<step>#<k>``) and ``on_approval_needed``'s answer (``approval:<step>#<k>``).
+APPROVAL_REQUEST_PREFIX = "approval-request:"
+APPROVAL_ANSWER_PREFIX = "approval:"
 
 #: The signal that pauses a workflow run at its next step boundary (``Client.pause_run``; payload ``{"reason"}``).
 PAUSE_SIGNAL = "settled.pause"

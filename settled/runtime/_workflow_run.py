@@ -54,6 +54,8 @@ from settled._failpoints import failpoint
 from settled._faults import fault_enabled
 from settled.processors import AttemptSupersededError, RunFailedError
 from settled.protocol import (
+    APPROVAL_ANSWER_PREFIX,
+    APPROVAL_REQUEST_PREFIX,
     PAUSE_SIGNAL,
     RESUME_SIGNAL,
     STEP_LOG_PREFIX,
@@ -88,8 +90,6 @@ RESULT_PREFIX = STEP_RESULT_PREFIX  # settled/protocol/_lifecycle.py reads them 
 CHECKPOINT_PREFIX = "checkpoint:"
 LOG_PREFIX = STEP_LOG_PREFIX
 PLAN_NAME = "workflow"
-APPROVAL_REQUEST_PREFIX = "approval-request:"
-APPROVAL_ANSWER_PREFIX = "approval:"
 #: Who decided an approval that ``on_approval_needed`` answered (`ApprovalDecision.by`).
 CALLBACK_APPROVER = "on_approval_needed"
 

@@ -205,6 +205,8 @@ EXPECTED: dict[str, list[str]] = {
         "ACCESS_ALL",
         "ACCESS_OWNER",
         "API_HEADERS",
+        "APPROVAL_ANSWER_PREFIX",
+        "APPROVAL_REQUEST_PREFIX",
         "ApiSignature",
         "BatchLike",
         "ConversationState",

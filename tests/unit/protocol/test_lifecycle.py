@@ -171,3 +171,43 @@ def test_paused_has_no_causing_record_yet() -> None:
 )
 def test_patterns_match_types_by_fnmatch(pattern: str, kind: str, matches: bool) -> None:
     assert lifecycle_matches(pattern, kind) is matches
+
+
+# -- a workflow step's approvals and pauses (issue 17 item 2) ------------------------------------------------------
+
+ASK = "s#approve:send#1"
+PAUSE = WaitRequested(
+    submission_id="s", attempt_id="a2", wait_id="s#p6", kind=WaitKind.SIGNAL, name="settled.resume", ordinal=6,
+    details_json=canonical_json({"approval_id": ASK, "reason": "denied: no", "source": None, "step": "send"}),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("event", "kind", "data"),
+    [
+        (_step("approval-request:send#1", {"approval_id": ASK, "ask": 1, "description": "pay", "step": "send"}),
+         "durable.approval_needed", {"approval_id": ASK, "name": "send"}),
+        (_step("approval:send#1", {"approved": True}), "durable.approval_granted",
+         {"approval_id": ASK, "principal": None}),
+        (PAUSE, "durable.paused",
+         {"wait_id": "s#p6", "approval_id": ASK, "reason": "denied: no", "source": None, "step": "send"}),
+    ],
+)  # fmt: skip
+def test_a_workflow_steps_ask_its_callback_approval_and_a_pause_give_their_events(
+    event: LogEvent, kind: str, data: object
+) -> None:
+    (got,) = lifecycle_events(_batch(event))
+    assert (got.type, json.loads(got.data_json)) == (kind, data)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        _step("approval:send#1", {"approved": False}),  # denied: the pause that follows is the event
+        _step("approval:send#1", {"approved": None}),  # left to a person: their ApprovalDecided is the event
+        WaitRequested(submission_id="s", attempt_id="a2", wait_id=ASK, kind=WaitKind.APPROVAL, name="send", ordinal=5),
+        _step("workflow", {"steps": ["send"], "workflow": "pay"}),  # the run's plan
+    ],
+)
+def test_a_workflow_steps_ask_is_announced_once(event: LogEvent) -> None:
+    assert lifecycle_events(_batch(event)) == ()
