@@ -658,10 +658,40 @@ class Client:
         )
         return [IncompleteRun.of(row) for row in rows]
 
-    def _projection_reader(self) -> ProjectionReader:
+    def get_run(
+        self,
+        run_id: str,
+        *,
+        conversation_id: str,
+        after: Receipt | None = None,
+        timeout_s: float | None = None,
+    ) -> protocol.FlowRunView | None:
+        """Return where a flow run is: status, flow, node, what it waits for (issue 18 item 2; the seed's ``getRun``).
+
+        Read from the projection (`ProjectionReader.flow_run`), so it lags the log by the projector's delay; ``after``
+        waits until the projection holds a receipt's request (read-your-writes).
+
+        Args:
+            run_id: The run (a flow submission's receipt ``run_id``).
+            conversation_id: Its conversation (a run id names a run of one conversation, as every command does).
+            after: A receipt (e.g. the turn's) the projection must hold first.
+            timeout_s: Bound on the wait for ``after``, in seconds (default: the client's).
+
+        Returns:
+            The view, or None when the conversation holds no such run (or is not projected yet).
+
+        Raises:
+            ValueError: No projection is configured (``projection_dsn`` / ``SETTLED_POSTGRES_DSN`` empty).
+            ReadYourWritesTimeoutError: ``after`` was not projected in time.
+        """
+        return self._projection_reader("get_run").flow_run(
+            run_id, conversation_id=conversation_id, after=after, timeout_s=self.timeout_s(timeout_s)
+        )
+
+    def _projection_reader(self, method: str = "incomplete_runs") -> ProjectionReader:
         if not self._projection_dsn:
             raise ValueError(
-                "Client.incomplete_runs reads the projection: pass Client(projection_dsn=...) or set "
+                f"Client.{method} reads the projection: pass Client(projection_dsn=...) or set "
                 f"SETTLED_POSTGRES_DSN (projection_dsn is {self._projection_dsn!r})"
             )
         with self._projection_lock:

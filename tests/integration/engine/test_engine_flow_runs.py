@@ -86,6 +86,9 @@ def _view(s: Settings, names: ProjectionNames, live: Any, run_id: str, conversat
     wait_projected(s, names, TIMEOUT_S, live)
     with ProjectionReader(s.postgres_dsn, names) as reader:
         view = reader.flow_run(run_id, conversation_id=conversation_id)
+    # Client.get_run reads the same view (the seed's getRun).
+    with Client(s, principal="ops", default_timeout_s=TIMEOUT_S, projection_schema=names.base) as c:
+        assert c.get_run(run_id, conversation_id=conversation_id) == view
     assert view is not None
     return view
 
