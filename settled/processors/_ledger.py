@@ -34,6 +34,7 @@ from settled.schemas import (
     LogBatch,
     QuarantineReason,
     ResolveUnknown,
+    RetrySubmission,
     RevokeAccess,
     SendSignal,
     Settlement,
@@ -83,7 +84,8 @@ class LedgerDecider:
     Attributes:
         partition: The owned partition.
         partition_count: The topics' partition count (for the misroute check, docs/design.md §2).
-        resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` commands, by key id (docs/design.md §4).
+        resolver_keys: Ed25519 public keys allowed to sign ``ResolveUnknown`` and ``RetrySubmission`` commands, by key
+            id (docs/design.md §4).
         approver_keys: Ed25519 public keys allowed to sign ``DecideApproval`` commands, by key id (issue 16 item 4).
         api_keys: Ed25519 public keys of HTTP APIs whose signed records are access-checked, by key id (issue 20;
             `settled.protocol.may_access`).
@@ -219,6 +221,14 @@ class LedgerDecider:
                 d = protocol.reject_command(conv, record, inp.ref, now, reason=reason, detail=why)
             else:
                 d = protocol.resolve(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, RetrySubmission):
+            # Signed like a resolution (issue 22 item 4): verified against the resolver keys before deciding.
+            problem = None if violation is not None else self._signature_problem(record)
+            if problem is not None:
+                reason, why = problem
+                d = protocol.reject_command(conv, record, inp.ref, now, reason=reason, detail=why)
+            else:
+                d = protocol.retry_submission(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, DecideApproval):
             problem = None if violation is not None else self._signature_problem(record)
             if violation is not None:
@@ -346,10 +356,13 @@ class LedgerDecider:
             )
         return None
 
-    def _signature_problem(self, command: ResolveUnknown | DecideApproval) -> tuple[CommandRejectReason, str] | None:
+    def _signature_problem(
+        self, command: ResolveUnknown | DecideApproval | RetrySubmission
+    ) -> tuple[CommandRejectReason, str] | None:
         """Why a signature is refused, or ``None``.
 
-        Only a configured resolver resolves (DUR-009), only a configured approver decides an approval (issue 16).
+        Only a configured resolver resolves (DUR-009) or retries a dead letter (issue 22 item 4), only a configured
+        approver decides an approval (issue 16).
         """
         role, keys = (
             ("approver", self.approver_keys)

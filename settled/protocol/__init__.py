@@ -13,8 +13,8 @@
 * `resolve_wait`, `open_waits`, `expired_waits` (`_waits`), `WAITING_STATES`, `waiting_state` (`_states`): the
   generic wait of issue 16, one mechanism for its kinds (signals, approvals, and Unknown calls under the label
   `unknown`).
-* `RetryPolicy`, `schedule_retry`, `backoff_ms`, `dead_letter_reason` (`_retry`): a submission's retry budget, its
-  backoff as a timed wait, and the dead letter after it (issue 22 item 4).
+* `RetryPolicy`, `schedule_retry`, `backoff_ms`, `dead_letter_reason`, `retry_submission` (`_retry`): a submission's
+  retry budget, its backoff as a timed wait, the dead letter after it, and its signed retry (issue 22 item 4).
 * `approval_id_for`, `approval_details`, `approval_problem`, `decide_approval`, `arguments_digest` (`_approvals`):
   approvals, a kind of that wait, bound to their run and to the digest of the canonical arguments (issue 16 item 4).
 * `may_access`, `may_grant`, `conversation_opener`, `hidden`, `grant_access`, `revoke_access`, `api_signing_bytes`,
@@ -158,6 +158,7 @@ from settled.protocol._retry import (
     backoff_ms,
     dead_letter_reason,
     is_retry_wait,
+    retry_submission,
     retry_wait_id_for,
     schedule_retry,
 )
@@ -314,6 +315,7 @@ __all__ = [
     "reject_submission",
     "resolve",
     "resolve_wait",
+    "retry_submission",
     "retry_wait_id_for",
     "revoke_access",
     "run_control_problem",

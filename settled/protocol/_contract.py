@@ -28,6 +28,7 @@ from settled.schemas import (
     DecideApproval,
     GrantAccess,
     ResolveUnknown,
+    RetrySubmission,
     RevokeAccess,
     SendSignal,
     SubmissionProposed,
@@ -225,7 +226,13 @@ def check_proposal(proposal: SubmissionProposed) -> Violation | None:
 
 
 def check_command(
-    command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess,
+    command: AbortRequested
+    | ResolveUnknown
+    | SendSignal
+    | DecideApproval
+    | GrantAccess
+    | RevokeAccess
+    | RetrySubmission,
 ) -> Violation | None:
     """Check a command against the contract.
 
@@ -256,6 +263,9 @@ def check_command(
     if isinstance(command, DecideApproval):
         found = found or check_id("approval_id", command.approval_id) or _check_text("reason", command.reason)
         return found or (check_id("key_id", command.key_id) if command.key_id else None)
+    if isinstance(command, RetrySubmission):
+        found = found or check_id("new_submission_id", command.new_submission_id)
+        return found or (check_id("key_id", command.key_id) if command.key_id else None)
     found = found or check_id("call_id", command.call_id)
     return found or (check_id("key_id", command.key_id) if command.key_id else None)
 
@@ -267,7 +277,8 @@ def check_input(
     | SendSignal
     | DecideApproval
     | GrantAccess
-    | RevokeAccess,
+    | RevokeAccess
+    | RetrySubmission,
 ) -> Violation | None:
     """Check any inbox record against the contract (`check_proposal` or `check_command`).
 

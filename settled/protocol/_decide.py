@@ -62,6 +62,7 @@ from settled.schemas import (
     RequestKind,
     ResolutionKind,
     ResolveUnknown,
+    RetrySubmission,
     RevokeAccess,
     SendSignal,
     Settlement,
@@ -444,7 +445,8 @@ def reject_invalid(
     | SendSignal
     | DecideApproval
     | GrantAccess
-    | RevokeAccess,
+    | RevokeAccess
+    | RetrySubmission,
     input_ref: InputRef,
     now: datetime,
     violation: Violation,
@@ -776,7 +778,13 @@ def terminalize(
 
 def reject_command(
     state: ConversationState,
-    command: AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess,
+    command: AbortRequested
+    | ResolveUnknown
+    | SendSignal
+    | DecideApproval
+    | GrantAccess
+    | RevokeAccess
+    | RetrySubmission,
     input_ref: InputRef,
     now: datetime,
     *,
@@ -816,6 +824,8 @@ def reject_command(
         if isinstance(command, DecideApproval)
         else CommandKind.ACCESS
         if isinstance(command, GrantAccess | RevokeAccess)
+        else CommandKind.RETRY
+        if isinstance(command, RetrySubmission)
         else CommandKind.RESOLVE_UNKNOWN
     )
     target = None if isinstance(command, GrantAccess | RevokeAccess) else bounded_id(command.submission_id)

@@ -97,6 +97,7 @@ from settled.schemas import (
 
 __all__ = [
     "GRACEFUL_REVOKE",
+    "RETRY_BUDGET_EXHAUSTED",
     "BatchLike",
     "ConversationState",
     "InputKey",
@@ -117,6 +118,10 @@ S = SubmissionState
 GRACEFUL_REVOKE = "graceful_revoke"
 """`AttemptInterrupted.reason` of an attempt its owner stopped on a graceful revoke: no death, so the attempt is not
 charged to ``max_attempts`` (docs/design.md §3, §5)."""
+
+RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+"""The error type of a submission that settled failed because its retry budget was spent: a dead letter (issue 22
+item 4; `settled.protocol.dead_letter_reason`). The fold keeps a dead letter's payload until it is retried."""
 
 InputKey = tuple[str, int, int]
 """An inbox input's (topic, partition, offset)."""
@@ -214,6 +219,9 @@ class Submission:
         retries: Retries scheduled so far (`SubmissionRetryScheduled`; issue 22 item 4).
         retry_wait_id: The wait id of the retry scheduled last, until its `WaitRequested` takes the submission
             Ready → Waiting (the two are appended in one batch).
+        error_type: For a failed settlement: its error type (`RETRY_BUDGET_EXHAUSTED` for a dead letter).
+        retry_of: For a submission admitted by a `RetrySubmission`: the dead letter it retries (issue 22 item 4).
+        retried_as: For a dead letter: the submission that retries it, once admitted (a second retry is a duplicate).
     """
 
     submission_id: str
@@ -240,6 +248,14 @@ class Submission:
     approvals: frozenset[tuple[str, str]] = frozenset()
     retries: int = 0
     retry_wait_id: str | None = None
+    error_type: str | None = None
+    retry_of: str | None = None
+    retried_as: str | None = None
+
+    @property
+    def dead_lettered(self) -> bool:
+        """True for a submission that settled failed because its retry budget was spent (issue 22 item 4)."""
+        return self.outcome is SettlementOutcome.FAILED and self.error_type == RETRY_BUDGET_EXHAUSTED
 
     def approval_digest(self, approval_id: str) -> str | None:
         """Return the argument digest an approval the run requested is bound to, or None if it requested none.
@@ -793,9 +809,18 @@ class _ConvBuilder:
                 event.idempotency_key,
                 f"key already admitted as submission {known.submission_id!r} (DUR-001: admitted once per key)",
             )
+        original = None
+        if event.retry_of is not None:  # a dead letter admitted again (issue 22 item 4; settled.protocol.retry)
+            original = self.subs().get(event.retry_of)
+            if original is None or not original.dead_lettered:
+                raise self.fail(event, "retry_of", event.retry_of, "no such dead-lettered submission")
+            if original.retried_as is not None:
+                raise self.fail(event, "retry_of", event.retry_of, f"already retried as {original.retried_as!r}")
         self.decide(event, event.input_ref)
         if event.flow_run_id is not None and event.flow_run_id not in self.flow_runs():
             self.add_flow_run(event.flow_run_id, event.submission_id)  # the turn that opens the run
+        if original is not None:  # its payload was kept for this retry only
+            self.put(_replace(original, retried_as=event.submission_id, input_json=None, tools_offered=()))
         proposed = Submission(
             submission_id=event.submission_id,
             submission_seq=event.submission_seq,
@@ -806,6 +831,7 @@ class _ConvBuilder:
             input_json=event.input_json,
             tools_offered=event.tools_offered,
             admitted_input_ref=event.input_ref,
+            retry_of=event.retry_of,
         )
         self.move(proposed, S.ADMITTED, event)
         self.add_key(digest, KeyEntry(event.submission_id, event.payload_digest, event.submission_seq))
@@ -1187,13 +1213,16 @@ class _ConvBuilder:
         if sub.state is not S.TERMINALIZING and sub.state is not S.JOINED:
             # Reserve and append are one transaction here (issue 5 item 5): pass through Terminalizing.
             sub = self.move(sub, S.TERMINALIZING, event)
+        # A dead letter keeps its payload until it is retried (settled.protocol.retry admits it again).
+        dead_letter = event.outcome is SettlementOutcome.FAILED and event.error_type == RETRY_BUDGET_EXHAUSTED
         self.move(
             sub,
             target,
             event,
             outcome=event.outcome,
-            input_json=None,
-            tools_offered=(),
+            error_type=event.error_type,
+            input_json=sub.input_json if dead_letter else None,
+            tools_offered=sub.tools_offered if dead_letter else (),
             open_calls=frozenset(),
             unknown_calls=frozenset(),
             reserved_outcome=None,

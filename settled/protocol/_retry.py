@@ -13,6 +13,11 @@ The backoff doubles from `RetryPolicy.backoff_base_ms` per retry, capped at `Ret
 than the cap. After the budget the submission settles failed with error type `RETRY_BUDGET_EXHAUSTED` and a reason
 naming the attempts and the last cause (`dead_letter_reason`): a dead letter, which ``settled retry`` may admit again
 as a new submission. A call in doubt still makes it Unknown instead (`settled.protocol.classify`, rule 2).
+
+`retry_submission` decides that signed `RetrySubmission`: the dead letter's payload (its input and offered tools,
+which the fold keeps for this) is admitted once more as a new submission (the command's ``new_submission_id``, the
+next sequence, ``retry_of`` naming the original, whose failed settlement stands); a second retry of the same original
+is a duplicate pointing at the first.
 """
 
 from __future__ import annotations
@@ -20,11 +25,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from settled.protocol._decide import Decision
+from settled.protocol._contract import check_command
+from settled.protocol._decide import Decision, check_input_undecided, reject_command, reject_invalid
 from settled.protocol._errors import IllegalTransitionError, UnknownSubmissionError
-from settled.protocol._fold import ConversationState
+from settled.protocol._fold import RETRY_BUDGET_EXHAUSTED, ConversationState
 from settled.protocol._states import SubmissionState
-from settled.schemas import SubmissionRetryScheduled, WaitKind, WaitRequested
+from settled.schemas import (
+    CommandRejectReason,
+    InputRef,
+    Receipt,
+    ReceiptOutcome,
+    RequestKind,
+    RetrySubmission,
+    SubmissionAdmitted,
+    SubmissionDuplicate,
+    SubmissionReady,
+    SubmissionRetryScheduled,
+    WaitKind,
+    WaitRequested,
+)
 
 __all__ = [
     "RETRY_BUDGET_EXHAUSTED",
@@ -32,12 +51,10 @@ __all__ = [
     "backoff_ms",
     "dead_letter_reason",
     "is_retry_wait",
+    "retry_submission",
     "retry_wait_id_for",
     "schedule_retry",
 ]
-
-#: The error type of a submission that settled failed because its retry budget was spent (a dead letter).
-RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
 
 _RETRY_WAIT_MARK = "#retry"
 
@@ -199,3 +216,122 @@ def dead_letter_reason(attempts: int, max_attempts: int, last_cause: str) -> str
         The reason, e.g. ``"3 attempts charged (max_attempts 3); last cause: WorkerDied: ..."``.
     """
     return f"{attempts} attempts charged (max_attempts {max_attempts}); last cause: {last_cause}"
+
+
+def retry_submission(
+    state: ConversationState,
+    command: RetrySubmission,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_contract: bool = True,
+) -> Decision:
+    """Decide a `RetrySubmission` whose Ed25519 signature the caller has verified (issue 22 item 4).
+
+    The worker verifies the signature against ``App.resolver_keys`` first, as for a `ResolveUnknown`, and answers an
+    unsigned or forged command with `reject_command` (``unsigned``, ``unknown_key``, ``bad_signature``). Then, in
+    order:
+
+    * a command that breaks the input contract → ``invalid`` naming the field;
+    * no such submission → ``unknown_target``;
+    * the target was retried already → `SubmissionDuplicate` (the command's ``new_submission_id``, pointing at the
+      first retry, with its key) and a duplicate receipt whose ``original_submission_id`` and ``submission_seq`` are
+      the first retry's;
+    * the target is not a dead letter (unsettled, completed, aborted, or failed with another error type) →
+      ``not_dead_lettered`` naming its state or outcome;
+    * ``new_submission_id`` already names a submission, or the command id is already an idempotency key of the dead
+      letter's principal → ``invalid`` naming the field;
+    * otherwise `SubmissionAdmitted` (``new_submission_id``, the next sequence, the dead letter's principal, input and
+      offered tools, idempotency key = the command id, ``retry_of`` = the target) + `SubmissionReady` + an applied
+      receipt with the new sequence: readiness and the receipt commit together (DUR-001). The dead letter's failed
+      settlement stands.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The verified command.
+        input_ref: Where it was read.
+        now: The decision time.
+        check_contract: Whether to check the input contract first; ``False`` only under the fault switch
+            ``id_contract_unchecked``.
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command (`filing_conversation`).
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    violation = check_command(command) if check_contract else None
+    if violation is not None:
+        return reject_invalid(state, command, input_ref, now, violation)
+    check_input_undecided(state, command.conversation_id, input_ref)
+
+    def rejected(reason: CommandRejectReason, detail: str) -> Decision:
+        return reject_command(state, command, input_ref, now, reason=reason, detail=detail)
+
+    def receipt(outcome: ReceiptOutcome, original: str | None, seq: int) -> Receipt:
+        return Receipt(
+            request_kind=RequestKind.COMMAND,
+            request_id=command.command_id,
+            outcome=outcome,
+            original_submission_id=original,
+            submission_seq=seq,
+            conversation_id=state.conversation_id,
+            decided_at=now,
+        )
+
+    sub = state.submission(command.submission_id)
+    if sub is None:
+        return rejected(
+            CommandRejectReason.UNKNOWN_TARGET,
+            f"conversation {state.conversation_id!r} has no submission {command.submission_id!r}",
+        )
+    if sub.retried_as is not None:
+        first = state.submissions[sub.retried_as]
+        duplicate = SubmissionDuplicate(
+            submission_id=command.new_submission_id,
+            original_submission_id=first.submission_id,
+            idempotency_key=first.idempotency_key,
+            input_ref=input_ref,
+        )
+        return Decision(
+            events=(duplicate,),
+            receipt=receipt(ReceiptOutcome.DUPLICATE, first.submission_id, first.submission_seq),
+        )
+    if not sub.dead_lettered or sub.input_json is None:
+        if sub.outcome is None:
+            what = f"is {sub.state.value}, not settled"
+        elif sub.error_type is not None:
+            what = f"settled {sub.outcome.value} with error type {sub.error_type!r}"
+        else:
+            what = f"settled {sub.outcome.value}"
+        return rejected(
+            CommandRejectReason.NOT_DEAD_LETTERED,
+            f"submission {sub.submission_id!r} {what}: only a dead letter (failed {RETRY_BUDGET_EXHAUSTED}) is retried",
+        )
+    if state.submission(command.new_submission_id) is not None:
+        return rejected(
+            CommandRejectReason.INVALID,
+            f"new_submission_id {command.new_submission_id!r} already names a submission",
+        )
+    known = state.lookup_key(sub.principal, command.command_id)
+    if known is not None:  # the command id is the new submission's key: it must be new in the principal's scope
+        return rejected(
+            CommandRejectReason.INVALID,
+            f"command_id {command.command_id!r} is already the idempotency key of submission {known.submission_id!r}",
+        )
+    seq = state.last_submission_seq + 1
+    admitted = SubmissionAdmitted(
+        submission_id=command.new_submission_id,
+        conversation_id=state.conversation_id,
+        principal=sub.principal,
+        idempotency_key=command.command_id,
+        payload_digest=sub.payload_digest,
+        submission_seq=seq,
+        tools_offered=sub.tools_offered,
+        input_json=sub.input_json,
+        input_ref=input_ref,
+        retry_of=sub.submission_id,
+    )
+    ready = SubmissionReady(submission_id=command.new_submission_id, submission_seq=seq)
+    return Decision(events=(admitted, ready), receipt=receipt(ReceiptOutcome.APPLIED, None, seq))

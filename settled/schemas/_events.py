@@ -75,6 +75,7 @@ __all__ = [
     "RequestKind",
     "ResolutionKind",
     "ResolveUnknown",
+    "RetrySubmission",
     "RevokeAccess",
     "SendSignal",
     "Settlement",
@@ -224,6 +225,7 @@ class CommandKind(enum.StrEnum):
     SIGNAL = "signal"
     APPROVAL = "approval"
     ACCESS = "access"
+    RETRY = "retry"
 
 
 class AccessLevel(enum.StrEnum):
@@ -258,6 +260,8 @@ class CommandRejectReason(enum.StrEnum):
     """An approval decision for a wait that is no longer open (decided, or expired at its deadline)."""
     DIGEST_MISMATCH = "digest_mismatch"
     """An approval decision bound to other arguments than the call's (its argument digest differs)."""
+    NOT_DEAD_LETTERED = "not_dead_lettered"
+    """A retry names a submission that is not a dead letter (unsettled, completed, aborted or failed otherwise)."""
 
 
 class QuarantineReason(enum.StrEnum):
@@ -693,6 +697,94 @@ class DecideApproval(AvroRecord):
         ).encode("utf-8")
 
 
+class RetrySubmission(AvroRecord):
+    """An Ed25519-signed request to admit a dead letter's payload again as a new submission (``settled.inbox``).
+
+    Issue 22 item 4: the owner admits the dead-lettered submission's input and offered tools once more as the
+    submission ``new_submission_id`` (the conversation's next sequence, ``retry_of`` naming the original, whose
+    failed settlement stands). Verified by the worker against ``App.resolver_keys``, like `ResolveUnknown`.
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: Client-made id of this command; also the new submission's idempotency key.
+        principal: Who retries.
+        conversation_id: The conversation (the record key).
+        submission_id: The dead-lettered submission to retry.
+        new_submission_id: Client-made id of the submission it admits.
+        key_id: Id of the signing key (workers hold the public keys).
+        signature: Ed25519 signature over `signing_bytes`.
+        requested_at: When it was requested.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    submission_id: str
+    new_submission_id: str
+    key_id: str
+    signature: bytes
+    requested_at: UtcMillis
+
+    def signing_bytes(self) -> bytes:
+        """Return the bytes that the signature covers: every field but ``schema_version`` and ``signature``.
+
+        Returns:
+            The message to sign or verify (`signing_message`).
+        """
+        return self.signing_message(
+            command_id=self.command_id,
+            principal=self.principal,
+            conversation_id=self.conversation_id,
+            submission_id=self.submission_id,
+            new_submission_id=self.new_submission_id,
+            key_id=self.key_id,
+            requested_at=self.requested_at,
+        )
+
+    @staticmethod
+    def signing_message(
+        *,
+        command_id: str,
+        principal: str,
+        conversation_id: str,
+        submission_id: str,
+        new_submission_id: str,
+        key_id: str,
+        requested_at: datetime,
+    ) -> bytes:
+        """Build the message a resolver signs before the record exists (see `signing_bytes`).
+
+        The UTF-8 canonical JSON object of the fields, ``requested_at`` as integer epoch milliseconds, and
+        ``"command": "retry_submission"`` (so no other signed command's message is ever the same).
+
+        Args:
+            command_id: As in the record.
+            principal: As in the record.
+            conversation_id: As in the record.
+            submission_id: As in the record.
+            new_submission_id: As in the record.
+            key_id: As in the record.
+            requested_at: As in the record (aware; truncated to milliseconds).
+
+        Returns:
+            The UTF-8 canonical JSON message.
+        """
+        millis = _utc_millis(requested_at)
+        return canonical_json(
+            {
+                "command": "retry_submission",
+                "command_id": command_id,
+                "conversation_id": conversation_id,
+                "key_id": key_id,
+                "new_submission_id": new_submission_id,
+                "principal": principal,
+                "requested_at": _epoch_ms(millis),
+                "submission_id": submission_id,
+            }
+        ).encode("utf-8")
+
+
 class GrantAccess(AvroRecord):
     """A request to grant another principal access to a conversation (topic ``settled.inbox``; issue 20).
 
@@ -788,6 +880,7 @@ class SubmissionAdmitted(AvroRecord):
         input_ref: The inbox record this decides.
         flow_run_id: The flow run of this turn (issue 18): minted by the owner for a turn that opens one, the
             addressed run for a turn that resumes one.
+        retry_of: For a submission admitted by a `RetrySubmission` (issue 22 item 4): the dead letter it retries.
     """
 
     submission_id: str
@@ -800,6 +893,7 @@ class SubmissionAdmitted(AvroRecord):
     input_json: CanonicalJson
     input_ref: InputRef | None = None
     flow_run_id: str | None = None
+    retry_of: str | None = None
 
 
 class SubmissionReady(AvroRecord):
@@ -1578,7 +1672,14 @@ class LifecycleEvent(AvroRecord):
 
 
 InboxRecord = (
-    SubmissionProposed | AbortRequested | ResolveUnknown | SendSignal | DecideApproval | GrantAccess | RevokeAccess
+    SubmissionProposed
+    | AbortRequested
+    | ResolveUnknown
+    | SendSignal
+    | DecideApproval
+    | GrantAccess
+    | RevokeAccess
+    | RetrySubmission
 )
 """What ``settled.inbox`` carries."""
 
@@ -1626,6 +1727,7 @@ INBOX_TYPES: tuple[type[AvroRecord], ...] = (
     DecideApproval,
     GrantAccess,
     RevokeAccess,
+    RetrySubmission,
 )
 """Record types of ``settled.inbox``."""
 
@@ -1636,6 +1738,7 @@ COMMAND_TYPES: tuple[type[AvroRecord], ...] = (
     DecideApproval,
     GrantAccess,
     RevokeAccess,
+    RetrySubmission,
 )
 """The inbox's commands."""
 
