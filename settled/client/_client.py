@@ -38,6 +38,8 @@ from settled.client._errors import (
     PayloadTooLargeError,
     ResolveOutcomeUnknownError,
     ResolveRejectedError,
+    RetryOutcomeUnknownError,
+    RetryRejectedError,
     SignalOutcomeUnknownError,
     SignalRejectedError,
     SubmissionOutcomeUnknownError,
@@ -65,6 +67,7 @@ from settled.schemas import (
     RequestKind,
     ResolutionKind,
     ResolveUnknown,
+    RetrySubmission,
     RevokeAccess,
     SendSignal,
     SettlementOutcome,
@@ -1154,6 +1157,95 @@ class Client:
             raise ResolveRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
+    def retry_submission(
+        self,
+        conversation_id: str,
+        submission_id: str,
+        *,
+        signing_key: Ed25519PrivateKey,
+        key_id: str,
+        new_submission_id: str | None = None,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Admit a dead letter's payload again as a new submission with a signed `RetrySubmission` (issue 22 item 4).
+
+        A dead letter is a submission that settled failed with error type ``retry_budget_exhausted``. Its failed
+        settlement stands; the owner admits its input and offered tools once more as ``new_submission_id``, the
+        conversation's next submission (``retry_of`` names the original). A second retry of the same original is a
+        duplicate whose receipt points at the first retry. Signed like `resolve_unknown`: Ed25519 over
+        `RetrySubmission.signing_bytes`, verified by the owner against the workers' ``App.resolver_keys[key_id]``.
+
+        Args:
+            conversation_id: The conversation.
+            submission_id: The dead letter.
+            signing_key: The resolver's Ed25519 private key (see `load_signing_key`).
+            key_id: The id the workers know the matching public key by.
+            new_submission_id: The id of the submission it admits (default: a new UUID).
+            principal: Who retries (default: the client's); part of what is signed.
+            command_id: The command's id, also the new submission's idempotency key; a new UUID when ``None`` (pass
+                the id of an earlier retry whose outcome is unknown to send it again).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied`` naming the new submission
+            (``original_submission_id``) and its ``submission_seq``, or ``duplicate`` naming the first retry and its
+            sequence. `wait` on it waits for that submission's settlement.
+
+        Raises:
+            ValueError: If an argument is empty or breaks the input contract (the field is named); nothing was sent.
+            TypeError: If ``signing_key`` is not an ``Ed25519PrivateKey``; nothing was sent.
+            PayloadTooLargeError: If the encoded command exceeds ``max_payload_bytes``; nothing was sent.
+            RetryRejectedError: The owner rejected it (``unsigned``, ``unknown_key``, ``bad_signature``;
+                ``unknown_target``; ``not_dead_lettered``; ``invalid``).
+            RetryOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        timeout = self.timeout_s(timeout_s)
+        deadline = time.monotonic() + timeout
+        for name, text in (("conversation_id", conversation_id), ("submission_id", submission_id), ("key_id", key_id)):
+            if not text.strip():
+                raise ValueError(f"{name} must not be empty, got {text!r}")
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        if not cid.strip():
+            raise ValueError(f"command_id must not be empty, got {cid!r}")
+        if not isinstance(signing_key, Ed25519PrivateKey):
+            raise TypeError(
+                f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
+                f"{type(signing_key).__name__}"
+            )
+        fields: dict[str, Any] = {
+            "command_id": cid,
+            "principal": self._principal(principal),
+            "conversation_id": conversation_id,
+            "submission_id": submission_id,
+            "new_submission_id": new_submission_id if new_submission_id is not None else str(uuid.uuid4()),
+            "key_id": key_id,
+            "requested_at": self._clock(),
+        }
+        unsigned = RetrySubmission(**fields, signature=b"")
+        _keep_contract(protocol.check_command(unsigned))
+        command = RetrySubmission(**fields, signature=signing_key.sign(unsigned.signing_bytes()))
+        encoded = self._codec.encode(command)
+        if len(encoded) > self._max_payload_bytes:
+            raise PayloadTooLargeError(conversation_id, len(encoded), self._max_payload_bytes, request="retry")
+        receipt = self._request(
+            conversation_id,
+            cid,
+            encoded,
+            deadline,
+            lambda: RetryOutcomeUnknownError(cid, conversation_id, submission_id, timeout),
+        )
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceiptError(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise RetryRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
+
     @staticmethod
     def _resolution_json(
         kind: ResolutionKind, outcome: SettlementOutcome | None, result: Any, reply: Any
@@ -1210,7 +1302,8 @@ class Client:
         """Return what a wait for ``receipt``'s settlement reads: conversation, submission and the time to read from.
 
         Args:
-            receipt: An ``admitted`` or ``duplicate`` submission receipt (a duplicate names the original submission).
+            receipt: An ``admitted`` or ``duplicate`` submission receipt (a duplicate names the original submission),
+                or a retry's receipt (`retry_submission`: it names the submission it admitted, or the first retry).
 
         Returns:
             (conversation id, submission id, the receipt's ``decided_at`` less ``settlement_lookback_s``).
@@ -1218,6 +1311,9 @@ class Client:
         Raises:
             ValueError: If the receipt is not an admitted or duplicate submission receipt.
         """
+        if receipt.request_kind is RequestKind.COMMAND and receipt.original_submission_id is not None:
+            # A retry's receipt (issue 22 item 4) names the submission it admitted, or the first retry.
+            return receipt.conversation_id, receipt.original_submission_id, receipt.decided_at - self._lookback
         if receipt.request_kind is not RequestKind.SUBMISSION:
             raise ValueError(f"receipt.request_kind is {receipt.request_kind.value!r}: only submissions settle")
         if receipt.outcome not in (ReceiptOutcome.ADMITTED, ReceiptOutcome.DUPLICATE):

@@ -27,6 +27,8 @@ __all__ = [
     "PayloadTooLargeError",
     "ResolveOutcomeUnknownError",
     "ResolveRejectedError",
+    "RetryOutcomeUnknownError",
+    "RetryRejectedError",
     "SettlementTimeoutError",
     "SignalOutcomeUnknownError",
     "SignalRejectedError",
@@ -235,6 +237,22 @@ class ResolveOutcomeUnknownError(CommandOutcomeUnknownError):
         )
 
 
+class RetryOutcomeUnknownError(CommandOutcomeUnknownError):
+    """No reply to a `RetrySubmission` was read within the deadline (issue 22 item 4).
+
+    ``Client.retry_submission(..., command_id=err.command_id)`` sends it again; a retry already applied is answered
+    as a duplicate pointing at the submission it admitted.
+
+    Attributes:
+        command_id: The command id to send the retry again with.
+        conversation_id: The conversation.
+        submission_id: The dead letter to retry.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "retry"
+
+
 class CommandRejectedError(ClientError):
     """The owner rejected an inbox command (receipt outcome ``rejected``, request kind ``command``; docs/design.md §4).
 
@@ -351,6 +369,23 @@ class ResolveRejectedError(CommandRejectedError):
     """
 
     command_name = "resolution"
+
+
+class RetryRejectedError(CommandRejectedError):
+    """The owner rejected a `RetrySubmission` (issue 22 item 4).
+
+    Reason codes: ``unsigned``, ``unknown_key``, ``bad_signature`` (as for a resolution: the workers'
+    ``App.resolver_keys``), ``unknown_target`` (no such submission), ``not_dead_lettered`` (it is unsettled,
+    completed, aborted, or failed with another error type than ``retry_budget_exhausted``), ``invalid`` (the new
+    submission id or the command id is taken, or a field breaks the input contract).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "retry"
 
 
 class AccessRejectedError(CommandRejectedError):

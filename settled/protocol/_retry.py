@@ -243,8 +243,8 @@ def retry_submission(
       letter's principal → ``invalid`` naming the field;
     * otherwise `SubmissionAdmitted` (``new_submission_id``, the next sequence, the dead letter's principal, input and
       offered tools, idempotency key = the command id, ``retry_of`` = the target) + `SubmissionReady` + an applied
-      receipt with the new sequence: readiness and the receipt commit together (DUR-001). The dead letter's failed
-      settlement stands.
+      receipt naming the new submission (``original_submission_id``) and its sequence: readiness and the receipt
+      commit together (DUR-001). The dead letter's failed settlement stands.
 
     Args:
         state: The conversation's scratch state.
@@ -334,4 +334,4 @@ def retry_submission(
         retry_of=sub.submission_id,
     )
     ready = SubmissionReady(submission_id=command.new_submission_id, submission_seq=seq)
-    return Decision(events=(admitted, ready), receipt=receipt(ReceiptOutcome.APPLIED, None, seq))
+    return Decision(events=(admitted, ready), receipt=receipt(ReceiptOutcome.APPLIED, command.new_submission_id, seq))

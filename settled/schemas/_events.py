@@ -1555,7 +1555,8 @@ class Receipt(AvroRecord):
         request_id: The submission id or command id answered.
         outcome: Admitted, duplicate, rejected or applied.
         reason: The reason code (and, for a lost abort race, the winning outcome), when rejected.
-        original_submission_id: For a duplicate: the admitted submission.
+        original_submission_id: For a duplicate: the admitted submission; for a retry of a dead letter
+            (`RetrySubmission`): the submission it admitted, or for a duplicate retry the first retry.
         submission_seq: For an admitted or duplicate submission: its submission sequence.
         conversation_id: The conversation (the record key).
         decided_at: When the owner decided.

@@ -1,8 +1,8 @@
-"""``settled submit|abort|signal|approve|deny``, ``settled access|flows``, ``settled unknown resolve|keygen``.
+"""``settled submit|abort|signal|approve|deny|retry``, ``settled access|flows``, ``settled unknown resolve|keygen``.
 
 The client as commands (issue 5 item 8; ``settled access``: issue 20; ``settled flows abandon|restart``: issue 18
-item 3, an operator's turn of a flow run); ``unknown resolve`` sends a signed
-``ResolveUnknown`` (DUR-009, docs/design.md §5).
+item 3, an operator's turn of a flow run); ``unknown resolve`` sends a signed ``ResolveUnknown`` (DUR-009,
+docs/design.md §5), ``retry`` a signed ``RetrySubmission`` with the same resolver key (issue 22 item 4).
 
 Each prints what it reads as JSON lines on stdout (a receipt, then with ``--wait`` the settlement; settlements as they
 come), and its errors on stderr with the exit code of their category (`settled.EXIT_CODES`): 1 rejected (the rejection
@@ -41,6 +41,7 @@ __all__ = [
     "pause_run",
     "resolve_unknown",
     "resume_run",
+    "retry",
     "settlements_app",
     "signal",
     "submit",
@@ -368,6 +369,45 @@ def resolve_unknown(
             command_id=command_id,
         ),
     )
+
+
+@command
+def retry(
+    submission: str = typer.Argument(..., metavar="SUBMISSION_ID", help="The dead letter to admit again."),
+    conversation: str = typer.Option(..., "--conversation", help="The submission's conversation id."),
+    key_file: str = typer.Option(
+        ..., "--key-file", help="The resolver's Ed25519 private key: PEM, or base64 of the raw 32 bytes."
+    ),
+    key_id: str = typer.Option(..., "--key-id", help="The key's id in the workers' App.resolver_keys."),
+    new_submission_id: str | None = typer.Option(
+        None, "--new-submission-id", help="The id of the submission it admits (default: a new UUID)."
+    ),
+    principal: str | None = typer.Option(None, "--principal", help="Who retries (default: the client's)."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier retry again (same id)."),
+    wait: bool = typer.Option(False, "--wait", help="Also wait for the new submission's settlement and print it."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, and of the settlement."),
+) -> None:
+    """Admit a dead letter's payload again as a new submission with a signed RetrySubmission; print the reply.
+
+    The reply is a command receipt (a JSON line) naming the new submission (``original_submission_id``) and its
+    sequence; a second retry of the same dead letter is a duplicate naming the first retry.
+    """
+    key = load_signing_key(key_file)
+    with Client(resolve_settings(), default_timeout_s=timeout_s) as client:
+        receipt = _client_call(
+            lambda: client.retry_submission(
+                conversation,
+                submission,
+                signing_key=key,
+                key_id=key_id,
+                new_submission_id=new_submission_id,
+                principal=principal,
+                command_id=command_id,
+            )
+        )
+        _print(receipt)
+        if wait:
+            _print(client.wait(receipt, timeout_s))
 
 
 @command

@@ -11,6 +11,7 @@ from settled.services._cli_client import (
     approve,
     deny,
     flows_app,
+    retry,
     settlements_app,
     signal,
     submit,
@@ -37,6 +38,7 @@ app.command("abort")(abort)
 app.command("signal")(signal)
 app.command("approve")(approve)
 app.command("deny")(deny)
+app.command("retry")(retry)
 app.command("doctor")(doctor)
 app.add_typer(settlements_app, name="settlements")
 app.add_typer(projections_app, name="projections")

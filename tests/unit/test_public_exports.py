@@ -61,6 +61,8 @@ EXPECTED: dict[str, list[str]] = {
         "PayloadTooLargeError",
         "ResolveOutcomeUnknownError",
         "ResolveRejectedError",
+        "RetryOutcomeUnknownError",
+        "RetryRejectedError",
         "RunStream",
         "SettlementStream",
         "SettlementTimeoutError",

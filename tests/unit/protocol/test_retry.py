@@ -185,12 +185,12 @@ def test_a_retry_admits_the_dead_letters_payload_as_a_new_submission_whose_faile
     assert (admitted.idempotency_key, admitted.payload_digest) == ("r1", original.payload_digest)
     receipt = decision.receipt
     assert receipt is not None
-    assert (receipt.request_kind, receipt.request_id, receipt.outcome, receipt.submission_seq) == (
+    assert (receipt.request_kind, receipt.request_id, receipt.outcome) == (
         RequestKind.COMMAND,
         "r1",
         ReceiptOutcome.APPLIED,
-        3,
     )
+    assert (receipt.original_submission_id, receipt.submission_seq) == ("s1-retry", 3)
     log.commit("c1", decision)
     conv = _conv(log)
     retried, new = conv.submission("s1"), conv.submission("s1-retry")
