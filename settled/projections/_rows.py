@@ -495,6 +495,7 @@ def _submission_row(conversation_id: str, sub: Submission, p: int, t: datetime, 
         t if sub.state in TERMINAL_STATES else None,
         t,
         offset,
+        sub.retry_of,
     )
 
 

@@ -88,7 +88,7 @@ def migrations() -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-LAYOUT_VERSION = 8
+LAYOUT_VERSION = 9
 """The highest migration this release ships; a schema at another layout is refused (`check_layout`)."""
 
 

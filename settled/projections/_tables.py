@@ -187,7 +187,7 @@ SUBMISSIONS = _spec(
     "submission_id conversation_id partition submission_seq principal idempotency_key payload_digest tools_offered "
     "state outcome receipt_outcome attempt_count current_attempt_id input_applied abort_requested abort_reason "
     "reserved_outcome open_calls unknown_calls admitted_at admitted_offset first_started_at settled_at updated_at "
-    "last_offset",
+    "last_offset retry_of",
     "conversation_id submission_id",
     tools_offered=_S,
     admitted_at=_S,

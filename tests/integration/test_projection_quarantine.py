@@ -263,7 +263,8 @@ def test_one_submission_id_in_two_conversations_is_admitted_settles_and_projects
 def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: ProjectionNames) -> None:
     """A projection written by the previous release (layout 1, keys by id alone) takes the new keys on `migrate`,
 
-    and layout 7 names the openers of the conversations it holds.
+    and layout 7 names the openers of the conversations it holds; layout 9 adds ``submissions.retry_of`` (NULL for
+    every submission it held).
     """
     schema = names.live
     first = migrations()[0]
@@ -297,7 +298,7 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
                 )
         with pytest.raises(ProjectionLayoutError, match="layout '1'"):
             check_layout(conn, schema)
-        assert migrate(conn, schema) == [2, 3, 4, 5, 6, 7, 8]
+        assert migrate(conn, schema) == [2, 3, 4, 5, 6, 7, 8, 9]
         check_layout(conn, schema)
         # The same request id in a second conversation is a second row now; the first one is kept.
         conn.execute(
@@ -310,7 +311,11 @@ def test_a_layout_1_schema_is_migrated_in_place(postgres_dsn: str, names: Projec
             sql.SQL("SELECT conversation_id FROM {} ORDER BY 1").format(sql.Identifier(schema, "receipts"))
         ).fetchall()
         assert [r[0] for r in rows] == ["c1", "c2"]
-        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "8"
+        assert read_meta(conn, schema)["layout"] == str(LAYOUT_VERSION) == "9"
+        retried = conn.execute(
+            sql.SQL("SELECT submission_id, retry_of FROM {} ORDER BY 1").format(sql.Identifier(schema, "submissions"))
+        ).fetchall()
+        assert retried == [("s1", None), ("s2", None)]
         # Layout 7 names each projected conversation's opener (the API's reads depend on it), and only the opener.
         access = conn.execute(
             sql.SQL("SELECT conversation_id, principal, access FROM {}").format(
