@@ -15,7 +15,8 @@ The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to t
 * ``{"step": name, "fail_first": true}`` → a durable step whose body counts its runs and fails on the first;
 * ``{"approve": title, "description": text, "then": {"tool": ..., "args": ...}}`` → ``ctx.approve``'s decision,
   and the ``then`` tool's result only if approved (issue 16);
-* ``{"sleep_s": s}`` → sleeps; ``{"exit": code}`` → ``os._exit(code)`` (a poison submission).
+* ``{"sleep_s": s}`` → sleeps; ``{"exit": code}`` → ``os._exit(code)`` (a poison submission); with
+  ``"while_flag": name`` only while that world flag is set (a poison the test can cure), else ``{"cured": name}``.
 
 ``app_changed`` is the same agent with changed code: it calls ``charge_other`` where the plan says ``charge_idem``.
 """
@@ -301,7 +302,10 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
             await asyncio.sleep(float(op["sleep_s"]))
             value = op["sleep_s"]
         elif "exit" in op:
-            os._exit(int(op["exit"]))  # a poison submission: its agent code ends the whole worker process
+            if "while_flag" in op and not _flagged(op["while_flag"]):
+                value = {"cured": op["while_flag"]}
+            else:
+                os._exit(int(op["exit"]))  # a poison submission: its agent code ends the whole worker process
         else:
             raise ValueError(f"unknown plan op {op!r}")
         with world() as db:
