@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from settled.protocol._contract import check_command
 from settled.protocol._decide import Decision, check_input_undecided, reject_command, reject_invalid
 from settled.protocol._errors import IllegalTransitionError, UnknownSubmissionError
+from settled.protocol._flows import flow_invocation, flow_run_id_for
 from settled.protocol._fold import RETRY_BUDGET_EXHAUSTED, ConversationState
 from settled.protocol._states import SubmissionState
 from settled.schemas import (
@@ -242,7 +243,8 @@ def retry_submission(
     * ``new_submission_id`` already names a submission, or the command id is already an idempotency key of the dead
       letter's principal → ``invalid`` naming the field;
     * otherwise `SubmissionAdmitted` (``new_submission_id``, the next sequence, the dead letter's principal, input and
-      offered tools, idempotency key = the command id, ``retry_of`` = the target) + `SubmissionReady` + an applied
+      offered tools, idempotency key = the command id, ``retry_of`` = the target; a flow turn's run as `admit` gives
+      it: a resumed run again, else a new run minted for the new submission) + `SubmissionReady` + an applied
       receipt naming the new submission (``original_submission_id``) and its sequence: readiness and the receipt
       commit together (DUR-001). The dead letter's failed settlement stands.
 
@@ -269,7 +271,7 @@ def retry_submission(
     def rejected(reason: CommandRejectReason, detail: str) -> Decision:
         return reject_command(state, command, input_ref, now, reason=reason, detail=detail)
 
-    def receipt(outcome: ReceiptOutcome, original: str | None, seq: int) -> Receipt:
+    def receipt(outcome: ReceiptOutcome, original: str | None, seq: int, run_id: str | None) -> Receipt:
         return Receipt(
             request_kind=RequestKind.COMMAND,
             request_id=command.command_id,
@@ -278,6 +280,7 @@ def retry_submission(
             submission_seq=seq,
             conversation_id=state.conversation_id,
             decided_at=now,
+            run_id=run_id,
         )
 
     sub = state.submission(command.submission_id)
@@ -296,7 +299,7 @@ def retry_submission(
         )
         return Decision(
             events=(duplicate,),
-            receipt=receipt(ReceiptOutcome.DUPLICATE, first.submission_id, first.submission_seq),
+            receipt=receipt(ReceiptOutcome.DUPLICATE, first.submission_id, first.submission_seq, None),
         )
     if not sub.dead_lettered or sub.input_json is None:
         if sub.outcome is None:
@@ -320,6 +323,7 @@ def retry_submission(
             CommandRejectReason.INVALID,
             f"command_id {command.command_id!r} is already the idempotency key of submission {known.submission_id!r}",
         )
+    run_id = _retried_flow_run(state, sub.input_json, command.new_submission_id)
     seq = state.last_submission_seq + 1
     admitted = SubmissionAdmitted(
         submission_id=command.new_submission_id,
@@ -331,7 +335,26 @@ def retry_submission(
         tools_offered=sub.tools_offered,
         input_json=sub.input_json,
         input_ref=input_ref,
+        flow_run_id=run_id,
         retry_of=sub.submission_id,
     )
     ready = SubmissionReady(submission_id=command.new_submission_id, submission_seq=seq)
-    return Decision(events=(admitted, ready), receipt=receipt(ReceiptOutcome.APPLIED, command.new_submission_id, seq))
+    applied = receipt(ReceiptOutcome.APPLIED, command.new_submission_id, seq, run_id)
+    return Decision(events=(admitted, ready), receipt=applied)
+
+
+def _retried_flow_run(state: ConversationState, input_json: str, new_submission_id: str) -> str | None:
+    """The flow run of a retried turn (issue 18), as `settled.protocol.admit` would give the payload under its new id.
+
+    A turn that resumes a run resumes it again; one that opened a run (or an operator's restart) opens a new one,
+    minted for the new submission; anything else has none.
+    """
+    try:
+        flow = flow_invocation(input_json)
+    except ValueError:
+        return None  # never admitted as a flow turn
+    if flow is None:
+        return None
+    if flow.run_id is not None and flow.operator != "restart" and flow.run_id in state.flow_runs:
+        return flow.run_id
+    return flow_run_id_for(state.conversation_id, new_submission_id)

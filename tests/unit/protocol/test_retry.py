@@ -19,6 +19,9 @@ from settled.protocol import (
     admit,
     backoff_ms,
     dead_letter_reason,
+    flow_input,
+    flow_resume_input,
+    flow_run_id_for,
     interrupt,
     is_retry_wait,
     resolve_wait,
@@ -267,3 +270,27 @@ def test_the_fold_refuses_a_retry_admission_of_a_submission_that_is_not_a_dead_l
     assert isinstance(admitted, SubmissionAdmitted)
     with pytest.raises(LogInconsistencyError, match="retry_of"):
         log.append("c1", [admitted.model_copy(update={"retry_of": "s2"})])
+
+
+def test_a_retried_flow_turn_opens_a_new_run_or_resumes_the_run_it_resumed() -> None:
+    """Issue 18's flow runs: the retry's run is the one `admit` would give the payload under the new id."""
+    log = Log()
+    log.claim()
+    opened = admit(_conv(log), proposal("f1", "kf1", value=flow_input("refund", {"x": 1})), log.ref(), T0)
+    log.commit("c1", opened)
+    run = opened.events[0].flow_run_id if isinstance(opened.events[0], SubmissionAdmitted) else None
+    assert run == flow_run_id_for("c1", "f1")
+    log.commit("c1", start_attempt(_conv(log), "f1", "a1", 1))
+    log.commit("c1", terminalize(_conv(log), "f1", SettlementOutcome.FAILED, at(1), error_type=RETRY_BUDGET_EXHAUSTED))
+    log.commit("c1", admit(_conv(log), proposal("f2", "kf2", value=flow_resume_input(run, {"y": 2})), log.ref(), T0))
+    log.commit("c1", start_attempt(_conv(log), "f2", "a2", 1))
+    log.commit("c1", terminalize(_conv(log), "f2", SettlementOutcome.FAILED, at(2), error_type=RETRY_BUDGET_EXHAUSTED))
+    again = retry_submission(_conv(log), _retry_cmd("f1", "f1-retry"), log.ref(), at(3))
+    admitted = again.events[0]
+    assert isinstance(admitted, SubmissionAdmitted) and again.receipt is not None
+    assert admitted.flow_run_id == again.receipt.run_id == flow_run_id_for("c1", "f1-retry") != run  # a new run
+    log.commit("c1", again)
+    resumed = retry_submission(_conv(log), _retry_cmd("f2", "f2-retry", "r2"), log.ref(), at(3))
+    admitted = resumed.events[0]
+    assert isinstance(admitted, SubmissionAdmitted) and admitted.flow_run_id == run  # the run it resumed
+    log.commit("c1", resumed)
