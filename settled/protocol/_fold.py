@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -522,60 +521,215 @@ _RUNNING_OR_RECOVERY = frozenset({S.RUNNING, S.RECOVERY})
 _RUNNING_OR_WAITING = frozenset({S.RUNNING, S.WAITING})
 
 
-def _slot_setters(cls: type[Any]) -> tuple[Callable[[Any, Any], None], ...]:
-    """Return the ``__set__`` of each field's slot descriptor, in field order.
+# The fold's values are built as drafts: an instance of a plain class with the same slots as the frozen dataclass,
+# filled by plain attribute stores (which CPython's specializing interpreter turns into direct slot writes), whose
+# ``__class__`` is then set to the frozen class. Python allows that assignment between two classes whose instances
+# have the same layout (same base, same slots, in the same order), and the object is then exactly what the frozen
+# class's ``__init__`` builds: that ``__init__`` stores each field through ``object.__setattr__`` instead, one call
+# per field, about 5x slower for a `Submission` here. Each builder below is written out field by field (no generated
+# code); `_check_builder` makes a field added to a dataclass but not to its builder fail at import.
 
-    What a frozen slots dataclass's ``__init__`` reaches through ``object.__setattr__(self, name, value)``, without
-    the per-call lookup of the name. Only for a class whose ``__init__`` does nothing else.
+
+def _draft_class(cls: type[Any]) -> type[Any]:
+    """Return the draft class of a frozen slots dataclass: a plain class with the same slots, in the same order.
+
+    Args:
+        cls: The frozen slots dataclass.
+
+    Returns:
+        The draft class (``_<Name>Draft``).
 
     Raises:
-        TypeError: A field has ``init=False`` or the class has ``__post_init__`` (its ``__init__`` does more).
+        TypeError: ``cls``'s ``__init__`` does more than store its fields (a field with ``init=False``, a
+            ``__post_init__``), or its instances' layout is not its fields' slots.
     """
     found = dataclasses.fields(cls)
-    if any(not f.init for f in found) or hasattr(cls, "__post_init__"):  # pragma: no cover - none of the fold's
-        raise TypeError(f"{cls.__name__} has init=False fields or __post_init__: its __init__ must be used")
-    setters: list[Callable[[Any, Any], None]] = []
-    for f in found:
-        owner = next(klass for klass in cls.__mro__ if f.name in vars(klass))
-        setters.append(vars(owner)[f.name].__set__)
-    return tuple(setters)
+    names = tuple(f.name for f in found)
+    if any(not f.init for f in found) or hasattr(cls, "__post_init__") or vars(cls).get("__slots__") != names:
+        raise TypeError(f"{cls.__name__}'s __init__ does more than store its fields: the fold must call it")
+    draft = type(f"_{cls.__name__}Draft", (), {"__slots__": names, "__module__": __name__})
+    probe: Any = object.__new__(draft)
+    probe.__class__ = cls  # a layout that differs raises TypeError here, at import
+    return draft
 
 
-_SUBMISSION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Submission))
-_SUBMISSION_INDEX: dict[str, int] = {name: index for index, name in enumerate(_SUBMISSION_FIELDS)}
-_SUBMISSION_SETTERS = _slot_setters(Submission)
-_submission_values: Callable[[Submission], tuple[Any, ...]] = operator.attrgetter(*_SUBMISSION_FIELDS)
-_CONVERSATION_SETTERS = _slot_setters(ConversationState)
-_new = object.__new__
+def _check_builder(cls: type[Any], made: object) -> None:
+    """Check that a builder below made a ``cls`` with every field set.
 
-
-def _new_conversation(*values: Any) -> ConversationState:
-    """``ConversationState(*values)`` (every field, in field order), set slot by slot (the fold's hot path).
+    Args:
+        cls: The dataclass.
+        made: What its builder returned.
 
     Raises:
-        ValueError: Not one value per field.
+        TypeError: ``made`` is not a ``cls``, or a field of ``cls`` is missing from its builder.
     """
-    state: ConversationState = _new(ConversationState)
-    for set_slot, value in zip(_CONVERSATION_SETTERS, values, strict=True):
-        set_slot(state, value)
-    return state
+    missing = [f.name for f in dataclasses.fields(cls) if not hasattr(made, f.name)]
+    if type(made) is not cls or missing:
+        raise TypeError(f"the fold's builder of {cls.__name__} does not set {missing}: add them to it")
+
+
+_new = object.__new__
+_SubmissionDraft = _draft_class(Submission)
+_ConversationDraft = _draft_class(ConversationState)
+_TransitionDraft = _draft_class(Transition)
+_KeyEntryDraft = _draft_class(KeyEntry)
+_SUBMISSION_FIELDS = frozenset(f.name for f in dataclasses.fields(Submission))
+
+
+def _new_transition(conversation_id: str, submission_id: str, edge: Edge, event: AvroRecord) -> Transition:
+    """Return ``Transition(conversation_id, submission_id, edge, event)``, built as a draft (`_ConvBuilder.move`).
+
+    Args:
+        conversation_id: The conversation.
+        submission_id: The submission.
+        edge: The edge taken.
+        event: The causing event.
+
+    Returns:
+        The transition.
+    """
+    made = _new(_TransitionDraft)
+    made.conversation_id = conversation_id
+    made.submission_id = submission_id
+    made.edge = edge
+    made.event = event
+    made.__class__ = Transition
+    done: Transition = made
+    return done
+
+
+def _new_key_entry(submission_id: str, payload_digest: str, submission_seq: int) -> KeyEntry:
+    """Return ``KeyEntry(submission_id, payload_digest, submission_seq)``, built as a draft (an admission).
+
+    Args:
+        submission_id: The admitted submission.
+        payload_digest: Its payload's digest.
+        submission_seq: Its submission sequence.
+
+    Returns:
+        The entry.
+    """
+    made = _new(_KeyEntryDraft)
+    made.submission_id = submission_id
+    made.payload_digest = payload_digest
+    made.submission_seq = submission_seq
+    made.__class__ = KeyEntry
+    done: KeyEntry = made
+    return done
+
+
+def _new_conversation(
+    conversation_id: str,
+    submissions: Mapping[str, Submission],
+    queue: tuple[str, ...],
+    active_submission_id: str | None,
+    last_submission_seq: int,
+    last_event_seq: int,
+    last_batch_digest: str | None,
+    owner_epoch: int,
+    key_index: Mapping[str, KeyEntry],
+    decided_inputs: frozenset[InputKey],
+    applied_commands: Mapping[str, str],
+    access: Mapping[str, AccessLevel],
+    flow_runs: Mapping[str, str],
+) -> ConversationState:
+    """Return ``ConversationState(...)`` with every field, built as a draft (`_ConvBuilder.freeze`: one per batch).
+
+    Args:
+        conversation_id: See `ConversationState`, as every other argument.
+        submissions: The submissions.
+        queue: The queue.
+        active_submission_id: The active submission.
+        last_submission_seq: The last submission sequence.
+        last_event_seq: The last event sequence.
+        last_batch_digest: The last batch's digest.
+        owner_epoch: The owner epoch.
+        key_index: The key index.
+        decided_inputs: The decided inputs.
+        applied_commands: The applied commands.
+        access: The access granted.
+        flow_runs: The flow runs it opened.
+
+    Returns:
+        The conversation's state.
+    """
+    made = _new(_ConversationDraft)
+    made.conversation_id = conversation_id
+    made.submissions = submissions
+    made.queue = queue
+    made.active_submission_id = active_submission_id
+    made.last_submission_seq = last_submission_seq
+    made.last_event_seq = last_event_seq
+    made.last_batch_digest = last_batch_digest
+    made.owner_epoch = owner_epoch
+    made.key_index = key_index
+    made.decided_inputs = decided_inputs
+    made.applied_commands = applied_commands
+    made.access = access
+    made.flow_runs = flow_runs
+    made.__class__ = ConversationState
+    done: ConversationState = made
+    return done
 
 
 def _replace(sub: Submission, **changes: Any) -> Submission:
-    """``dataclasses.replace`` for `Submission`, slot by slot, without its per-call introspection (the fold's hot path).
+    """Return ``dataclasses.replace(sub, **changes)``, built as a draft (the fold's commonest value).
+
+    Args:
+        sub: The submission.
+        **changes: New values of some of its fields.
+
+    Returns:
+        A new submission with ``sub``'s fields but those changed.
 
     Raises:
         TypeError: A change names no field of `Submission` (as ``dataclasses.replace`` does).
     """
-    new: Submission = _new(Submission)
-    for set_slot, value in zip(_SUBMISSION_SETTERS, _submission_values(sub), strict=True):
-        set_slot(new, value)
+    made = _new(_SubmissionDraft)
+    made.submission_id = sub.submission_id
+    made.submission_seq = sub.submission_seq
+    made.principal = sub.principal
+    made.idempotency_key = sub.idempotency_key
+    made.payload_digest = sub.payload_digest
+    made.state = sub.state
+    made.input_json = sub.input_json
+    made.tools_offered = sub.tools_offered
+    made.admitted_input_ref = sub.admitted_input_ref
+    made.attempt_count = sub.attempt_count
+    made.revoked_count = sub.revoked_count
+    made.attempt_id = sub.attempt_id
+    made.input_applied = sub.input_applied
+    made.abort_command_ids = sub.abort_command_ids
+    made.abort_reason = sub.abort_reason
+    made.reserved_outcome = sub.reserved_outcome
+    made.open_calls = sub.open_calls
+    made.unknown_calls = sub.unknown_calls
+    made.outcome = sub.outcome
+    made.waits = sub.waits
+    made.suspended_count = sub.suspended_count
+    made.approvals = sub.approvals
+    made.retries = sub.retries
+    made.retry_wait_id = sub.retry_wait_id
+    made.error_type = sub.error_type
+    made.retry_of = sub.retry_of
+    made.retried_as = sub.retried_as
     for name, value in changes.items():
-        index = _SUBMISSION_INDEX.get(name)
-        if index is None:
+        if name not in _SUBMISSION_FIELDS:
             raise TypeError(f"Submission has no field {name!r}")
-        _SUBMISSION_SETTERS[index](new, value)
-    return new
+        setattr(made, name, value)
+    made.__class__ = Submission
+    done: Submission = made
+    return done
+
+
+_PROPOSED = Submission("", 0, "", "", "", S.PROPOSED, None, (), None)
+"""A proposed submission with every defaulted field at its default: an admission's submission is built from it."""
+
+_ANY: Any = None
+_check_builder(Submission, _replace(_PROPOSED))
+_check_builder(ConversationState, _new_conversation(*[_ANY] * _new_conversation.__code__.co_argcount))
+_check_builder(Transition, _new_transition(_ANY, _ANY, _ANY, _ANY))
+_check_builder(KeyEntry, _new_key_entry(_ANY, _ANY, _ANY))
 
 
 _EDGES: dict[tuple[SubmissionState, SubmissionState, type[AvroRecord], str | None], Edge | None] = {}
@@ -729,7 +883,7 @@ class _ConvBuilder:
                 _name(event),
                 "not an edge of the state table (docs/semantics.md §3)",
             )
-        self.trace.append(Transition(self.cid, sub.submission_id, edge, event))
+        self.trace.append(_new_transition(self.cid, sub.submission_id, edge, event))
         moved = _replace(sub, state=target, **changes)
         self.put(moved)
         return moved
@@ -821,20 +975,20 @@ class _ConvBuilder:
             self.add_flow_run(event.flow_run_id, event.submission_id)  # the turn that opens the run
         if original is not None:  # its payload was kept for this retry only
             self.put(_replace(original, retried_as=event.submission_id, input_json=None, tools_offered=()))
-        proposed = Submission(
+        proposed = _replace(  # Submission(...) with these fields and every other one at its default
+            _PROPOSED,
             submission_id=event.submission_id,
             submission_seq=event.submission_seq,
             principal=event.principal,
             idempotency_key=event.idempotency_key,
             payload_digest=event.payload_digest,
-            state=S.PROPOSED,
             input_json=event.input_json,
             tools_offered=event.tools_offered,
             admitted_input_ref=event.input_ref,
             retry_of=event.retry_of,
         )
         self.move(proposed, S.ADMITTED, event)
-        self.add_key(digest, KeyEntry(event.submission_id, event.payload_digest, event.submission_seq))
+        self.add_key(digest, _new_key_entry(event.submission_id, event.payload_digest, event.submission_seq))
         self.last_submission_seq = event.submission_seq
         self.queue = (*self.queue, event.submission_id)
 
