@@ -41,17 +41,6 @@ __all__ = [
 #: (docs/design.md §3), so the doctor flags a transactional configuration that keeps it (or anything above).
 LIBRDKAFKA_DEFAULT_RETRY_BACKOFF_MS = 100
 
-#: The checks, in the order they run.
-CHECK_NAMES = (
-    "broker",
-    "topics",
-    "projection-schema",
-    "transactional-settings",
-    "resolver-key",
-    "clock-skew",
-    "overdue",
-)
-
 
 class CheckStatus(StrEnum):
     """A check's verdict."""
@@ -162,6 +151,24 @@ def check_topics(settings: Settings, options: DoctorOptions) -> CheckResult:
     return _ok("topics", f"{len(infos)} topics of {settings.partitions} partitions, genesis on every log partition")
 
 
+def _projection_schema(name: str, settings: Settings, options: DoctorOptions) -> str | CheckResult:
+    """Return the projection schema a PostgreSQL check reads, or the check's result when it cannot read one.
+
+    Args:
+        name: The check.
+        settings: The PostgreSQL DSN and the namespace.
+        options: Whether PostgreSQL is checked, and the schema name.
+
+    Returns:
+        The schema's name; or the check skipped (``--no-postgres``) or failed (no PostgreSQL configured).
+    """
+    if not options.postgres:
+        return CheckResult(name, CheckStatus.SKIPPED, "--no-postgres")
+    if not settings.postgres_dsn:
+        return _failed(name, "no PostgreSQL configured: set SETTLED_POSTGRES_DSN or pass --no-postgres")
+    return options.projection_schema or default_schema(settings.namespace)
+
+
 def check_projection_schema(settings: Settings, options: DoctorOptions) -> CheckResult:
     """The projection schema exists at this release's layout.
 
@@ -172,11 +179,9 @@ def check_projection_schema(settings: Settings, options: DoctorOptions) -> Check
     Returns:
         ok with the layout, failed with the reason, or skipped when PostgreSQL is not checked.
     """
-    if not options.postgres:
-        return CheckResult("projection-schema", CheckStatus.SKIPPED, "--no-postgres")
-    if not settings.postgres_dsn:
-        return _failed("projection-schema", "no PostgreSQL configured: set SETTLED_POSTGRES_DSN or pass --no-postgres")
-    schema = options.projection_schema or default_schema(settings.namespace)
+    schema = _projection_schema("projection-schema", settings, options)
+    if isinstance(schema, CheckResult):
+        return schema
     try:
         with psycopg.connect(settings.postgres_dsn, connect_timeout=max(1, round(options.timeout_s))) as conn:
             if not schema_exists(conn, schema):
@@ -363,11 +368,9 @@ def check_overdue(settings: Settings, options: DoctorOptions) -> CheckResult:
         ok with the open counts, failed naming each overdue kind with its count and the oldest one's age and id, or
         skipped when PostgreSQL is not checked.
     """
-    if not options.postgres:
-        return CheckResult("overdue", CheckStatus.SKIPPED, "--no-postgres")
-    if not settings.postgres_dsn:
-        return _failed("overdue", "no PostgreSQL configured: set SETTLED_POSTGRES_DSN or pass --no-postgres")
-    schema = options.projection_schema or default_schema(settings.namespace)
+    schema = _projection_schema("overdue", settings, options)
+    if isinstance(schema, CheckResult):
+        return schema
     query = sql.SQL(
         "SELECT kind, conversation_id, item_id, extract(epoch FROM age) FROM {} ORDER BY since, kind, item_id"
     ).format(sql.Identifier(schema, "obligations"))
@@ -405,6 +408,9 @@ _CHECKS: tuple[tuple[str, Callable[[Settings, DoctorOptions], CheckResult], str 
     ("clock-skew", check_clock_skew, "broker"),
     ("overdue", check_overdue, "projection-schema"),
 )
+
+#: The checks, in the order they run.
+CHECK_NAMES: tuple[str, ...] = tuple(name for name, _check, _needs in _CHECKS)
 
 
 def run_checks(settings: Settings, options: DoctorOptions, only: Sequence[str] = ()) -> list[CheckResult]:
