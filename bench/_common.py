@@ -10,20 +10,30 @@ from __future__ import annotations
 import math
 import os
 import re
+import tempfile
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import confluent_kafka
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from settled._settings import DEV_TIMEOUTS, Settings
-from settled.producers import admin_config
+from settled.producers import admin_config, provision_topics
+from settled.schemas import Codec
+
+if TYPE_CHECKING:
+    from settled.testing import WorkerProcess
 
 __all__ = [
+    "BenchmarkError",
     "BrokerInfo",
+    "WorkerBench",
     "client_versions",
     "delete_namespace",
     "describe_broker",
@@ -33,6 +43,7 @@ __all__ = [
     "resolve_bootstrap",
     "table",
     "use_dev_timeouts",
+    "worker_bench",
 ]
 
 # librdkafka / Kafka default for log.flush.interval.messages: never fsync on a message count (page cache only).
@@ -291,3 +302,91 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
     return "\n".join(lines)
+
+
+class BenchmarkError(RuntimeError):
+    """The measurement broke (not a slow figure)."""
+
+
+@dataclass
+class WorkerBench:
+    """A benchmark's fresh namespace and the ``settled worker`` child serving it (`worker_bench`).
+
+    Attributes:
+        settings: The namespace (one partition per topic), with the broker's bootstrap servers.
+        bootstrap: The bootstrap servers.
+        where: Where they came from (`resolve_bootstrap`).
+        worker: The worker child.
+        started_s: ``time.monotonic()`` when the topics were provisioned, for the wall time.
+    """
+
+    settings: Settings
+    bootstrap: str
+    where: str
+    worker: WorkerProcess
+    started_s: float
+
+    def check(self) -> None:
+        """Raise `BenchmarkError` with the end of the worker's log if the worker exited.
+
+        Raises:
+            BenchmarkError: The worker is not running.
+        """
+        code = self.worker.poll()
+        if code is not None:
+            tail = self.worker.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+            raise BenchmarkError(f"the worker exited with {code}; its log ends:\n{tail}")
+
+    def print_header(self, figures: str) -> str:
+        """Print the broker, the client and broker versions, the Kafka timeouts, the load and the durability class.
+
+        Args:
+            figures: What the durability class applies to, e.g. ``"the latency figures"``.
+
+        Returns:
+            The durability class: ``committed Kafka transaction: ...``.
+        """
+        info = describe_broker(self.bootstrap, self.settings.topic("log"))
+        committed = f"committed Kafka transaction: {info.durability_class()}"
+        print(f"broker {self.bootstrap} ({self.where}); {client_versions()}; Kafka {info.version}")
+        print(f"Kafka timeouts: {Settings().timeouts_label()}; load {load_average()}")
+        print(f"durability class of {figures}: {committed}")
+        return committed
+
+
+@contextmanager
+def worker_bench(prefix: str, app: str, bootstrap: str | None, *, keep: bool) -> Iterator[WorkerBench]:
+    """Run a benchmark against one ``settled worker`` child in a fresh namespace with one partition per topic.
+
+    Sets the dev stack's Kafka timeouts (`use_dev_timeouts`; the worker inherits them), provisions the namespace's
+    topics, starts the worker (its log in a new temporary folder) and, on exit, stops it and deletes the namespace's
+    topics and the workers' consumer group unless ``keep``. Close the clients the benchmark made before the exit.
+
+    Args:
+        prefix: The namespace's prefix (`fresh_namespace`) and the log folder's.
+        app: The worker's app, ``module:attribute`` importable from the repository's root.
+        bootstrap: The ``--bootstrap`` argument, or None (`resolve_bootstrap`).
+        keep: Keep the namespace's topics afterwards.
+
+    Yields:
+        The namespace and the worker.
+    """
+    from settled.testing import WorkerProcess
+
+    root = Path(__file__).resolve().parent.parent
+    use_dev_timeouts()  # printed with the results; the worker child inherits them
+    servers, where = resolve_bootstrap(bootstrap)
+    settings = Settings(namespace=fresh_namespace(prefix), kafka_bootstrap=servers, partitions=1)
+    provision_topics(settings, Codec(), datetime.now(UTC))
+    started_s = time.monotonic()
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+    worker = WorkerProcess.start(
+        settings, app=app, log_path=log_dir / "worker.log", worker_id="bench", log_level="WARNING", cwd=root,
+        env={"PYTHONPATH": str(root), **settings.timeouts_env()}, append_log=False,
+    )  # fmt: skip
+    try:
+        yield WorkerBench(settings, servers, where, worker, started_s)
+    finally:
+        worker.stop()
+        if not keep:
+            delete_namespace(settings, [f"{settings.namespace}.{settings.app_id}.workers"])

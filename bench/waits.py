@@ -29,46 +29,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/waits.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (
-    client_versions,
-    delete_namespace,
-    describe_broker,
-    fresh_namespace,
-    load_average,
-    percentile,
-    resolve_bootstrap,
-    table,
-    use_dev_timeouts,
-)
+from _common import BenchmarkError, WorkerBench, percentile, table, worker_bench
 from confluent_kafka import Consumer, TopicPartition
 
 from settled._settings import Settings
 from settled.client import Client
-from settled.producers import consume_promptly, consumer_config, provision_topics
+from settled.producers import consume_promptly, consumer_config
 from settled.schemas import Codec, LogBatch, SettlementRecord, WaitRequested
-from settled.testing import WorkerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.waits_app:app"
 SIGNAL_NAME = "go"
 GOAL_BYTES = 4096
 """The goal per suspended run (issue 16): at most 4 KiB of the worker's memory."""
-
-
-class BenchmarkError(RuntimeError):
-    """The measurement broke (not a slow figure)."""
 
 
 class _Tail:
@@ -125,13 +107,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise BenchmarkError(f"no VmRSS for process {pid}")
-
-
-def _check(worker: WorkerProcess) -> None:
-    code = worker.poll()
-    if code is not None:
-        tail = worker.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise BenchmarkError(f"the worker exited with {code}; its log ends:\n{tail}")
 
 
 def plain_turn(client: Client, settlements: _Tail, timeout_s: float) -> float:
@@ -194,119 +169,108 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.smoke:
         args.rounds, args.suspended = 5, 200
-    use_dev_timeouts()  # printed with the results; the worker child inherits them
-    bootstrap, where = resolve_bootstrap(args.bootstrap)
-    settings = Settings(namespace=fresh_namespace("bench-waits"), kafka_bootstrap=bootstrap, partitions=1)
-    provision_topics(settings, Codec(), datetime.now(UTC))
-    t_start = time.monotonic()
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-waits-"))
-    worker = WorkerProcess.start(
-        settings, app=APP, log_path=log_dir / "worker.log", worker_id="bench", log_level="WARNING", cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), **settings.timeouts_env()}, append_log=False,
-    )  # fmt: skip
-    log = _Tail(settings, "log", "log", from_end=False)
-    settlements = _Tail(settings, "settlements", "settlements", from_end=True)
-    client = Client(settings, default_timeout_s=60)
-    timeout_s = 120.0
-    try:
-        for _ in range(3):  # warm-up: the worker holds its partition, both paths ran once
-            plain_turn(client, settlements, timeout_s)
-            waiting_turn(client, log, settlements, timeout_s)
-        plain: list[float] = []
-        waited: list[float] = []
-        for _ in range(args.rounds):
-            _check(worker)
-            plain.append(plain_turn(client, settlements, timeout_s))
-            waited.append(waiting_turn(client, log, settlements, timeout_s))
-        _check(worker)
-        bulk_timeout_s = max(timeout_s, args.suspended / 20)
-        rss_start = rss_bytes(worker.pid)
-        done, done_s = many_turns(client, settlements, args.suspended, args.submitters, bulk_timeout_s, wait=False)
-        _check(worker)
-        rss_before = rss_bytes(worker.pid)
-        per_conversation = (rss_before - rss_start) / len(done)
-        held, held_s = many_turns(client, log, args.suspended, args.submitters, bulk_timeout_s, wait=True)
-        time.sleep(1.0)  # let the worker finish the attempts that handed their waits over (not a correctness wait)
-        _check(worker)
-        rss_after = rss_bytes(worker.pid)
-        per_run = (rss_after - rss_before) / len(held)
-        info = describe_broker(bootstrap, settings.topic("log"))
-        durable = f"committed Kafka transaction: {info.durability_class()}"
-        print(f"broker {bootstrap} ({where}); {client_versions()}; Kafka {info.version}")
-        print(f"Kafka timeouts: {Settings().timeouts_label()}; load {load_average()}")
-        print(f"durability class of the latency figures: {durable}")
-        p50_plain, p99_plain = percentile(plain, 50), percentile(plain, 99)
-        p50_wait, p99_wait = percentile(waited, 50), percentile(waited, 99)
-        print(
-            table(
-                ["figure", "p50 ms", "p99 ms", "n", "class"],
-                [
-                    ["plain turn: submit -> settlement (baseline)", f"{p50_plain * 1e3:.1f}",
-                     f"{p99_plain * 1e3:.1f}", str(len(plain)), "committed (above)"],
-                    ["signal -> resumed run -> settlement", f"{p50_wait * 1e3:.1f}", f"{p99_wait * 1e3:.1f}",
-                     str(len(waited)), "committed (above)"],
-                ],
-            )
-        )  # fmt: skip
-        print(
-            table(
-                ["ratio", "value", "class"],
-                [
-                    ["wait p50 / plain p50", f"{p50_wait / p50_plain:.2f}", "committed (above), both sides"],
-                    ["wait p99 / plain p99", f"{p99_wait / p99_plain:.2f}", "committed (above), both sides"],
-                ],
-            )
-        )
-        met = "yes" if per_run <= GOAL_BYTES else "no"
-        print(
-            table(
-                ["memory", "value", "goal", "met", "class"],
-                [
-                    ["worker RSS at the start", f"{rss_start / 2**20:.1f} MiB", "", "",
-                     "process memory (no durability)"],
-                    [f"after {len(done):,} settled conversations (baseline)", f"{rss_before / 2**20:.1f} MiB", "", "",
-                     "process memory (no durability)"],
-                    ["per settled conversation (baseline)", f"{per_conversation:,.0f} B", "", "",
-                     "process memory (no durability)"],
-                    [f"worker RSS with {len(held):,} runs suspended", f"{rss_after / 2**20:.1f} MiB", "", "",
-                     "process memory (no durability)"],
-                    ["per suspended run", f"{per_run:,.0f} B", f"<= {GOAL_BYTES} B", met,
-                     "process memory (no durability)"],
-                    ["per suspended run / per settled conversation", f"{per_run / per_conversation:.2f}", "", "",
-                     "process memory (no durability)"],
-                ],
-            )
-        )  # fmt: skip
-        print(f"{len(done):,} plain turns settled in {done_s:.1f} s, {len(held):,} runs suspended in {held_s:.1f} s; "
-              f"wall time {time.monotonic() - t_start:.0f} s")  # fmt: skip
-        figures: dict[str, Any] = {
-            "durability_class": durable,
-            "plain_p50_ms": p50_plain * 1e3,
-            "plain_p99_ms": p99_plain * 1e3,
-            "wait_p50_ms": p50_wait * 1e3,
-            "wait_p99_ms": p99_wait * 1e3,
-            "ratio_p50": p50_wait / p50_plain,
-            "ratio_p99": p99_wait / p99_plain,
-            "suspended": len(held),
-            "rss_start_bytes": rss_start,
-            "rss_before_bytes": rss_before,
-            "bytes_per_settled_conversation": per_conversation,
-            "rss_after_bytes": rss_after,
-            "bytes_per_suspended_run": per_run,
-            "goal_bytes": GOAL_BYTES,
-        }
-        print("json: " + json.dumps(figures, sort_keys=True))
-    except BenchmarkError as exc:
-        print(f"bench/waits.py: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-        log.close()
-        settlements.close()
-        worker.stop()
-        if not args.keep:
-            delete_namespace(settings, [f"{settings.namespace}.{settings.app_id}.workers"])
+    with worker_bench("bench-waits", APP, args.bootstrap, keep=args.keep) as bench:
+        log = _Tail(bench.settings, "log", "log", from_end=False)
+        settlements = _Tail(bench.settings, "settlements", "settlements", from_end=True)
+        client = Client(bench.settings, default_timeout_s=60)
+        try:
+            _measure(bench, client, log, settlements, args)
+        except BenchmarkError as exc:
+            print(f"bench/waits.py: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            client.close()
+            log.close()
+            settlements.close()
     return 0
+
+
+def _measure(bench: WorkerBench, client: Client, log: _Tail, settlements: _Tail, args: argparse.Namespace) -> None:
+    """Measure the latencies, then the memory; print the tables and the JSON line."""
+    timeout_s = 120.0
+    for _ in range(3):  # warm-up: the worker holds its partition, both paths ran once
+        plain_turn(client, settlements, timeout_s)
+        waiting_turn(client, log, settlements, timeout_s)
+    plain: list[float] = []
+    waited: list[float] = []
+    for _ in range(args.rounds):
+        bench.check()
+        plain.append(plain_turn(client, settlements, timeout_s))
+        waited.append(waiting_turn(client, log, settlements, timeout_s))
+    bench.check()
+    bulk_timeout_s = max(timeout_s, args.suspended / 20)
+    rss_start = rss_bytes(bench.worker.pid)
+    done, done_s = many_turns(client, settlements, args.suspended, args.submitters, bulk_timeout_s, wait=False)
+    bench.check()
+    rss_before = rss_bytes(bench.worker.pid)
+    per_conversation = (rss_before - rss_start) / len(done)
+    held, held_s = many_turns(client, log, args.suspended, args.submitters, bulk_timeout_s, wait=True)
+    time.sleep(1.0)  # let the worker finish the attempts that handed their waits over (not a correctness wait)
+    bench.check()
+    rss_after = rss_bytes(bench.worker.pid)
+    per_run = (rss_after - rss_before) / len(held)
+    durable = bench.print_header("the latency figures")
+    p50_plain, p99_plain = percentile(plain, 50), percentile(plain, 99)
+    p50_wait, p99_wait = percentile(waited, 50), percentile(waited, 99)
+    print(
+        table(
+            ["figure", "p50 ms", "p99 ms", "n", "class"],
+            [
+                ["plain turn: submit -> settlement (baseline)", f"{p50_plain * 1e3:.1f}",
+                 f"{p99_plain * 1e3:.1f}", str(len(plain)), "committed (above)"],
+                ["signal -> resumed run -> settlement", f"{p50_wait * 1e3:.1f}", f"{p99_wait * 1e3:.1f}",
+                 str(len(waited)), "committed (above)"],
+            ],
+        )
+    )  # fmt: skip
+    print(
+        table(
+            ["ratio", "value", "class"],
+            [
+                ["wait p50 / plain p50", f"{p50_wait / p50_plain:.2f}", "committed (above), both sides"],
+                ["wait p99 / plain p99", f"{p99_wait / p99_plain:.2f}", "committed (above), both sides"],
+            ],
+        )
+    )
+    met = "yes" if per_run <= GOAL_BYTES else "no"
+    print(
+        table(
+            ["memory", "value", "goal", "met", "class"],
+            [
+                ["worker RSS at the start", f"{rss_start / 2**20:.1f} MiB", "", "",
+                 "process memory (no durability)"],
+                [f"after {len(done):,} settled conversations (baseline)", f"{rss_before / 2**20:.1f} MiB", "", "",
+                 "process memory (no durability)"],
+                ["per settled conversation (baseline)", f"{per_conversation:,.0f} B", "", "",
+                 "process memory (no durability)"],
+                [f"worker RSS with {len(held):,} runs suspended", f"{rss_after / 2**20:.1f} MiB", "", "",
+                 "process memory (no durability)"],
+                ["per suspended run", f"{per_run:,.0f} B", f"<= {GOAL_BYTES} B", met,
+                 "process memory (no durability)"],
+                ["per suspended run / per settled conversation", f"{per_run / per_conversation:.2f}", "", "",
+                 "process memory (no durability)"],
+            ],
+        )
+    )  # fmt: skip
+    print(f"{len(done):,} plain turns settled in {done_s:.1f} s, {len(held):,} runs suspended in {held_s:.1f} s; "
+          f"wall time {time.monotonic() - bench.started_s:.0f} s")  # fmt: skip
+    figures: dict[str, Any] = {
+        "durability_class": durable,
+        "plain_p50_ms": p50_plain * 1e3,
+        "plain_p99_ms": p99_plain * 1e3,
+        "wait_p50_ms": p50_wait * 1e3,
+        "wait_p99_ms": p99_wait * 1e3,
+        "ratio_p50": p50_wait / p50_plain,
+        "ratio_p99": p99_wait / p99_plain,
+        "suspended": len(held),
+        "rss_start_bytes": rss_start,
+        "rss_before_bytes": rss_before,
+        "bytes_per_settled_conversation": per_conversation,
+        "rss_after_bytes": rss_after,
+        "bytes_per_suspended_run": per_run,
+        "goal_bytes": GOAL_BYTES,
+    }
+    print("json: " + json.dumps(figures, sort_keys=True))
 
 
 if __name__ == "__main__":
