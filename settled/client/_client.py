@@ -42,6 +42,8 @@ from settled.client._errors import (
     RetryRejectedError,
     SignalOutcomeUnknownError,
     SignalRejectedError,
+    SteerOutcomeUnknownError,
+    SteerRejectedError,
     SubmissionOutcomeUnknownError,
     SubmissionRejectedError,
     UnexpectedReceiptError,
@@ -72,6 +74,7 @@ from settled.schemas import (
     SendSignal,
     SettlementOutcome,
     SettlementRecord,
+    SteerRun,
     SubmissionPayload,
     SubmissionProposed,
     canonical_json,
@@ -539,6 +542,69 @@ class Client:
             return receipt
         if receipt.outcome is ReceiptOutcome.REJECTED:
             raise SignalRejectedError(receipt)
+        raise UnexpectedReceiptError(receipt)
+
+    def steer(
+        self,
+        conversation_id: str,
+        run_id: str,
+        text: str,
+        *,
+        command_id: str | None = None,
+        principal: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Send a steering message to an active run and return the owner's reply (issue 22 item 3).
+
+        Accepted while the run is unsettled and appended canonically to its steering stream (in log order); the run's
+        next model call shows it to the model as a user message, after the prompt the agent built, and every later
+        call of the run shows it there too. Sent while no worker runs, it waits in the inbox until an owner decides
+        it. One sent after the run settled is rejected ``already_terminal``.
+
+        Args:
+            conversation_id: The conversation.
+            run_id: The run (an agent run's id is its submission id).
+            text: The message (non-empty, at most `settled.protocol.MAX_TEXT_CHARS` characters).
+            command_id: The message's id, deduplicating it; a new UUID when ``None`` (pass the id of an earlier one
+                whose outcome is unknown to send it again: it is answered as a duplicate if accepted).
+            principal: Who sends it (default: the client's).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command id.
+
+        Raises:
+            ValueError: An argument breaks the input contract (the field is named); nothing was sent.
+            SteerRejectedError: The owner rejected it (``unknown_target``, ``already_terminal``, ``invalid``).
+            SteerOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        timeout = self.timeout_s(timeout_s)
+        deadline = time.monotonic() + timeout
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        command = SteerRun(
+            command_id=cid,
+            principal=self._principal(principal),
+            conversation_id=conversation_id,
+            submission_id=run_id,
+            text=text,
+            sent_at=self._clock(),
+        )
+        _keep_contract(protocol.check_command(command))
+        receipt = self._request(
+            conversation_id,
+            cid,
+            self._codec.encode(command),
+            deadline,
+            lambda: SteerOutcomeUnknownError(cid, conversation_id, run_id, timeout),
+        )
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceiptError(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise SteerRejectedError(receipt)
         raise UnexpectedReceiptError(receipt)
 
     def pause_run(

@@ -33,6 +33,8 @@ __all__ = [
     "SignalOutcomeUnknownError",
     "SignalRejectedError",
     "SigningKeyError",
+    "SteerOutcomeUnknownError",
+    "SteerRejectedError",
     "SubmissionOutcomeUnknownError",
     "SubmissionRejectedError",
     "UnexpectedReceiptError",
@@ -308,6 +310,37 @@ class SignalOutcomeUnknownError(CommandOutcomeUnknownError):
     """
 
     command_name = "signal"
+
+
+class SteerRejectedError(CommandRejectedError):
+    """The owner rejected a steering message (issue 22 item 3).
+
+    Reasons: ``unknown_target`` (no such run), ``already_terminal`` (the run settled first: the detail names its
+    outcome) or ``invalid``.
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "steer"
+
+
+class SteerOutcomeUnknownError(CommandOutcomeUnknownError):
+    """No reply to a steering message was read within the deadline (issue 22 item 3).
+
+    ``Client.steer(..., command_id=err.command_id)`` sends it again; one already accepted is answered as a
+    duplicate and stays in the run's steering stream once.
+
+    Attributes:
+        command_id: The command id to send it again with.
+        conversation_id: The conversation.
+        submission_id: The run.
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "steer"
 
 
 class ApprovalRejectedError(CommandRejectedError):

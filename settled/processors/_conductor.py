@@ -77,6 +77,8 @@ from settled.schemas import (
     Settlement,
     SettlementOutcome,
     SignalReceived,
+    SteeringDelivered,
+    SteeringReceived,
     StepRecorded,
     StepRetryScheduled,
     SubmissionAdmitted,
@@ -122,6 +124,8 @@ JOURNAL_EVENT_TYPES: tuple[type[LogEvent], ...] = (
     WaitRequested,
     WaitResolved,
     SignalReceived,
+    SteeringReceived,
+    SteeringDelivered,
 )
 
 

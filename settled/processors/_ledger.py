@@ -39,6 +39,7 @@ from settled.schemas import (
     SendSignal,
     Settlement,
     SettlementOutcome,
+    SteerRun,
     SubmissionAdmitted,
     SubmissionDuplicate,
     SubmissionProposed,
@@ -210,6 +211,8 @@ class LedgerDecider:
             d = protocol.abort(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, SendSignal):
             d = protocol.signal(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, SteerRun):
+            d = protocol.steer(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, GrantAccess):
             d = protocol.grant_access(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, RevokeAccess):

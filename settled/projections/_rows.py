@@ -74,6 +74,7 @@ from settled.schemas import (
     Settlement,
     SettlementOutcome,
     SignalReceived,
+    SteeringReceived,
     StepRecorded,
     SubmissionAdmitted,
     SubmissionDuplicate,
@@ -1249,6 +1250,11 @@ class _BatchProjector:
             )
         self.receipt(event.command_id, "command", "applied", "approval", event.submission_id, None)
 
+    def on_steering_received(self, i: int, event: SteeringReceived) -> None:
+        if self.first_application(event.command_id):
+            self.transcript(i, event.submission_id, None, "steering", "user", None, event.command_id, event.text)
+        self.receipt(event.command_id, "command", "applied", "steering", event.submission_id, None)
+
     def on_wait_requested(self, i: int, event: WaitRequested) -> None:
         content = canonical_json(
             {
@@ -1483,6 +1489,7 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         StepRecorded: _BatchProjector.on_step,
         Settlement: _BatchProjector.on_settlement,
         SignalReceived: _BatchProjector.on_signal_received,
+        SteeringReceived: _BatchProjector.on_steering_received,
         ApprovalDecided: _BatchProjector.on_approval_decided,
         AccessGranted: _BatchProjector.on_access_granted,
         AccessRevoked: _BatchProjector.on_access_revoked,

@@ -93,6 +93,7 @@ from settled.protocol._decide import (
     schedule,
     signal,
     start_attempt,
+    steer,
     terminalize,
 )
 from settled.protocol._errors import (
@@ -175,6 +176,7 @@ from settled.protocol._states import (
     outcome_state,
     waiting_state,
 )
+from settled.protocol._steering import steering_delivered, steering_stream, undelivered_steering
 from settled.protocol._waits import deliveries, expired_waits, open_waits, resolve_wait, wait_id_for
 from settled.protocol._workflows import (
     APPROVAL_ANSWER_PREFIX,
@@ -324,8 +326,12 @@ __all__ = [
     "scope_digest",
     "signal",
     "start_attempt",
+    "steer",
+    "steering_delivered",
+    "steering_stream",
     "step_approval_id",
     "terminalize",
+    "undelivered_steering",
     "wait_id_for",
     "waiting_state",
     "workflow_conversation_id",

@@ -31,6 +31,7 @@ from settled.schemas import (
     RetrySubmission,
     RevokeAccess,
     SendSignal,
+    SteerRun,
     SubmissionProposed,
 )
 
@@ -232,7 +233,8 @@ def check_command(
     | DecideApproval
     | GrantAccess
     | RevokeAccess
-    | RetrySubmission,
+    | RetrySubmission
+    | SteerRun,
 ) -> Violation | None:
     """Check a command against the contract.
 
@@ -253,6 +255,10 @@ def check_command(
         found = found or check_id(name, getattr(command, name))
     if isinstance(command, AbortRequested):
         return found or _check_text("reason", command.reason)
+    if isinstance(command, SteerRun):  # a steering message is free text the model reads: never empty
+        if found is None and not command.text.strip():
+            return Violation("text", "is empty or only whitespace", excerpt(command.text))
+        return found or _check_text("text", command.text)
     if isinstance(command, SendSignal):
         found = found or check_id("name", command.name)
         if found is None and command.name.startswith(RESERVED_SIGNAL_PREFIX) and command.name not in CONTROL_SIGNALS:
@@ -278,7 +284,8 @@ def check_input(
     | DecideApproval
     | GrantAccess
     | RevokeAccess
-    | RetrySubmission,
+    | RetrySubmission
+    | SteerRun,
 ) -> Violation | None:
     """Check any inbox record against the contract (`check_proposal` or `check_command`).
 

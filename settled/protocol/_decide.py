@@ -69,6 +69,8 @@ from settled.schemas import (
     SettlementOutcome,
     SettlementRecord,
     SignalReceived,
+    SteeringReceived,
+    SteerRun,
     SubmissionAdmitted,
     SubmissionDuplicate,
     SubmissionProposed,
@@ -446,7 +448,8 @@ def reject_invalid(
     | DecideApproval
     | GrantAccess
     | RevokeAccess
-    | RetrySubmission,
+    | RetrySubmission
+    | SteerRun,
     input_ref: InputRef,
     now: datetime,
     violation: Violation,
@@ -784,7 +787,8 @@ def reject_command(
     | DecideApproval
     | GrantAccess
     | RevokeAccess
-    | RetrySubmission,
+    | RetrySubmission
+    | SteerRun,
     input_ref: InputRef,
     now: datetime,
     *,
@@ -826,6 +830,8 @@ def reject_command(
         if isinstance(command, GrantAccess | RevokeAccess)
         else CommandKind.RETRY
         if isinstance(command, RetrySubmission)
+        else CommandKind.STEER
+        if isinstance(command, SteerRun)
         else CommandKind.RESOLVE_UNKNOWN
     )
     target = None if isinstance(command, GrantAccess | RevokeAccess) else bounded_id(command.submission_id)
@@ -880,7 +886,7 @@ def command_receipt(
 
 def _precheck_command(
     state: ConversationState,
-    command: AbortRequested | ResolveUnknown | SendSignal,
+    command: AbortRequested | ResolveUnknown | SendSignal | SteerRun,
     input_ref: InputRef,
     now: datetime,
     check_contract: bool,
@@ -1042,6 +1048,51 @@ def signal(
         submission_id=command.submission_id,
         name=command.name,
         payload_json=command.payload_json,
+        principal=command.principal,
+        input_ref=input_ref,
+    )
+    outcome = ReceiptOutcome.DUPLICATE if command.command_id in state.applied_commands else ReceiptOutcome.APPLIED
+    return Decision(events=(received,), receipt=_command_receipt(state, command.command_id, outcome, now))
+
+
+def steer(
+    state: ConversationState,
+    command: SteerRun,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    check_contract: bool = True,
+) -> Decision:
+    """Decide a `SteerRun` (issue 22 item 3): a steering message joins an unsettled run's ordered steering stream.
+
+    * unknown run → `CommandRejected` ``unknown_target``; settled run → ``already_terminal`` naming its outcome:
+      a rejection's only records are that decision and its receipt (docs/design.md §3);
+    * the same command id again → the same `SteeringReceived` again with the new ``input_ref`` (it changes
+      nothing: the stream holds the message once) and a duplicate receipt;
+    * otherwise `SteeringReceived` + applied receipt. The run's next model call shows it to the model (the runtime
+      reads it from the committed journal), so it is canonical before it affects the run.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The decoded command.
+        input_ref: Where it was read.
+        now: The decision time.
+        check_contract: Whether to check the input contract first (`check_command`).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command (`filing_conversation`).
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    checked = _precheck_command(state, command, input_ref, now, check_contract)
+    if isinstance(checked, Decision):
+        return checked
+    received = SteeringReceived(
+        command_id=command.command_id,
+        submission_id=command.submission_id,
+        text=command.text,
         principal=command.principal,
         input_ref=input_ref,
     )

@@ -76,6 +76,8 @@ from settled.schemas import (
     Settlement,
     SettlementOutcome,
     SignalReceived,
+    SteeringDelivered,
+    SteeringReceived,
     StepRecorded,
     StepRetryScheduled,
     SubmissionAdmitted,
@@ -910,7 +912,9 @@ class _ConvBuilder:
     def fail(self, event: AvroRecord, field_name: str, value: object, reason: str) -> LogInconsistencyError:
         return LogInconsistencyError(self.cid, _name(event), field_name, value, reason)
 
-    def repeated_command(self, event: AbortRecorded | UnknownResolved | ApprovalDecided | SignalReceived) -> bool:
+    def repeated_command(
+        self, event: AbortRecorded | UnknownResolved | ApprovalDecided | SignalReceived | SteeringReceived
+    ) -> bool:
         """Whether ``event``'s command id was applied before: its record then only marks its input decided.
 
         Raises:
@@ -1106,7 +1110,8 @@ class _ConvBuilder:
         | ToolCallRefused
         | StepRecorded
         | EffectRecorded
-        | StepRetryScheduled,
+        | StepRetryScheduled
+        | SteeringDelivered,
         batch_epoch: int,
     ) -> None:
         sub = self.get(event.submission_id, event, None)
@@ -1310,6 +1315,18 @@ class _ConvBuilder:
             )
         self.add_command(event.command_id, event.submission_id)
 
+    def on_steering_received(self, event: SteeringReceived, batch_epoch: int) -> None:
+        """A steering message accepted for an unsettled run (issue 22 item 3); a repeated id only decides its input."""
+        self.decide(event, event.input_ref)
+        if self.repeated_command(event):
+            return
+        sub = self.get(event.submission_id, event, None)
+        if sub.terminal:
+            raise IllegalTransitionError(
+                sub.submission_id, sub.state, None, _name(event), "a settled run takes no steering (issue 22)"
+            )
+        self.add_command(event.command_id, event.submission_id)
+
     def on_access_granted(self, event: AccessGranted, batch_epoch: int) -> None:
         """Access granted to a principal (issue 20): it replaces any earlier grant; a repeated command only decides."""
         self.decide(event, event.input_ref)
@@ -1426,6 +1443,8 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     WaitRequested: _ConvBuilder.on_wait_requested,
     WaitResolved: _ConvBuilder.on_wait_resolved,
     SignalReceived: _ConvBuilder.on_signal_received,
+    SteeringReceived: _ConvBuilder.on_steering_received,
+    SteeringDelivered: _ConvBuilder.on_running_record,
     ApprovalDecided: _ConvBuilder.on_approval_decided,
     AccessGranted: _ConvBuilder.on_access_granted,
     AccessRevoked: _ConvBuilder.on_access_revoked,

@@ -66,6 +66,9 @@ from settled.protocol import (
     approval_details,
     approval_id_for,
     arguments_digest,
+    steering_delivered,
+    steering_stream,
+    undelivered_steering,
     wait_id_for,
 )
 from settled.runtime._calls import ToolCalls, replay_settled
@@ -104,6 +107,7 @@ from settled.schemas import (
     RecoveryDecisionKind,
     ResolutionKind,
     SignalReceived,
+    SteeringDelivered,
     StepRecorded,
     ToolCallPrepared,
     ToolCallRefused,
@@ -280,6 +284,8 @@ class RunContext:
         # The provisional stream (issue 19): nothing is published while recorded positions remain to replay.
         self._replay_until = max(self._journal.by_ordinal, default=-1)
         self._stream_seq = 0
+        # Steering (issue 22 item 3): the ids earlier model calls of the run saw, recorded ones first, in order.
+        self._steering_seen: list[str] = steering_delivered(run.journal, run.submission_id)
 
     @property
     def input(self) -> Any:
@@ -873,6 +879,7 @@ class RunContext:
             self._pipeline.flush_response()
         )  # an earlier response is canonical before the next prompt (docs/semantics.md §9)
         operation_id = json_digest(canonical_json([self.run_id, self.attempt_id, ordinal, "model"]))
+        messages, steered = self._steered(messages)
         request = ModelRequest(operation_id=operation_id, model=model, messages=messages, tools=tools)
         delay_s = self._options.model_backoff_s
         retries = 0
@@ -941,8 +948,45 @@ class RunContext:
         )
         # Committed with the next awaited record: the prepared calls it declares (one commit before the first tool
         # runs, docs/design.md §3), a refusal, a step, the next prompt or the reply — never after a tool runs (DUR-008).
-        self._pipeline.buffer.extend([*deltas, completed])
+        delivered = (
+            [
+                SteeringDelivered(
+                    submission_id=self.submission_id,
+                    attempt_id=self.attempt_id,
+                    response_ordinal=ordinal,
+                    command_ids=steered,
+                )
+            ]
+            if steered
+            else []
+        )
+        self._pipeline.buffer.extend([*deltas, *delivered, completed])
+        self._steering_seen.extend(steered)
         return ModelResponse.from_record(completed)
+
+    def _steered(self, messages: tuple[Message, ...]) -> tuple[tuple[Message, ...], tuple[str, ...]]:
+        """The prompt a model call sends, and the steering messages it is the first to see (issue 22 item 3).
+
+        After the agent's own messages come the run's steering messages as user messages, in log order: those
+        earlier calls saw, then the ones canonical in the committed journal now that no earlier call saw. Only
+        canonical messages are shown (a `SteeringReceived` the owner committed), so a message affects the run only
+        once it is in the log.
+
+        Args:
+            messages: The prompt the agent built.
+
+        Returns:
+            The prompt to send, and the command ids of the messages first shown to this call.
+        """
+        committed = self._run.committed() or self._run.journal
+        stream = {m.command_id: m for m in steering_stream(committed, self.submission_id)}
+        for m in steering_stream(self._run.journal, self.submission_id):
+            stream.setdefault(m.command_id, m)
+        new = tuple(m.command_id for m in undelivered_steering(committed, self.submission_id, self._steering_seen))
+        shown = [stream[i] for i in (*self._steering_seen, *new) if i in stream]
+        if not shown:
+            return messages, ()
+        return (*messages, *(Message(role="user", text=m.text) for m in shown)), new
 
     async def _stream(
         self, provider: ModelProvider, request: ModelRequest, ordinal: int, tried: _Try

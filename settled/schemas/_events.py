@@ -82,6 +82,9 @@ __all__ = [
     "SettlementOutcome",
     "SettlementRecord",
     "SignalReceived",
+    "SteerRun",
+    "SteeringDelivered",
+    "SteeringReceived",
     "StepRecorded",
     "StepRetryScheduled",
     "SubmissionAdmitted",
@@ -226,6 +229,7 @@ class CommandKind(enum.StrEnum):
     APPROVAL = "approval"
     ACCESS = "access"
     RETRY = "retry"
+    STEER = "steer"
 
 
 class AccessLevel(enum.StrEnum):
@@ -523,6 +527,28 @@ class SendSignal(AvroRecord):
     submission_id: str
     name: str
     payload_json: CanonicalJson
+    sent_at: UtcMillis
+
+
+class SteerRun(AvroRecord):
+    """A steering message for an active run (topic ``settled.inbox``; issue 22 item 3): its model sees it next.
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: The message's id, made by the client: a repeat is answered as a duplicate (deduped by it).
+        principal: Who sends it.
+        conversation_id: The conversation (the record key).
+        submission_id: The run (an agent run's id is its submission id).
+        text: The message, shown to the run's model as a user message at its next model call.
+        sent_at: When it was sent.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    submission_id: str
+    text: str
     sent_at: UtcMillis
 
 
@@ -996,6 +1022,46 @@ class SignalReceived(AvroRecord):
     payload_json: CanonicalJson
     principal: str
     input_ref: InputRef | None = None
+
+
+class SteeringReceived(AvroRecord):
+    """A steering message accepted for an unsettled run (issue 22 item 3): canonical before the run sees it.
+
+    The run's steering stream is these records in log order; its next model call sees the ones no earlier call saw
+    (`SteeringDelivered`).
+
+    Attributes:
+        command_id: The message's id (`SteerRun.command_id`).
+        submission_id: The run.
+        text: The message.
+        principal: Who sent it.
+        input_ref: The inbox record this decides.
+    """
+
+    command_id: str
+    submission_id: str
+    text: str
+    principal: str
+    input_ref: InputRef | None = None
+
+
+class SteeringDelivered(AvroRecord):
+    """Which steering messages a model call was the first to see (issue 22 item 3); rides with its response.
+
+    Appended in the same commit as the call's `ModelResponseCompleted`: replay shows a recorded call the same
+    messages, and a call made again after a crash before its response was canonical sees them again.
+
+    Attributes:
+        submission_id: The submission.
+        attempt_id: The attempt that made the call.
+        response_ordinal: The model call's ordinal (its `ModelResponseCompleted.response_ordinal`).
+        command_ids: The steering messages (`SteeringReceived.command_id`) first shown to it, in log order.
+    """
+
+    submission_id: str
+    attempt_id: str
+    response_ordinal: NonNegInt64
+    command_ids: tuple[str, ...]
 
 
 class CommandRejected(AvroRecord):
@@ -1681,6 +1747,7 @@ InboxRecord = (
     | GrantAccess
     | RevokeAccess
     | RetrySubmission
+    | SteerRun
 )
 """What ``settled.inbox`` carries."""
 
@@ -1717,6 +1784,8 @@ LogEvent = (
     | AccessGranted
     | AccessRevoked
     | SubmissionRetryScheduled
+    | SteeringReceived
+    | SteeringDelivered
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1729,6 +1798,7 @@ INBOX_TYPES: tuple[type[AvroRecord], ...] = (
     GrantAccess,
     RevokeAccess,
     RetrySubmission,
+    SteerRun,
 )
 """Record types of ``settled.inbox``."""
 
@@ -1740,6 +1810,7 @@ COMMAND_TYPES: tuple[type[AvroRecord], ...] = (
     GrantAccess,
     RevokeAccess,
     RetrySubmission,
+    SteerRun,
 )
 """The inbox's commands."""
 
@@ -1776,6 +1847,8 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     AccessGranted,
     AccessRevoked,
     SubmissionRetryScheduled,
+    SteeringReceived,
+    SteeringDelivered,
 )
 """Branches of the log-event union, in Avro union order."""
 

@@ -44,6 +44,7 @@ __all__ = [
     "retry",
     "settlements_app",
     "signal",
+    "steer",
     "submit",
 ]
 
@@ -134,6 +135,26 @@ def signal(
     _send_command(
         timeout_s,
         lambda client: client.signal(conversation, run, name, value, signal_id=signal_id, principal=principal),
+    )
+
+
+@command
+def steer(
+    run: str = typer.Argument(..., metavar="RUN_ID", help="The run (an agent run's id is its submission id)."),
+    text: str = typer.Argument(..., metavar="TEXT", help="The message its model sees at its next model call."),
+    conversation: str = typer.Option(..., "--conversation", help="The run's conversation."),
+    command_id: str | None = typer.Option(None, "--command-id", help="The message's id (dedup; default: a UUID)."),
+    principal: str | None = typer.Option(None, "--principal", help="Who sends it (default: the client's)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the reply, in seconds."),
+) -> None:
+    """Steer an active run; print the owner's reply (a receipt of request kind command) as a JSON line.
+
+    Applied, duplicate (the same --command-id again) or rejected with its reason (the run settled first:
+    already_terminal; no such run: unknown_target): a rejection exits 1 after printing its receipt.
+    """
+    _send_command(
+        timeout_s,
+        lambda client: client.steer(conversation, run, text, command_id=command_id, principal=principal),
     )
 
 

@@ -14,6 +14,7 @@ from settled.services._cli_client import (
     retry,
     settlements_app,
     signal,
+    steer,
     submit,
 )
 from settled.services._cli_demo import demo_app
@@ -36,6 +37,7 @@ app.add_typer(tokens_app, name="tokens")
 app.command("submit")(submit)
 app.command("abort")(abort)
 app.command("signal")(signal)
+app.command("steer")(steer)
 app.command("approve")(approve)
 app.command("deny")(deny)
 app.command("retry")(retry)

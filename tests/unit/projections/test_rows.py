@@ -46,6 +46,8 @@ from settled.schemas import (
     QuarantineReason,
     SettlementOutcome,
     SignalReceived,
+    SteeringDelivered,
+    SteeringReceived,
     StepRetryScheduled,
     SubmissionRetryScheduled,
     WaitKind,
@@ -265,5 +267,8 @@ def _other_event_types() -> LogBatch:
             AccessRevoked(command_id="r-1", grantee="bob", principal="p", input_ref=ref),
             SubmissionRetryScheduled(submission_id="s", attempt_id="a", retry=1, cause="WorkerDied: gone",
                                      backoff_ms=1_000, wake_at=T0, wait_id="s#retry1"),
+            SteeringReceived(command_id="st-1", submission_id="s", text="shorter, please", principal="p",
+                             input_ref=ref),
+            SteeringDelivered(submission_id="s", attempt_id="a", response_ordinal=0, command_ids=("st-1",)),
         ],
     )  # fmt: skip
