@@ -90,8 +90,9 @@ SUITES = [
     # +40 s for issue 17 item 6's two examples run by their README commands under a kill
     # (tests/integration/engine/test_engine_examples.py, ~31 s here);
     # +15 s for settled retry after scenario 14's dead letter (the retry runs, a duplicate, the projection's retry_of
-    # checked and rebuilt; scenario 14 took 20 s in all here).
-    Suite("engine", 1255, (_pytest("tests/integration/engine"),), junit=True),
+    # checked and rebuilt; scenario 14 took 20 s in all here);
+    # +15 s for issue 22 item 3's steering across a kill (tests/integration/engine/test_engine_steering.py, ~8 s here).
+    Suite("engine", 1270, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).
     Suite("browser", 100, (_pytest("tests/browser", "-s"),), junit=True),

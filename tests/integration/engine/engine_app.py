@@ -248,6 +248,16 @@ def remote_once(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
     return _remote("remote_once", call, dedupe=False)
 
 
+@app.tool(idempotent=True, timeout_s=30.0)
+def hold_until_flag(args: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Idempotent; stays in flight until the world flag ``args["flag"]`` is set (the test's barrier: the run is
+    active while the test acts, e.g. steers it)."""
+    _invoked("hold_until_flag", call)
+    while not _flagged(str(args["flag"])):
+        time.sleep(0.02)
+    return {"held": args["flag"]}
+
+
 @app.tool(timeout_s=10)
 def exit_inside(args: dict[str, Any], call: ToolCall) -> None:
     """Not idempotent; ends the worker process on its first invocation (a death inside a tool call)."""

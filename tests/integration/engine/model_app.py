@@ -15,6 +15,7 @@ from typing import Any
 
 from settled.runtime import (
     App,
+    Message,
     ModelAgent,
     ModelRequest,
     ModelResponse,
@@ -30,9 +31,20 @@ from tests.integration.engine import engine_app
 from tests.integration.engine.engine_app import world
 
 
+def _is_input(message: Message) -> bool:
+    """Whether a user message is a turn's input (a JSON script), not a steering message the runtime appended."""
+    if message.role != "user":
+        return False
+    try:
+        value = json.loads(message.text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and "script" in value
+
+
 def _position(request: ModelRequest) -> int:
-    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
-    return sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+    last_input = max(i for i, m in enumerate(request.messages) if _is_input(m))
+    return sum(1 for m in request.messages[last_input:] if m.role == "assistant")
 
 
 def _script(request: ModelRequest) -> list[ScriptStep]:
@@ -41,7 +53,7 @@ def _script(request: ModelRequest) -> list[ScriptStep]:
     with world() as db:
         db.execute("CREATE TABLE IF NOT EXISTS prompts (op TEXT, position INTEGER, messages TEXT)")
         db.execute("INSERT INTO prompts VALUES (?, ?, ?)", (request.operation_id, position, json.dumps(messages)))
-    user = json.loads([m for m in request.messages if m.role == "user"][-1].text)
+    user = json.loads([m for m in request.messages if _is_input(m)][-1].text)
     steps: list[ScriptStep] = []
     for step in user["script"][position]:
         if "text" in step:
