@@ -10,6 +10,10 @@ prompt was shown, its response not canonical); the next worker makes that call a
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +34,7 @@ from settled.schemas import (
     canonical_json,
 )
 from tests.integration.engine._helpers import TIMEOUT_S, events_of, invocations, killed, log_events
-from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.engine.conftest import ROOT, SpawnWorker
 from tests.integration.engine.engine_app import flag, world
 from tests.integration.engine.model_app import prompts
 from tests.integration.helpers import wait_for
@@ -104,9 +108,18 @@ def test_steering_reaches_the_next_model_call_in_order_once_each_across_a_kill(
     assert invocations(world_db, "hold_until_flag") == 1
 
     # After settlement: a new message is rejected with its reason and nothing else; a repeat is a duplicate.
-    with pytest.raises(SteerRejectedError) as late:
-        client.steer("conv-steer", run_id, "third: too late", command_id="steer-3")
-    assert late.value.reason_code == "already_terminal" and "completed" in (late.value.detail or "")
+    # Through the CLI as a person would: the rejected receipt is printed and the command exits 1.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_FAILPOINT")}
+    env.update(SETTLED_NAMESPACE=s.namespace, SETTLED_KAFKA_BOOTSTRAP=s.kafka_bootstrap)
+    args = ["steer", run_id, "--conversation", "conv-steer", "third: too late", "--command-id", "steer-3"]
+    done = subprocess.run([sys.executable, "-m", "settled.services", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    printed = json.loads(done.stdout.splitlines()[-1])
+    assert printed["outcome"] == "rejected" and str(printed["reason"]).startswith("already_terminal"), printed
+    with pytest.raises(SteerRejectedError) as nobody:
+        client.steer("conv-steer", "no-such-run", "fourth: nobody")
+    assert nobody.value.reason_code == "unknown_target"
     again = client.steer("conv-steer", run_id, "first: be brief", command_id="steer-1")
     assert again.outcome is ReceiptOutcome.DUPLICATE
     about_late = [e for e in log_events(s) if getattr(e, "command_id", None) == "steer-3"]
