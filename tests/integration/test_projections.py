@@ -323,13 +323,22 @@ def test_rebuild_while_the_worker_appends_switches_atomically(
 def test_two_projectors_on_one_partition_apply_nothing_twice(
     topics: Settings, names: ProjectionNames, tmp_path: Path
 ) -> None:
-    """No advisory lock: only the offset row's lock and the expected-offset check keep the two apart."""
+    """No advisory lock: only the offset row's lock and the expected-offset check keep the two apart.
+
+    The race is made, not hoped for: ``a`` stops at a barrier inside its first chunk's transaction (the offset row
+    locked, its rows written), ``b`` reaches the same partition's offset row and waits on that lock (seen in
+    ``pg_stat_activity``), then ``a`` commits, so ``b`` finds the stored offset moved under it: an offset conflict.
+    """
     s = topics
     run_load(s, seed=11, total=80)
     args = ("--no-advisory-lock", "--max-records", "10")
-    a = spawn_projector(s, names, tmp_path, "a", *args)
+    control = _failpoints.FailpointControl(tmp_path / "fp")
+    a = spawn_projector(s, names, tmp_path, "a", *args, env=control.env("projector.before_commit=1*pause(60s)"))
     b = spawn_projector(s, names, tmp_path, "b", *args)
     try:
+        control.wait_reached("projector.before_commit", 30)
+        wait_for(lambda: _waiting_on_a_lock(s, names) >= 1, 30, "projector b waiting on a's offset row lock")
+        control.release("projector.before_commit")
         run_load(s, seed=12, total=40)
         ok = wait_projected(s, names, 40, a, b)
         assert ok, f"not caught up: a exit {a.proc.poll()}:\n{a.tail()}\nb exit {b.proc.poll()}:\n{b.tail()}"
@@ -340,6 +349,16 @@ def test_two_projectors_on_one_partition_apply_nothing_twice(
     assert conflicts >= 1, "the two projectors never raced (the test proves nothing)"
     _check_clean(s, names, "DUR-015.no-double-apply")
     _assert_matches_topics(s, names)
+
+
+def _waiting_on_a_lock(s: Settings, names: ProjectionNames) -> int:
+    """How many sessions wait on a row lock in a statement naming the projection's schema."""
+    with psycopg.connect(s.postgres_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, %s) > 0",
+            (names.live,),
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_a_standby_projector_takes_over_when_the_writer_dies(
