@@ -14,16 +14,10 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message
 
 from settled._settings import Settings
-from settled.client._errors import BrokerUnavailableError
-from settled.client._settlements import (
-    TRANSIENT_CONSUMER_ERRORS,
-    _end_offset,
-    _start_at_time,
-    settlement_partitions,
-)
+from settled.client._settlements import TRANSIENT_CONSUMER_ERRORS, assign_start
 from settled.producers import consume_promptly, reader_config
 from settled.protocol import lifecycle_matches
 from settled.schemas import Codec, LifecycleEvent
@@ -76,22 +70,7 @@ class LifecycleStream(Iterator[LifecycleEvent]):
         self._idle_timeout_s = idle_timeout_s
         self._buffer: list[Message] = []
         consumer = Consumer(reader_config(settings, f"{settings.namespace}.client-lifecycle"))
-        try:
-            partitions = settlement_partitions(consumer, self._topic, timeout_s)
-            if from_beginning:
-                start = [TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in partitions]
-            elif since is not None:
-                start = _start_at_time(consumer, self._topic, partitions, since, timeout_s)
-            else:
-                start = [TopicPartition(self._topic, p, _end_offset(consumer, self._topic, p, timeout_s))
-                         for p in partitions]  # fmt: skip
-            consumer.assign(start)
-        except KafkaException as exc:
-            consumer.close()
-            raise BrokerUnavailableError(f"could not find the start positions on {self._topic}: {exc.args[0]}") from exc
-        except BaseException:
-            consumer.close()
-            raise
+        assign_start(consumer, self._topic, from_beginning=from_beginning, since=since, timeout_s=timeout_s)
         self._consumer: Consumer | None = consumer
         self._last_record = time.monotonic()
 

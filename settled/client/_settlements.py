@@ -81,6 +81,39 @@ def _start_at_time(
     return out
 
 
+def assign_start(
+    consumer: Consumer, topic: str, *, from_beginning: bool, since: datetime | None, timeout_s: float
+) -> None:
+    """Assign every partition of ``topic`` at a follower's start position, or close the consumer and raise.
+
+    Args:
+        consumer: A new consumer (closed here when the assignment fails).
+        topic: The topic followed (settlements, lifecycle).
+        from_beginning: Start at each partition's first record.
+        since: Start at each partition's first record at or after this time (aware); ignored with
+            ``from_beginning``. Neither: start at the current end (the read_committed end offset).
+        timeout_s: Bound on the metadata and position lookups, in seconds.
+
+    Raises:
+        BrokerUnavailableError: The topic does not exist, or Kafka did not answer the lookups.
+    """
+    try:
+        partitions = settlement_partitions(consumer, topic, timeout_s)
+        if from_beginning:
+            start = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions]
+        elif since is not None:
+            start = _start_at_time(consumer, topic, partitions, since, timeout_s)
+        else:
+            start = [TopicPartition(topic, p, _end_offset(consumer, topic, p, timeout_s)) for p in partitions]
+        consumer.assign(start)
+    except KafkaException as exc:
+        consumer.close()
+        raise BrokerUnavailableError(f"could not find the start positions on {topic}: {exc.args[0]}") from exc
+    except BaseException:
+        consumer.close()
+        raise
+
+
 def read_settlement(
     settings: Settings,
     codec: Codec,
@@ -178,22 +211,7 @@ class SettlementStream(Iterator[SettlementRecord]):
         self._idle_timeout_s = idle_timeout_s
         self._buffer: list[Message] = []
         consumer = _consumer(settings)
-        try:
-            partitions = settlement_partitions(consumer, self._topic, timeout_s)
-            if from_beginning:
-                start = [TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in partitions]
-            elif since is not None:
-                start = _start_at_time(consumer, self._topic, partitions, since, timeout_s)
-            else:
-                start = [TopicPartition(self._topic, p, _end_offset(consumer, self._topic, p, timeout_s))
-                         for p in partitions]  # fmt: skip
-            consumer.assign(start)
-        except KafkaException as exc:
-            consumer.close()
-            raise BrokerUnavailableError(f"could not find the start positions on {self._topic}: {exc.args[0]}") from exc
-        except BaseException:
-            consumer.close()
-            raise
+        assign_start(consumer, self._topic, from_beginning=from_beginning, since=since, timeout_s=timeout_s)
         self._consumer: Consumer | None = consumer
         self._last_record = time.monotonic()
 
