@@ -24,7 +24,13 @@ from datetime import datetime
 from typing import Final
 
 from settled.protocol._contract import check_command, excerpt
-from settled.protocol._decide import Decision, check_input_undecided, command_receipt, reject_command, reject_invalid
+from settled.protocol._decide import (
+    Decision,
+    check_input_undecided,
+    recorded_command,
+    reject_command,
+    reject_invalid,
+)
 from settled.protocol._fold import ConversationState
 from settled.schemas import (
     AccessGranted,
@@ -33,7 +39,6 @@ from settled.schemas import (
     CommandRejectReason,
     GrantAccess,
     InputRef,
-    ReceiptOutcome,
     RevokeAccess,
 )
 
@@ -238,8 +243,7 @@ def grant_access(
         principal=command.principal,
         input_ref=input_ref,
     )
-    outcome = ReceiptOutcome.DUPLICATE if command.command_id in state.applied_commands else ReceiptOutcome.APPLIED
-    return Decision(events=(event,), receipt=command_receipt(state, command.command_id, outcome, now))
+    return recorded_command(state, command.command_id, event, now)
 
 
 def revoke_access(
@@ -281,8 +285,7 @@ def revoke_access(
     event = AccessRevoked(
         command_id=command.command_id, grantee=command.grantee, principal=command.principal, input_ref=input_ref
     )
-    outcome = ReceiptOutcome.DUPLICATE if repeated else ReceiptOutcome.APPLIED
-    return Decision(events=(event,), receipt=command_receipt(state, command.command_id, outcome, now))
+    return recorded_command(state, command.command_id, event, now)
 
 
 def hidden(conv: ConversationState) -> ConversationState:

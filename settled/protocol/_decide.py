@@ -884,6 +884,25 @@ def command_receipt(
     )
 
 
+def recorded_command(state: ConversationState, command_id: str, event: LogEvent, now: datetime) -> Decision:
+    """Return an accepted command's decision: its one record and its receipt.
+
+    The receipt is ``applied`` the first time and ``duplicate`` when ``command_id`` was already applied (the record is
+    then written again with its new ``input_ref``: it changes nothing).
+
+    Args:
+        state: The conversation's state.
+        command_id: The command answered.
+        event: The command's record (e.g. `SignalReceived`, `AccessGranted`).
+        now: The decision time.
+
+    Returns:
+        The decision.
+    """
+    outcome = ReceiptOutcome.DUPLICATE if command_id in state.applied_commands else ReceiptOutcome.APPLIED
+    return Decision(events=(event,), receipt=command_receipt(state, command_id, outcome, now))
+
+
 def _precheck_command(
     state: ConversationState,
     command: AbortRequested | ResolveUnknown | SendSignal | SteerRun,
@@ -1051,8 +1070,7 @@ def signal(
         principal=command.principal,
         input_ref=input_ref,
     )
-    outcome = ReceiptOutcome.DUPLICATE if command.command_id in state.applied_commands else ReceiptOutcome.APPLIED
-    return Decision(events=(received,), receipt=_command_receipt(state, command.command_id, outcome, now))
+    return recorded_command(state, command.command_id, received, now)
 
 
 def steer(
@@ -1096,8 +1114,7 @@ def steer(
         principal=command.principal,
         input_ref=input_ref,
     )
-    outcome = ReceiptOutcome.DUPLICATE if command.command_id in state.applied_commands else ReceiptOutcome.APPLIED
-    return Decision(events=(received,), receipt=_command_receipt(state, command.command_id, outcome, now))
+    return recorded_command(state, command.command_id, received, now)
 
 
 def resolve(
