@@ -13,7 +13,10 @@ by the worker loop, one call per phase of a turn:
   a queued submission). While submissions that recovery resumed after a death wait for their next attempt, they
   start one at a time and alone, and nothing else starts on the partition meanwhile (docs/design.md §5: a poison
   submission then dies alone and spends its own ``max_attempts``, not its neighbours'). The budget counts every
-  attempt started, so the shared first death counts for each attempt it interrupted.
+  attempt started, so the shared first death counts for each attempt it interrupted. The scheduler reads the pending
+  overlay and visits every conversation with a pending batch, so an admission to an idle conversation and its
+  ``AttemptStarted``, or a settlement and the next queued submission's, share the loop turn's one checkpoint
+  (docs/architecture.md "Commit boundaries of a turn").
 * `after_checkpoint` — resolve the effect futures whose batches committed (a run continues only once its record is
   canonical: e.g. ``ToolCallPrepared`` before the tool runs, docs/design.md §5); start the runs whose ``AttemptStarted``
   committed, handing each the journal of its submission's recorded effects to replay; cancel runs whose abort is
