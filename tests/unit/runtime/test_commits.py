@@ -42,6 +42,7 @@ from settled.runtime import (
 )
 from settled.runtime._model import ScriptStep
 from settled.schemas import LogEvent, ModelResponseCompleted, StepRecorded, ToolCallPrepared, ToolCallSettled
+from tests._promise import promise
 from tests.unit.runtime.test_context import Recorder, attempt, run
 
 
@@ -225,6 +226,69 @@ def test_a_response_is_committed_before_the_next_prompt_a_step_body_and_when_the
     assert seen == {"prompt 1": 0, "prompt 2": 1, "step": 2, "prompt 3": 2}
     assert len(rec.of(ModelResponseCompleted)) == 3, "the last response was not committed when the agent raised"
     assert len(rec.of(StepRecorded)) == 1
+
+
+def named_step(name: str) -> Callable[[tuple[LogEvent, ...]], bool]:
+    """Picks the batches holding the ``StepRecorded`` of step ``name``."""
+    return lambda batch: any(isinstance(e, StepRecorded) and e.name == name for e in batch)
+
+
+def test_a_plain_step_commits_before_the_next_step_body_tool_call_or_settlement_starts() -> None:
+    """Awaited (issue 24 item 2; DUR-010): catches the fault switch ``step_not_awaited`` (a plain step posted).
+
+    Every step body is async and returns without suspending, so a posted record would let the next body start in the
+    same loop step, before the record is even handed over: each check below is taken while the previous step's
+    commit is held, with no timing involved.
+    """
+    timeline: list[str] = []
+    rec = GatedRecorder(lambda b: any(isinstance(e, StepRecorded) for e in b))
+
+    def body(name: str) -> Callable[[], Any]:
+        async def fn() -> str:
+            timeline.append(f"body {name}")
+            return name
+
+        return fn
+
+    app = App(agent=lambda ctx: agent(ctx))
+
+    @app.tool(idempotent=True)
+    def charge(args: dict[str, Any], call: ToolCall) -> str:
+        timeline.append("tool charge")
+        return "charged"
+
+    async def agent(ctx: RunContext) -> Any:
+        await ctx.step("a", body("a"))
+        await ctx.step("b", body("b"))
+        await ctx.tool("charge", {})
+        await ctx.step("c", body("c"))
+        return "done"
+
+    done, outcome = run_until_held(app, rec)
+    seen: list[list[str]] = []  # the timeline whenever a step record's commit is held, before it is released
+    deadline = time.monotonic() + 10
+    while not done.is_set() and time.monotonic() < deadline:
+        if rec.held:
+            seen.append(list(timeline))
+            names = [e.name for e in rec.batches[-1] if isinstance(e, StepRecorded)]
+            timeline.append("commit " + ",".join(names))
+            rec.release()
+        else:
+            time.sleep(0.005)
+    assert done.wait(5) and outcome == ['"done"'], outcome
+    promise(
+        "DUR-010.step-awaited",
+        seen
+        == [
+            ["body a"],
+            ["body a", "commit a", "body b"],
+            ["body a", "commit a", "body b", "commit b", "tool charge", "body c"],
+        ],
+        f"a later step body or tool call started before a plain step's record committed: {seen}",
+    )
+    # The reply waits for the last step's commit: the run ended only after the test released it.
+    assert timeline[-1] == "commit c" and shapes(rec)[-1] == ["ToolCallSettled", "StepRecorded"]
+    assert [s.count("StepRecorded") for s in shapes(rec) if "StepRecorded" in s] == [1, 1, 1]
 
 
 def one_charge_call(request: ModelRequest) -> list[ScriptStep]:
