@@ -41,7 +41,14 @@ from settled.runtime import (
     declared_call,
 )
 from settled.runtime._model import ScriptStep
-from settled.schemas import LogEvent, ModelResponseCompleted, StepRecorded, ToolCallPrepared, ToolCallSettled
+from settled.schemas import (
+    LogEvent,
+    ModelResponseCompleted,
+    StepRecorded,
+    ToolCallPrepared,
+    ToolCallSettled,
+    canonical_json,
+)
 from tests._promise import promise
 from tests.unit.runtime.test_context import Recorder, attempt, run
 
@@ -289,6 +296,94 @@ def test_a_plain_step_commits_before_the_next_step_body_tool_call_or_settlement_
     # The reply waits for the last step's commit: the run ended only after the test released it.
     assert timeline[-1] == "commit c" and shapes(rec)[-1] == ["ToolCallSettled", "StepRecorded"]
     assert [s.count("StepRecorded") for s in shapes(rec) if "StepRecorded" in s] == [1, 1, 1]
+
+
+def pure_body(name: str, timeline: list[str]) -> Callable[[], Any]:
+    async def fn() -> str:
+        timeline.append(f"body {name}")
+        return f"value {name}"
+
+    return fn
+
+
+def test_pure_steps_are_posted_the_run_goes_on_at_once_and_ends_only_once_they_committed() -> None:
+    """K pure steps cost one commit; the run has every value before any record is handed over (issue 24 item 2)."""
+    timeline: list[str] = []
+    rec = GatedRecorder(lambda b: any(isinstance(e, StepRecorded) for e in b))
+
+    async def agent(ctx: RunContext) -> Any:
+        values = [await ctx.step(f"p{i}", pure_body(f"p{i}", timeline), pure=True) for i in range(10)]
+        timeline.append("agent returns")
+        return values
+
+    done, outcome = run_until_held(App(agent=agent), rec)
+    assert timeline == [*(f"body p{i}" for i in range(10)), "agent returns"], timeline
+    assert shapes(rec) == [["StepRecorded"] * 10], "K pure steps were not one commit"
+    assert not done.is_set(), "the run ended before its pure steps committed"
+    rec.release()
+    assert done.wait(5) and outcome == [canonical_json([f"value p{i}" for i in range(10)])], outcome
+    assert [e.ordinal for e in rec.of(StepRecorded)] == list(range(10))
+
+
+def test_pure_steps_ride_with_the_next_awaited_record_behind_the_values_before_them() -> None:
+    """A plain step and a tool's prepared record carry the pure steps posted before them, in the run's order."""
+    timeline: list[str] = []
+    rec = Recorder()
+    app = App(agent=lambda ctx: agent(ctx), options=RunOptions(settle_linger_s=5.0))
+
+    @app.tool(idempotent=True)
+    def charge(args: dict[str, Any], call: ToolCall) -> str:
+        return "charged"
+
+    async def agent(ctx: RunContext) -> Any:
+        ctx.now()
+        await ctx.step("p0", pure_body("p0", timeline), pure=True)
+        await ctx.step("p1", pure_body("p1", timeline), pure=True)
+        await ctx.step("plain", pure_body("plain", timeline))
+        await ctx.step("p2", pure_body("p2", timeline), pure=True)
+        await ctx.tool("charge", {})
+        return "done"
+
+    assert run(app, attempt(rec)) == '"done"'
+    assert shapes(rec) == [
+        ["EffectRecorded", "StepRecorded", "StepRecorded", "StepRecorded"],
+        ["StepRecorded", "ToolCallPrepared"],
+        ["ToolCallSettled"],
+    ]
+    assert [e.ordinal for b in rec.batches for e in b if hasattr(e, "ordinal")] == [0, 1, 2, 3, 4, 5, 5]
+
+
+def test_a_recorded_pure_step_replays_and_one_whose_record_was_lost_runs_again_and_is_recorded_once() -> None:
+    timeline: list[str] = []
+
+    async def agent(ctx: RunContext) -> Any:
+        return [await ctx.step(f"p{i}", pure_body(f"p{i}", timeline), pure=True) for i in range(3)]
+
+    first = Recorder()
+    assert run(App(agent=agent), attempt(first)) == canonical_json(["value p0", "value p1", "value p2"])
+    # Attempt 2 finds p0 recorded; p1 and p2 were lost with attempt 1's crash (their commit never happened).
+    timeline.clear()
+    second = Recorder()
+    again = run(App(agent=agent), attempt(second, journal=first.of(StepRecorded)[:1], n=2))
+    assert again == canonical_json(["value p0", "value p1", "value p2"])
+    assert timeline == ["body p1", "body p2"], "a recorded pure step ran again, or a lost one did not"
+    assert [(e.name, e.ordinal, e.attempt_id) for e in second.of(StepRecorded)] == [("p1", 1, "a2"), ("p2", 2, "a2")]
+
+
+def test_a_refused_pure_step_surfaces_at_the_next_awaited_record_and_nothing_after_it_is_recorded() -> None:
+    rec = GatedRecorder(named_step("p0"), fail=AttemptSupersededError("attempt a1 was aborted"))
+    timeline: list[str] = []
+
+    async def agent(ctx: RunContext) -> Any:
+        await ctx.step("p0", pure_body("p0", timeline), pure=True)
+        for _ in range(20):  # loop turns, no timing: the hand-off (settle_linger_s=0) is refused and the run told
+            await asyncio.sleep(0)
+        await ctx.step("plain", pure_body("plain", timeline))
+        return "done"
+
+    with pytest.raises(AttemptSupersededError, match="aborted"):
+        run(App(agent=agent, options=RunOptions(settle_linger_s=0)), attempt(rec))
+    assert shapes(rec) == [["StepRecorded"]], "a record after the refused pure step was handed over"
 
 
 def one_charge_call(request: ModelRequest) -> list[ScriptStep]:
