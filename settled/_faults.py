@@ -41,6 +41,10 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "the recovery classifier treats a Prepared step without a result as Settled instead of Unknown "
             "(DUR-009, DUR-013)"
         ),
+        "step_not_awaited": (
+            "a plain ctx.step's StepRecorded is posted instead of awaited, so the next step body runs before the "
+            "step's result is durable (DUR-010, issue 24 item 2)"
+        ),
         "admission_without_key_index": (
             "admission ignores the idempotency-key index, so a resubmitted request is admitted twice (DUR-001)"
         ),

@@ -16,8 +16,9 @@ each other.
   decision and the run holds no pool slot until a signed resolution.
 * ``ctx.now()`` / ``ctx.uuid()``: recorded (``EffectRecorded``) and committed with the next effect at the latest
   (or before the reply); identical on replay (docs/design.md §3).
-* ``await ctx.step(name, fn, *args, version=...)``: an at-least-once body under a stable step id; exactly one
-  recorded success (``StepRecorded``); a failure is not recorded and re-executes on the next attempt (DUR-010).
+* ``await ctx.step(name, fn, *args, version=..., pure=...)``: an at-least-once body under a stable step id; exactly
+  one recorded success (``StepRecorded``, awaited; posted for a ``pure`` step); a failure is not recorded and
+  re-executes on the next attempt (DUR-010).
 * ``await ctx.model(provider, messages)``: the completed response is committed before anything acts on it (DUR-008).
 
 Each record reaches the log through the conductor (`settled.processors.AgentRun.record`), in one of three ways
@@ -25,10 +26,11 @@ Each record reaches the log through the conductor (`settled.processors.AgentRun.
 the run goes on once the checkpoint holding it commits, so a tool never runs before its prepared record commits);
 *riding along* (``now``/``uuid`` values and a completed model response, committed with the next awaited record: a
 response and the first call it declares — a parallel-safe group's calls — share one commit); *posted* (a tool's
-settlement: the run goes on to its next model call while it commits; it lingers `RunOptions.settle_linger_s` for the
-run's next record; an error recording it surfaces at the next awaited record or at the run's end, and nothing after
-it is recorded). A superseded attempt's late work fails with `AttemptSupersededError` and appends nothing. Runs
-execute on one event loop per worker process (`settled/runtime/_runloop.py`); agent code must not block it.
+settlement, a pure step's record: the run goes on (to its next model call) while it commits; it lingers
+`RunOptions.settle_linger_s` for the run's next record; an error recording it surfaces at the next awaited record or
+at the run's end, and nothing after it is recorded). A superseded attempt's late work fails with
+`AttemptSupersededError` and appends nothing. Runs execute on one event loop per worker process
+(`settled/runtime/_runloop.py`); agent code must not block it.
 
 This module is the author-facing façade (ordinals, replay, the public ``ctx.*`` methods). The commit pipeline is
 `settled/runtime/_pipeline.py`, tool-call execution (timeouts, in-doubt retries, reconcile, Unknown)
@@ -38,7 +40,8 @@ This module is the author-facing façade (ordinals, replay, the public ``ctx.*``
 Failpoints at the crash-matrix boundaries (docs/semantics.md §15): ``engine.after_prepared_commit`` (prepared, not
 invoked), ``engine.tool_returned`` (returned, result not committed), ``engine.after_settled_commit`` (hit in the
 conductor's thread right after the transaction holding the settlement commits), ``engine.step_returned``,
-``engine.after_step_commit``, ``engine.after_delta_commit`` (mid-provider stream), ``engine.after_response_commit``
+``engine.after_step_commit`` (for a pure step: in the conductor's thread, right after the transaction holding its
+record commits), ``engine.after_delta_commit`` (mid-provider stream), ``engine.after_response_commit``
 (the model item committed — with the prepared record of the first call it declares, which is the merged boundary
 "after model item commit" / "after tool prepared, before invocation") and ``engine.run_returned`` (the reply is
 decided, the settlement not staged). "During invocation" is inside the tool: a test tool hits its own failpoint
@@ -196,6 +199,11 @@ class ApprovalDecision:
             by=by if isinstance(by, str) else None,
             reason=reason if isinstance(reason, str) else None,
         )
+
+
+def _after_step_commit() -> None:
+    """Runs in the conductor's thread right after a posted pure step commits (crash point "after step commit")."""
+    failpoint("engine.after_step_commit")
 
 
 class _Journal:
@@ -573,17 +581,26 @@ class RunContext:
 
     # -- durable steps (DUR-010) ---------------------------------------------------------------------------------
 
-    def step(self, name: str, fn: Callable[..., Any], *args: Any, version: int = 1) -> Coroutine[Any, Any, Any]:
+    def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, version: int = 1, pure: bool = False
+    ) -> Coroutine[Any, Any, Any]:
         """Run a durable step: at-least-once body, exactly one recorded success (DUR-010, docs/semantics.md §11).
 
         The ordinal is taken when this is called. A recorded success is returned without running ``fn``; a
-        failure is not recorded (the exception propagates, and the next attempt runs the body again).
+        failure is not recorded (the exception propagates, and the next attempt runs the body again). A step's
+        ``StepRecorded`` is awaited: it commits before any later step body, tool call or the run's settlement
+        starts. A pure step's is posted instead (docs/architecture.md "Commits per tool call"): the run goes on
+        with the value at once and the record commits in the same or an earlier transaction than the run's next
+        awaited record (its settlement included), so K pure steps in a row cost one commit; a crash before that
+        commit loses it and the next attempt runs the body again (once more per lost commit), recorded once.
 
         Args:
             name: The step's name.
             fn: The body (sync, on a thread, or async); returns a JSON value.
             *args: Its arguments.
             version: The step's version; a different version recorded at this ordinal is a divergence.
+            pure: The body has no outside effect (a computation over its arguments and the run's recorded values),
+                so running it again after a crash is harmless: its record is posted, not awaited.
 
         Returns:
             An awaitable of the step's result (decoded from its canonical JSON, live and on replay alike).
@@ -591,9 +608,11 @@ class RunContext:
         Raises:
             ReplayDivergenceError: Another effect, step name or version is recorded at this ordinal (when awaited).
         """
-        return self._tracked(self._step(self._next_ordinal(), name, fn, args, version))
+        return self._tracked(self._step(self._next_ordinal(), name, fn, args, version, pure))
 
-    async def _step(self, ordinal: int, name: str, fn: Callable[..., Any], args: tuple[Any, ...], version: int) -> Any:
+    async def _step(
+        self, ordinal: int, name: str, fn: Callable[..., Any], args: tuple[Any, ...], version: int, pure: bool
+    ) -> Any:
         rec = self._recorded(ordinal)
         actual = f"step {name!r} version {version}"
         if rec is not None:
@@ -610,21 +629,23 @@ class RunContext:
             )
         failpoint("engine.step_returned")
         step_id = json_digest(canonical_json([self.run_id, ordinal, "step", name]))
-        await self._pipeline.record(
-            [
-                StepRecorded(
-                    submission_id=self.submission_id,
-                    attempt_id=self.attempt_id,
-                    name=name,
-                    version=version,
-                    step_id=step_id,
-                    ordinal=ordinal,
-                    result_json=result_json,
-                    result_digest=json_digest(result_json),
-                )
-            ]
+        recorded = StepRecorded(
+            submission_id=self.submission_id,
+            attempt_id=self.attempt_id,
+            name=name,
+            version=version,
+            step_id=step_id,
+            ordinal=ordinal,
+            result_json=result_json,
+            result_digest=json_digest(result_json),
         )
-        failpoint("engine.after_step_commit")
+        if pure or fault_enabled("step_not_awaited"):
+            # Posted (issue 24 item 2): no outside effect depends on it; the chain orders it before whatever the run
+            # records next, so it commits with the run's next awaited record at the latest.
+            await self._pipeline.post_in_order([recorded], on_commit=_after_step_commit)
+        else:
+            await self._pipeline.record([recorded])
+            failpoint("engine.after_step_commit")
         return json.loads(result_json)
 
     # -- tools (docs/design.md §5, docs/semantics.md §10) --------------------------------------------------------------

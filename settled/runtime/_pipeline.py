@@ -3,11 +3,11 @@
 A run hands records over in three ways (docs/architecture.md "Commits per tool call"): *awaited*
 (`CommitPipeline.record`: the run goes on once the checkpoint holding them commits), *riding along*
 (`CommitPipeline.buffer`: ``now``/``uuid`` values and a completed model response, committed with the next awaited
-record) and *posted* (`CommitPipeline.post`: a tool's settlement, lingering `RunOptions.settle_linger_s` for the
-run's next record). The records of one loop tick go to the conductor as one batch; a posted record that was refused
-surfaces at the next awaited record or at the run's end, and nothing after it is recorded. A run loop is woken once
-per committed batch (`_Doorbell`). An effect of `settled.runtime.RunContext` is a record built by the façade and
-handed over here.
+record) and *posted* (`CommitPipeline.post`: a tool's settlement, and with `CommitPipeline.post_in_order` a pure
+step's record, lingering `RunOptions.settle_linger_s` for the run's next record). The records of one loop tick go
+to the conductor as one batch; a posted record that was refused surfaces at the next awaited record or at the run's
+end, and nothing after it is recorded. A run loop is woken once per committed batch (`_Doorbell`). An effect of
+`settled.runtime.RunContext` is a record built by the façade and handed over here.
 """
 
 from __future__ import annotations
@@ -194,6 +194,26 @@ class CommitPipeline:
             group.on_commit.append(on_commit)
         if group.done not in self._posted:
             self._posted.append(group.done)
+
+    async def post_in_order(self, events: Sequence[LogEvent], on_commit: Callable[[], None] | None = None) -> None:
+        """`post` ``events`` behind what rides along, so the chain keeps the run's order (a pure step's record).
+
+        The buffered ``now``/``uuid`` values go with them: a posted group may commit alone, and the log must never
+        hold a later record without the values recorded before it (a replayed pure step computed from a ``now``
+        that replay would draw again). A buffered model response is committed first, awaited (`flush_response`):
+        posted, it would escape the check that commits a response before the next prompt. A posted record refused
+        earlier surfaces here, and nothing more is handed over.
+
+        Raises:
+            AttemptSupersededError: This attempt may append nothing more (or an earlier posted record was refused).
+            ProtocolError: The fold refused the buffered response's batch.
+            ChainBreakError: The buffered response's batch does not continue its conversation's chain.
+        """
+        await self.flush_response()
+        self.raise_failed_posts()
+        batch = [*self.buffer, *events]
+        self.buffer.clear()
+        self.post(batch, on_commit)
 
     def _new_group(self, loop: asyncio.AbstractEventLoop) -> _Tick:
         group = _Tick(loop.create_future())

@@ -15,6 +15,7 @@ EXPECTED_SWITCHES = {
     "random_transactional_id",
     "offsets_in_separate_transaction",
     "tool_before_prepared_commit",
+    "step_not_awaited",
     "classifier_prepared_as_settled",
     "admission_without_key_index",
     "projection_offsets_separate_transaction",

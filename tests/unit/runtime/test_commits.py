@@ -350,7 +350,7 @@ def test_pure_steps_ride_with_the_next_awaited_record_behind_the_values_before_t
         ["StepRecorded", "ToolCallPrepared"],
         ["ToolCallSettled"],
     ]
-    assert [e.ordinal for b in rec.batches for e in b if hasattr(e, "ordinal")] == [0, 1, 2, 3, 4, 5, 5]
+    assert [e.ordinal for b in rec.batches for e in b if hasattr(e, "ordinal")] == [0, 1, 2, 3, 4, 5]
 
 
 def test_a_recorded_pure_step_replays_and_one_whose_record_was_lost_runs_again_and_is_recorded_once() -> None:
