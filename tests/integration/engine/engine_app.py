@@ -13,6 +13,7 @@ The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to t
 * ``{"tool": name, "args": {...}}`` → the result, or ``{"error": [type, message]}`` for a `ToolCallError`;
 * ``{"now": true}`` / ``{"uuid": true}`` → the recorded value;
 * ``{"step": name, "fail_first": true}`` → a durable step whose body counts its runs and fails on the first;
+  ``"pure": true`` makes it a pure step (its record posted, issue 24 item 2);
 * ``{"approve": title, "description": text, "then": {"tool": ..., "args": ...}}`` → ``ctx.approve``'s decision,
   and the ``then`` tool's result only if approved (issue 16);
 * ``{"sleep_s": s}`` → sleeps; ``{"exit": code}`` → ``os._exit(code)`` (a poison submission); with
@@ -139,6 +140,15 @@ app_lingering = App(
     options=RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=1.0),
     attempt_backoff_base_ms=BACKOFF_BASE_MS,
     attempt_backoff_max_ms=BACKOFF_MAX_MS,
+)
+#: The same agent and tools with posted records (settlements, pure steps) that wait up to 60 s for the run's next
+#: awaited record: a pure step's record is still in the worker when the step after it runs (issue 24 item 2).
+app_held_posts = App(
+    agent=lambda ctx: _agent(ctx, {}),
+    resolver_keys={RESOLVER_KEY_ID: RESOLVER_PUBLIC_B64},
+    max_attempts=3,
+    tools=app.tools,
+    options=RunOptions(abort_grace_s=1.0, retry_backoff_s=0.05, settle_linger_s=60.0),
 )
 app_changed = App(
     agent=lambda ctx: _agent(ctx, {"charge_idem": "charge_other"}),
@@ -295,7 +305,13 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
             value = str(ctx.uuid())
         elif "step" in op:
             value = await ctx.step(
-                op["step"], _step_body, ctx.submission_id, op["step"], ctx.attempt, bool(op.get("fail_first"))
+                op["step"],
+                _step_body,
+                ctx.submission_id,
+                op["step"],
+                ctx.attempt,
+                bool(op.get("fail_first")),
+                pure=bool(op.get("pure")),
             )
         elif "signal" in op:  # issue 16: wait for a signal (optionally with a deadline, seconds from now)
             deadline = timedelta(seconds=float(op["deadline_s"])) if "deadline_s" in op else None
