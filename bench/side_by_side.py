@@ -28,7 +28,8 @@ turn, a fresh namespace per case, 12 partitions, one worker process, settlements
 
 Drivers: Restate by a Node.js keep-alive HTTP client (``bench/peers/restate_load.mjs``), DBOS by in-process calls
 (``bench/peers/dbos_driver.py``), settled by `settled.client.Client` in this process. settled rows for ``ctx.step``,
-``ctx.tool`` (prepared + settled) and ``ctx.step`` on the fsync-per-message broker, plus `Client.wait` per
+``ctx.step(pure=True)`` (posted, its own weaker class), ``ctx.tool`` (prepared + settled) and ``ctx.step`` on the
+fsync-per-message broker, plus `Client.wait` per
 submission beside the shared reader. Baselines in the same run: a bare confluent-kafka transactional commit (1 record
 + consumer offsets, settled's client settings) and a no-durability loop.
 
@@ -101,22 +102,26 @@ DBOS = "DBOS"
 RESTATE = "Restate"
 SETTLED_STEP = "settled ctx.step"
 SETTLED_TOOL = "settled ctx.tool"
+SETTLED_PURE = "settled ctx.step(pure=True)"
 SETTLED_FSYNC = "settled ctx.step, flush=1"
 BARE = "bare Kafka txn"
 NO_DURABILITY = "no durability"
-SYSTEMS = (DBOS, RESTATE, SETTLED_STEP, SETTLED_TOOL, SETTLED_FSYNC, BARE, NO_DURABILITY)
+SYSTEMS = (DBOS, RESTATE, SETTLED_STEP, SETTLED_PURE, SETTLED_TOOL, SETTLED_FSYNC, BARE, NO_DURABILITY)
 
 PAGE_CACHE = "page cache"
+PURE_POSTED = "page cache, pure steps posted (weaker than the peers)"
 FSYNC_PER_MESSAGE = "Kafka fsync per message"
 PG_FSYNC = "Postgres fsync"
 RESTATE_DEFAULT = "Restate default"
 NONE = "none"
 #: What survives what, weakest first: a ratio between two classes of different strength names the weaker side.
-CLASS_STRENGTH = {NONE: 0, PAGE_CACHE: 1, FSYNC_PER_MESSAGE: 2, PG_FSYNC: 2, RESTATE_DEFAULT: 2}
+#: A posted pure step is below page cache: a process crash (not only the machine's loss) may lose its record.
+CLASS_STRENGTH = {NONE: 0, PURE_POSTED: 1, PAGE_CACHE: 2, FSYNC_PER_MESSAGE: 3, PG_FSYNC: 3, RESTATE_DEFAULT: 3}
 SYSTEM_CLASS = {
     DBOS: PG_FSYNC,
     RESTATE: RESTATE_DEFAULT,
     SETTLED_STEP: PAGE_CACHE,
+    SETTLED_PURE: PURE_POSTED,
     SETTLED_TOOL: PAGE_CACHE,
     SETTLED_FSYNC: FSYNC_PER_MESSAGE,
     BARE: PAGE_CACHE,
@@ -1223,6 +1228,9 @@ def run(args: argparse.Namespace) -> int:
             )
         classes = {
             PAGE_CACHE: f"settled and the bare Kafka baseline: {broker_info.durability_class()}",
+            PURE_POSTED: "settled ctx.step(pure=True) on the page-cache broker: a pure step's record is posted and "
+            "commits with the run's next awaited record (here the settlement), so a crash of the worker process "
+            "may lose it and run the step again (weaker than the peers, whose every step is durable before the next)",
             FSYNC_PER_MESSAGE: "settled on a broker with log.flush.interval.messages=1: "
             + fsync_info.durability_class(),
             PG_FSYNC: "DBOS: PostgreSQL "
@@ -1275,12 +1283,13 @@ def run(args: argparse.Namespace) -> int:
                         broker.bootstrap,
                         run_dir,
                         "latency",
-                        {"step": ks, "tool": (1, 10)},
+                        {"step": ks, "pure": (1, 10), "tool": (1, 10)},
                         sizes.warmup,
                         sizes.turns,
                         splits,
                     )
                     latency_rows(measured, SETTLED_STEP, lat["step"])
+                    latency_rows(measured, SETTLED_PURE, {0: lat["step"][0], **lat["pure"]})
                     latency_rows(measured, SETTLED_TOOL, {0: lat["step"][0], **lat["tool"]})
                     lat_fsync = settled_latency(
                         broker_fsync.bootstrap, run_dir, "fsync", {"step": (0, 10)}, sizes.warmup, sizes.turns, splits

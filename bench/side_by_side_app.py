@@ -1,8 +1,9 @@
 """settled side of ``bench/side_by_side.py``: a turn of K durable steps, each an identity function on ``"hello"``.
 
 ``settled worker --app bench.side_by_side_app:app`` (from the repository root, which must be on ``PYTHONPATH``). The
-submission's input is ``{"k": K, "kind": "step" | "tool"}``: ``step`` runs K ``ctx.step`` calls, ``tool`` K calls of
-the idempotent ``identity`` tool (prepared, then settled). A crash case adds ``"counter"`` (a file each step execution
+submission's input is ``{"k": K, "kind": "step" | "pure" | "tool"}``: ``step`` runs K ``ctx.step`` calls, ``pure`` K
+``ctx.step(..., pure=True)`` calls (posted, issue 24 item 2), ``tool`` K calls of the idempotent ``identity`` tool
+(prepared, then settled). A crash case adds ``"counter"`` (a file each step execution
 appends a line to, fsynced), ``"sleep_step"`` and ``"sleep_s"`` (that step sleeps that many seconds before it returns).
 """
 
@@ -42,8 +43,9 @@ async def agent(ctx: RunContext) -> dict[str, Any]:
     """Run the turn the input describes (see the module docstring) and reply ``{"out": "hello"}``."""
     req = ctx.input
     value = "hello"
+    kind = req.get("kind", "step")
     for index in range(1, int(req["k"]) + 1):
-        if req.get("kind", "step") == "tool":
+        if kind == "tool":
             value = await ctx.tool("identity", {"value": value, "index": index})
         else:
             value = await ctx.step(
@@ -54,6 +56,7 @@ async def agent(ctx: RunContext) -> dict[str, Any]:
                 req.get("counter"),
                 int(req.get("sleep_step", 0)),
                 float(req.get("sleep_s", 0.0)),
+                pure=kind == "pure",
             )
     return {"out": value}
 
