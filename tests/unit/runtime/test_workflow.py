@@ -439,3 +439,20 @@ def test_a_resumed_denial_asks_again_under_a_new_approval_id() -> None:
     journal.append(decided(asked.wait_id, approval))
     reply = app.runner()(attempt(recorder, 4, envelope, journal))
     assert reply == canonical_json({"a": "sent"}) and ran == [1]
+
+
+def test_pure_workflow_steps_are_posted_and_ride_with_the_next_awaited_step() -> None:
+    """``Step(..., pure=True)`` goes through ``ctx.step(..., pure=True)`` (issue 24 item 2): one commit for a, b, c."""
+    rec = Recorder()
+    app = App(agent=None)
+    app.workflow(
+        Workflow(
+            "w",
+            steps=[Step("a", lambda ctx: 1, pure=True), Step("b", lambda ctx: 2, pure=True), Step("c", lambda ctx: 3)],
+        )
+    )
+    reply = app.runner()(attempt(rec, 1, workflow_input("w", "t", "in")))
+    assert reply == canonical_json({"a": 1, "b": 2, "c": 3})
+    step_batches = [[e.name for e in b if isinstance(e, StepRecorded)] for b in rec.batches]
+    assert ["step:a", "step:b", "step:c"] in step_batches, step_batches
+    assert rec.names() == ["step:a", "step:b", "step:c"]
