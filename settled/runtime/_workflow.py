@@ -100,6 +100,9 @@ class Step:
         description: What the step does, in a few words.
         requires_approval: The step's body runs only once approved (issue 17 item 2): the workflow's
             ``on_approval_needed`` answers, or a person with ``settled approve|deny``.
+        pure: The body has no outside effect: its result is posted, not awaited (``ctx.step(..., pure=True)``,
+            issue 24 item 2), and commits with the run's next awaited record; a crash before that commit runs the
+            body again.
 
     Raises:
         ValueError: ``name`` is empty or has other characters.
@@ -109,6 +112,7 @@ class Step:
     fn: StepFunction
     description: str = ""
     requires_approval: bool = False
+    pure: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):

@@ -204,7 +204,7 @@ class WorkflowRun:
         while True:
             ctx = StepContext(self, step, self._results, self._checkpoints.get(step.name, (-1, None))[1], retry)
             try:
-                return await self._ctx.step(RESULT_PREFIX + step.name, self._body, step, ctx)
+                return await self._ctx.step(RESULT_PREFIX + step.name, self._body, step, ctx, pure=step.pure)
             except (RunSuspended, AttemptSupersededError, ReplayDivergenceError):
                 raise  # not the step's failure: the attempt's
             except Exception as exc:  # noqa: BLE001 - a step body's failure: recorded as a retry, or it settles the run

@@ -442,7 +442,7 @@ def test_a_resumed_denial_asks_again_under_a_new_approval_id() -> None:
 
 
 def test_pure_workflow_steps_are_posted_and_ride_with_the_next_awaited_step() -> None:
-    """``Step(..., pure=True)`` goes through ``ctx.step(..., pure=True)`` (issue 24 item 2): one commit for a, b, c."""
+    """``Step(..., pure=True)`` goes through ``ctx.step(..., pure=True)`` (issue 24 item 2): a, b ride with c."""
     rec = Recorder()
     app = App(agent=None)
     app.workflow(
@@ -454,5 +454,6 @@ def test_pure_workflow_steps_are_posted_and_ride_with_the_next_awaited_step() ->
     reply = app.runner()(attempt(rec, 1, workflow_input("w", "t", "in")))
     assert reply == canonical_json({"a": 1, "b": 2, "c": 3})
     step_batches = [[e.name for e in b if isinstance(e, StepRecorded)] for b in rec.batches]
-    assert ["step:a", "step:b", "step:c"] in step_batches, step_batches
+    # The run's plan (``workflow``) rides with the first commit too: one commit for the whole run's records.
+    assert step_batches == [["workflow", "step:a", "step:b", "step:c"]], step_batches
     assert rec.names() == ["step:a", "step:b", "step:c"]
