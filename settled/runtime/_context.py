@@ -591,8 +591,9 @@ class RunContext:
         ``StepRecorded`` is awaited: it commits before any later step body, tool call or the run's settlement
         starts. A pure step's is posted instead (docs/architecture.md "Commits per tool call"): the run goes on
         with the value at once and the record commits in the same or an earlier transaction than the run's next
-        awaited record (its settlement included), so K pure steps in a row cost one commit; a crash before that
-        commit loses it and the next attempt runs the body again (once more per lost commit), recorded once.
+        awaited record (its settlement included); it lingers like a settlement, so quick pure steps in a row share
+        one commit. A crash before that commit loses it and the next attempt runs the body again (once more per
+        lost commit), recorded once.
 
         Args:
             name: The step's name.
