@@ -32,9 +32,10 @@ class RunOptions:
             (docs/semantics.md §9).
         model_retries: Retries of one model call after a retryable provider error (the per-operation budget).
         model_backoff_s: First delay between model retries when the provider gave none (doubling).
-        settle_linger_s: How long a tool's settlement, which the run does not wait for, may wait for the run's
-            next record to share its transaction (docs/design.md §3: "records produced within a few milliseconds'
-            linger"); with an instant model that makes one commit a call. 0 hands it over at once.
+        settle_linger_s: How long a posted record (a tool's settlement, a pure step's result), which the run does
+            not wait for, may wait for the run's next record to share its transaction (docs/design.md §3: "records
+            produced within a few milliseconds' linger"); with an instant model that makes one commit a call. 0
+            hands it over at once.
         stream: Where ``ctx.emit`` parts and model text deltas are published as they happen (the provisional
             ``<ns>.stream``, issue 19); the worker sets it, None publishes nothing.
         stream_flush_s: How long an attempt waits, before it returns its reply, for its parts to reach the stream
