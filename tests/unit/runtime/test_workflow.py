@@ -444,7 +444,9 @@ def test_a_resumed_denial_asks_again_under_a_new_approval_id() -> None:
 def test_pure_workflow_steps_are_posted_and_ride_with_the_next_awaited_step() -> None:
     """``Step(..., pure=True)`` goes through ``ctx.step(..., pure=True)`` (issue 24 item 2): a, b ride with c."""
     rec = Recorder()
-    app = App(agent=None)
+    # The sync bodies run on threads: a 5 s linger (not the default 2 ms) keeps the posted records waiting for the
+    # next awaited one however slowly this machine schedules those threads.
+    app = App(agent=None, options=RunOptions(settle_linger_s=5.0))
     app.workflow(
         Workflow(
             "w",
