@@ -37,11 +37,13 @@ from settled.processors._inbox import decode_input
 from settled.processors._partition import Decider, InboxInput, PartitionOwner
 from settled.processors._watchdog import PhaseStamp, TurnWatchdog, turn_watchdog_s
 from settled.producers import (
+    TOPICS,
     AppenderFatalError,
     OpenTransactionError,
     PartitionCountMismatchError,
     ProducerFencedError,
     ProducerIdExpiredError,
+    TopicInfo,
     TransactionalAppender,
     consume_promptly,
     consumer_config,
@@ -96,6 +98,57 @@ RECORD_OVERHEAD_BYTES = 256
 
 #: How long a partition whose claim failed (broker unreachable, open foreign transaction) waits before the next try.
 _CLAIM_RETRY_S = 1.0
+
+#: Errors of the topic check that mean no broker answered (unreachable, timed out, its name not resolved yet): the
+#: worker waits and asks again (`Worker._check_topics`) instead of exiting, which a supervisor would turn into a
+#: restart loop. Any other error (a missing topic, authorization) still fails at once.
+_BROKER_UNREACHABLE = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._RESOLVE,
+    }
+)
+
+#: The first wait before asking an unreachable broker again, in seconds; each further wait doubles, up to
+#: `BROKER_WAIT_MAX_S`.
+BROKER_WAIT_FIRST_S = 0.5
+
+#: The longest wait between two tries of an unreachable broker, in seconds (librdkafka's ``reconnect.backoff.max.ms``
+#: default is 10 s too).
+BROKER_WAIT_MAX_S = 10.0
+
+#: How often the loop thread looks at the stop flag while the topic check's admin calls run, in seconds.
+_STOP_CHECK_S = 0.1
+
+
+def broker_wait_s(tries: int) -> float:
+    """How long the worker waits after its ``tries``-th unanswered topic check before the next one, in seconds.
+
+    Args:
+        tries: How many checks in a row the broker has not answered (1 after the first).
+
+    Returns:
+        `BROKER_WAIT_FIRST_S` doubled per further try, at most `BROKER_WAIT_MAX_S`.
+
+    Raises:
+        ValueError: ``tries`` is below 1.
+    """
+    if tries < 1:
+        raise ValueError(f"tries must be at least 1, got {tries}")
+    return min(BROKER_WAIT_MAX_S, BROKER_WAIT_FIRST_S * 2.0 ** min(tries - 1, 32))
+
+
+def _broker_unreachable(exc: BaseException) -> bool:
+    """Whether a topic check's error says only that no broker answered (module constant `_BROKER_UNREACHABLE`)."""
+    if isinstance(exc, TimeoutError):  # an admin future's result(timeout=...) ran out
+        return True
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0].code() in _BROKER_UNREACHABLE
+    return False
+
 
 #: Bound on a claim's restore (reading the whole log partition, claim step 4), in seconds; the turn watchdog gives a
 #: claim this much on top of its turn bound.
@@ -337,8 +390,9 @@ class Worker(Generic[S]):
             yield
 
     def _run(self, until: Callable[[], bool] | None) -> None:
-        with self._phase("checking the topics"):
-            self._check_topics()
+        if not self._check_topics():
+            _log.info("worker stopped while waiting for the broker", extra={"worker_id": self.worker_id})
+            return
         static: dict[str, str] = {}
         if self.settings.worker_instance_id is not None:
             # Static membership (KIP-345): a restart with the same id gets the member's partitions back at once.
@@ -380,8 +434,87 @@ class Worker(Generic[S]):
                 consumer.close()  # leaves the group: the partitions move at once
             self._consumer = None
 
-    def _check_topics(self) -> None:
-        infos = describe_topics(self.settings, self.settings.kafka_call_timeout_s)
+    def _check_topics(self) -> bool:
+        """Check the topics before joining the group, waiting for the broker as long as it does not answer.
+
+        A try that fails because no broker answered (`_broker_unreachable`) is logged (``waiting for the broker``,
+        with its cause and the wait) and repeated after `broker_wait_s`; `stop` ends the wait at once, also while a
+        try's admin calls still wait for the broker. Each try is its own watchdog phase (``checking the topics``);
+        the waits between tries are in none, so the turn watchdog never ends a worker that waits for its broker.
+
+        Returns:
+            True once the topics are checked; False when `stop` was called first.
+
+        Raises:
+            PartitionCountMismatchError: A topic is missing, or the topics are not co-partitioned.
+            KafkaException: An admin call failed for another reason than an unreachable broker.
+        """
+        tries = 0
+        while not self._stop.is_set():
+            # Every admin call of the check is bounded by kafka_call_timeout_s: one listing, one per topic's configs.
+            cause: Exception | None = None
+            with self._phase("checking the topics", extra_s=len(TOPICS) * self.settings.kafka_call_timeout_s):
+                try:
+                    infos = self._describe_topics()
+                except Exception as exc:
+                    if not _broker_unreachable(exc):
+                        raise
+                    cause, infos = exc, None
+            if cause is None:
+                if infos is None:
+                    return False
+                if tries:
+                    _log.info("the broker answered", extra={"tries": tries + 1})
+                self._keep_topics(infos)
+                return True
+            tries += 1
+            wait_s = broker_wait_s(tries)
+            _log.warning(
+                "waiting for the broker",
+                extra={
+                    "cause": str(cause),
+                    "bootstrap": self.settings.kafka_bootstrap,
+                    "tries": tries,
+                    "wait_s": wait_s,
+                },
+            )
+            self._stop.wait(wait_s)
+        return False
+
+    def _describe_topics(self) -> list[TopicInfo] | None:
+        """`describe_topics` on a thread of its own, so that `stop` is honoured while its calls wait for a broker.
+
+        A blocking librdkafka admin call cannot be interrupted, and the signal handler only runs once the loop
+        thread is back in Python: the loop thread waits here in slices of `_STOP_CHECK_S`. A call left behind by a
+        stop ends within its own timeout on its daemon thread (the process is exiting).
+
+        Returns:
+            The topics, or None when `stop` was called before the calls returned.
+
+        Raises:
+            Exception: What `describe_topics` raised.
+        """
+        outcome: list[list[TopicInfo] | BaseException] = []
+
+        def describe() -> None:
+            try:
+                outcome.append(describe_topics(self.settings, self.settings.kafka_call_timeout_s))
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop thread, which re-raises it
+                outcome.append(exc)
+
+        thread = threading.Thread(target=describe, name="settled-check-topics", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            if self._stop.is_set():
+                return None
+            thread.join(_STOP_CHECK_S)
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _keep_topics(self, infos: list[TopicInfo]) -> None:
+        """Check what `describe_topics` found and keep the partition count and the record limit."""
         missing = [i.name for i in infos if not i.partitions]
         if missing:
             raise PartitionCountMismatchError(f"topics missing: {', '.join(missing)}; run `settled topics create`")

@@ -89,3 +89,15 @@ def test_a_worker_started_while_the_broker_is_down_waits_for_it_then_serves(
         assert second.stop(30) == 0, second.tail()
     finally:
         second.kill_and_wait()
+
+
+def test_a_worker_whose_topics_are_missing_still_fails_at_once_naming_them(settings: Settings, tmp_path: Path) -> None:
+    worker = start_worker(settings, tmp_path / "w.log", name="w")
+    try:
+        assert worker.wait(60) == 1, worker.tail()
+        failed = worker.logged("worker failed: exiting with 1")
+        assert failed and "topics missing" in failed[0]["exception"], worker.tail()
+        assert f"{settings.topic('inbox')}" in failed[0]["exception"] and "settled topics create" in worker.tail()
+        assert not worker.logged(WAITING), worker.tail()  # the broker answered: nothing to wait for
+    finally:
+        worker.kill_and_wait()
