@@ -11,8 +11,9 @@ Routes (all under ``/v1``; each needs ``Authorization: Bearer <token>`` with the
   ``wait_s``), runs by status, one run, a conversation and its transcript, open Unknowns.
 * Commands, answered with their receipt (200 ``applied`` or ``duplicate``; a rejection is a 409 problem holding the
   rejection receipt, ``unknown_target`` a 404): signal (``approve``), approve and deny (``approve``; signed with the
-  API's approver key), abort (``submit``), resolve an Unknown (``resolve``; signed with the API's resolver key). The
-  ``Idempotency-Key`` header is the command id (a new UUID when absent).
+  API's approver key), abort and steer a run (``submit``), resolve an Unknown and retry a dead letter as a new
+  submission (``resolve``; signed with the API's resolver key). The ``Idempotency-Key`` header is the command id (a
+  new UUID when absent; a retry's is also its new submission's idempotency key).
 * Access (``submit`` to change, ``read`` to list): ``POST /conversations/{cid}/access`` grants a principal ``read``
   or ``act``, ``DELETE /conversations/{cid}/access/{principal}`` revokes it; only the conversation's opener or an
   ``admin`` token may (the owner decides it; anyone else's answers 404, or 403 for a principal that sees it).
@@ -196,6 +197,26 @@ class AbortIn(BaseModel):
     """
 
     reason: str | None = None
+
+
+class SteerIn(BaseModel):
+    """A steering message for an active run (see ``Client.steer``).
+
+    Attributes:
+        text: The message the run's next model call shows the model (non-empty, bounded by the input contract).
+    """
+
+    text: str = Field(min_length=1)
+
+
+class RetryIn(BaseModel):
+    """A retry of a dead letter (see ``Client.retry_submission``).
+
+    Attributes:
+        new_submission_id: The id of the submission the retry admits (default: a new UUID).
+    """
+
+    new_submission_id: str | None = None
 
 
 class ResolveIn(BaseModel):
@@ -699,6 +720,43 @@ def create_app(
         key = key_of(idempotency_key)
         return command_answer(
             lambda: client_of(principal).abort(cid, sid, reason=body.reason, principal=principal.name, command_id=key),
+            key,
+            sid,
+        )
+
+    @app.post("/v1/conversations/{cid}/runs/{rid}/steer", response_model=ReceiptOut, summary="Steer an active run")
+    def steer(cid: Cid, rid: str, body: SteerIn, principal: Submitter, idempotency_key: KeyHeader = None) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        return command_answer(
+            lambda: client_of(principal).steer(cid, rid, body.text, command_id=key, principal=principal.name),
+            key,
+            rid,
+        )
+
+    @app.post(
+        "/v1/conversations/{cid}/submissions/{sid}/retry",
+        response_model=ReceiptOut,
+        summary="Retry a dead letter as a new submission",
+    )
+    def retry(cid: Cid, sid: str, body: RetryIn, principal: Resolver, idempotency_key: KeyHeader = None) -> ReceiptOut:
+        signing_key = config.resolver_key
+        if signing_key is None:
+            raise ProblemError(
+                ErrorCategory.UNAVAILABLE,
+                "this API has no resolver key (settled api --resolver-key): it cannot sign retries",
+                field="resolver_key",
+            )
+        key = key_of(idempotency_key)
+        return command_answer(
+            lambda: client_of(principal).retry_submission(
+                cid,
+                sid,
+                signing_key=signing_key,
+                key_id=config.resolver_key_id,
+                new_submission_id=body.new_submission_id,
+                principal=principal.name,
+                command_id=key,
+            ),
             key,
             sid,
         )

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from settled._settings import Settings
 from settled.client._client import Client
 from settled.client._errors import ClientError, SettlementTimeoutError
@@ -157,6 +159,58 @@ class AsyncClient:
             SettledError: As `Client.signal` raises.
         """
         return await self._run(self.client.signal, conversation_id, run_id, name, payload, **options)
+
+    async def steer(self, conversation_id: str, run_id: str, text: str, **options: Any) -> Receipt:
+        """`Client.steer`, awaitable: send a steering message to an active run.
+
+        Args:
+            conversation_id: The conversation.
+            run_id: The run (the submission id of an agent run).
+            text: The message.
+            **options: `Client.steer`'s keyword arguments (``command_id``, ``principal``, ``timeout_s``).
+
+        Returns:
+            The command's receipt.
+
+        Raises:
+            SettledError: As `Client.steer` raises (rejected, outcome unknown, ...).
+        """
+        return await self._run(self.client.steer, conversation_id, run_id, text, **options)
+
+    async def retry_submission(
+        self,
+        conversation_id: str,
+        submission_id: str,
+        *,
+        signing_key: Ed25519PrivateKey,
+        key_id: str,
+        **options: Any,
+    ) -> Receipt:
+        """`Client.retry_submission`, awaitable: admit a dead letter's payload again as a new submission.
+
+        Args:
+            conversation_id: The conversation.
+            submission_id: The dead letter.
+            signing_key: The resolver's Ed25519 private key.
+            key_id: The id the workers know the matching public key by.
+            **options: `Client.retry_submission`'s other keyword arguments (``new_submission_id``, ``command_id``,
+                ``principal``, ``timeout_s``).
+
+        Returns:
+            The command's receipt, naming the new submission (`wait` on it waits for that submission's settlement).
+
+        Raises:
+            SettledError: As `Client.retry_submission` raises (rejected, outcome unknown, ...).
+            TypeError: ``signing_key`` is not an ``Ed25519PrivateKey``.
+        """
+        return await self._run(
+            self.client.retry_submission,
+            conversation_id,
+            submission_id,
+            signing_key=signing_key,
+            key_id=key_id,
+            **options,
+        )
 
     async def request(self, method: Callable[..., Receipt], *args: Any, **kwargs: Any) -> Receipt:
         """Run any other request of `client` (``approve``, ``deny``, ``resolve_unknown``, ...) on the request threads.
