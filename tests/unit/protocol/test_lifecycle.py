@@ -21,6 +21,7 @@ from settled.schemas import (
     SignalReceived,
     StepRecorded,
     StepRetryScheduled,
+    SubmissionRetryScheduled,
     WaitKind,
     WaitRequested,
     canonical_json,
@@ -84,6 +85,10 @@ RETRY = StepRetryScheduled(
     submission_id="s", attempt_id="a2", step="save", retry=1, ordinal=5, error_type="ValueError",
     error_message="no", wake_at=T0, wait_id="s#w5",
 )  # fmt: skip
+SUBMISSION_RETRY = SubmissionRetryScheduled(
+    submission_id="s", attempt_id="a2", retry=2, cause="WorkerDied: attempt 2", backoff_ms=1_250, wake_at=T0,
+    wait_id="s#retry2",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -98,6 +103,9 @@ RETRY = StepRetryScheduled(
         (_decided(True), "durable.approval_granted", {"approval_id": "s#w4", "principal": "ops"}),
         (RETRY, "durable.retry", {"step": "save", "retry": 1, "error_type": "ValueError", "error_message": "no",
                                   "wake_at": T0.isoformat()}),
+        (SUBMISSION_RETRY, "durable.retry", {"step": None, "retry": 2, "attempt_id": "a2",
+                                             "cause": "WorkerDied: attempt 2", "backoff_ms": 1_250,
+                                             "wake_at": T0.isoformat()}),
         (_settlement(SettlementOutcome.FAILED), "durable.failed",
          {"error_type": "ValueError", "error_reason": "no", "attempt_count": 2}),
         (_settlement(SettlementOutcome.COMPLETED), "durable.completed", {"attempt_count": 2}),
