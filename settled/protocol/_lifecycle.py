@@ -16,7 +16,8 @@ log event                             lifecycle event
 ``approval-request:<step>#<k>``
 ``ApprovalDecided`` approved          ``durable.approval_granted``
 ``StepRecorded`` ``approval:<s>#<k>`` ``durable.approval_granted`` (``on_approval_needed`` answered true)
-``StepRetryScheduled``                ``durable.retry``
+``StepRetryScheduled``                ``durable.retry`` (a workflow step runs again, its ``step`` named)
+``SubmissionRetryScheduled``          ``durable.retry`` (a submission's next attempt, ``step`` null; issue 22 item 4)
 ``Settlement`` failed                 ``durable.failed``
 ``Settlement`` completed              ``durable.completed``
 ``WaitRequested`` of a pause          ``durable.paused`` (kind signal, name ``settled.resume``, id
@@ -50,6 +51,7 @@ from settled.schemas import (
     SettlementOutcome,
     StepRecorded,
     StepRetryScheduled,
+    SubmissionRetryScheduled,
     WaitKind,
     WaitRequested,
     canonical_json,
@@ -218,6 +220,19 @@ def _map(event: LogEvent) -> tuple[str, str, dict[str, Any]] | None:
                 "retry": event.retry,
                 "error_type": event.error_type,
                 "error_message": event.error_message,
+                "wake_at": event.wake_at.isoformat(),
+            },
+        )
+    if isinstance(event, SubmissionRetryScheduled):
+        return (
+            "durable.retry",
+            event.submission_id,
+            {
+                "step": None,
+                "retry": event.retry,
+                "attempt_id": event.attempt_id,
+                "cause": event.cause,
+                "backoff_ms": event.backoff_ms,
                 "wake_at": event.wake_at.isoformat(),
             },
         )

@@ -26,7 +26,14 @@ from settled._failpoints import FailpointControl
 from settled._settings import Settings
 from settled.client import Client
 from settled.protocol import lifecycle_events
-from settled.schemas import AttemptStarted, LifecycleEvent, SettlementOutcome, WaitKind, WaitRequested
+from settled.schemas import (
+    AttemptStarted,
+    LifecycleEvent,
+    SettlementOutcome,
+    SubmissionRetryScheduled,
+    WaitKind,
+    WaitRequested,
+)
 from tests._promise import promise
 from tests.integration.engine._helpers import TIMEOUT_S, events_of, killed, plan, send, settled
 from tests.integration.engine.conftest import SpawnWorker
@@ -147,6 +154,10 @@ def test_an_agent_run_with_an_approval_across_two_kills_publishes_each_event_onc
     assert types.index("durable.approval_needed") < types.index("durable.approval_granted"), types
     assert types[-1] == "durable.completed" and types.count("durable.completed") == 1, types
     assert types.count("durable.started") >= 2, types  # killed twice: at least one resumed attempt
+    # Each charged death retried within the budget is announced (issue 22 item 4): one durable.retry per record.
+    retries = [e for e in events_of(s, sid) if isinstance(e, SubmissionRetryScheduled)]
+    assert len(retries) == 1, retries  # w2's death (attempt 2); w1 died waiting for the approval: not charged
+    assert types.count("durable.retry") == len(retries), (types, retries)
 
 
 def test_a_kill_right_after_a_commit_loses_no_lifecycle_event(
