@@ -22,49 +22,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/flows.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (
-    client_versions,
-    delete_namespace,
-    describe_broker,
-    fresh_namespace,
-    load_average,
-    percentile,
-    resolve_bootstrap,
-    table,
-    use_dev_timeouts,
-)
+from _common import BenchmarkError, WorkerBench, percentile, table, worker_bench
 from flows_app import run_in_process
 
-from settled._settings import Settings
 from settled.client import Client
-from settled.producers import provision_topics
 from settled.protocol import flow_input
-from settled.schemas import Codec, SettlementOutcome, canonical_json
-from settled.testing import WorkerProcess
+from settled.schemas import SettlementOutcome, canonical_json
 
-ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.flows_app:app"
-
-
-class BenchmarkError(RuntimeError):
-    """The measurement broke (not a slow figure)."""
-
-
-def _check(worker: WorkerProcess) -> None:
-    code = worker.poll()
-    if code is not None:
-        tail = worker.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        raise BenchmarkError(f"the worker exited with {code}; its log ends:\n{tail}")
 
 
 def in_process(value: Any) -> float:
@@ -113,90 +86,79 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.smoke:
         args.rounds = 5
-    use_dev_timeouts()  # printed with the results; the worker child inherits them
-    bootstrap, where = resolve_bootstrap(args.bootstrap)
-    settings = Settings(namespace=fresh_namespace("bench-flows"), kafka_bootstrap=bootstrap, partitions=1)
-    provision_topics(settings, Codec(), datetime.now(UTC))
-    t_start = time.monotonic()
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-flows-"))
-    worker = WorkerProcess.start(
-        settings, app=APP, log_path=log_dir / "worker.log", worker_id="bench", log_level="WARNING", cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), **settings.timeouts_env()}, append_log=False,
-    )  # fmt: skip
-    client = Client(settings, default_timeout_s=60)
-    timeout_s = 120.0
-    try:
-        for i in range(3):  # warm-up: the worker holds its partition, every path ran once
-            in_process({"order": i, "amount": 1.5})
-            plain_turn(client, {"order": i, "amount": 1.5}, timeout_s)
-            flow_turn(client, {"order": i, "amount": 1.5}, timeout_s)
-        local: list[float] = []
-        plain: list[float] = []
-        durable: list[float] = []
-        for i in range(args.rounds):
-            _check(worker)
-            value = {"order": i, "amount": 12.5}
-            local.append(in_process(value))
-            plain.append(plain_turn(client, value, timeout_s))
-            durable.append(flow_turn(client, value, timeout_s))
-        _check(worker)
-        info = describe_broker(bootstrap, settings.topic("log"))
-        committed = f"committed Kafka transaction: {info.durability_class()}"
-        print(f"broker {bootstrap} ({where}); {client_versions()}; Kafka {info.version}")
-        print(f"Kafka timeouts: {Settings().timeouts_label()}; load {load_average()}")
-        print(f"durability class of the plain turn and flow turn figures: {committed}")
-        p50 = {name: percentile(v, 50) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
-        p99 = {name: percentile(v, 99) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
-        print(
-            table(
-                ["figure", "p50 ms", "p99 ms", "n", "class"],
-                [
-                    ["3 nodes in-process", f"{p50['local'] * 1e3:.3f}", f"{p99['local'] * 1e3:.3f}",
-                     str(len(local)), "none (process memory)"],
-                    ["plain turn calling their bodies: submit -> settlement (baseline)", f"{p50['plain'] * 1e3:.1f}",
-                     f"{p99['plain'] * 1e3:.1f}", str(len(plain)), "committed (above)"],
-                    ["3-node flow turn: submit -> settlement", f"{p50['durable'] * 1e3:.1f}",
-                     f"{p99['durable'] * 1e3:.1f}", str(len(durable)),
-                     "committed (above), the step and model response"],
-                ],
-            )
-        )  # fmt: skip
-        print(
-            table(
-                ["ratio", "value", "class"],
-                [
-                    ["flow turn p50 / plain turn p50", f"{p50['durable'] / p50['plain']:.2f}",
-                     "committed (above), both sides"],
-                    ["flow turn p50 / in-process p50", f"{p50['durable'] / p50['local']:,.0f}",
-                     "committed vs none: the cost of durability"],
-                    ["flow turn - plain turn (p50 ms)",
-                     f"{(p50['durable'] - p50['plain']) * 1e3:.1f}", "committed (above)"],
-                ],
-            )
-        )  # fmt: skip
-        print(f"wall time {time.monotonic() - t_start:.0f} s")
-        figures: dict[str, Any] = {
-            "durability_class": committed,
-            "rounds": len(durable),
-            "in_process_p50_ms": p50["local"] * 1e3,
-            "in_process_p99_ms": p99["local"] * 1e3,
-            "plain_p50_ms": p50["plain"] * 1e3,
-            "plain_p99_ms": p99["plain"] * 1e3,
-            "flow_p50_ms": p50["durable"] * 1e3,
-            "flow_p99_ms": p99["durable"] * 1e3,
-            "ratio_flow_plain_p50": p50["durable"] / p50["plain"],
-            "ratio_flow_in_process_p50": p50["durable"] / p50["local"],
-        }
-        print("json: " + json.dumps(figures, sort_keys=True))
-    except BenchmarkError as exc:
-        print(f"bench/flows.py: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-        worker.stop()
-        if not args.keep:
-            delete_namespace(settings, [f"{settings.namespace}.{settings.app_id}.workers"])
+    with worker_bench("bench-flows", APP, args.bootstrap, keep=args.keep) as bench:
+        client = Client(bench.settings, default_timeout_s=60)
+        try:
+            _measure(bench, client, args.rounds)
+        except BenchmarkError as exc:
+            print(f"bench/flows.py: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            client.close()
     return 0
+
+
+def _measure(bench: WorkerBench, client: Client, rounds: int) -> None:
+    """Warm up, measure ``rounds`` of each path interleaved, print the tables and the JSON line."""
+    timeout_s = 120.0
+    for i in range(3):  # warm-up: the worker holds its partition, every path ran once
+        in_process({"order": i, "amount": 1.5})
+        plain_turn(client, {"order": i, "amount": 1.5}, timeout_s)
+        flow_turn(client, {"order": i, "amount": 1.5}, timeout_s)
+    local: list[float] = []
+    plain: list[float] = []
+    durable: list[float] = []
+    for i in range(rounds):
+        bench.check()
+        value = {"order": i, "amount": 12.5}
+        local.append(in_process(value))
+        plain.append(plain_turn(client, value, timeout_s))
+        durable.append(flow_turn(client, value, timeout_s))
+    bench.check()
+    committed = bench.print_header("the plain turn and flow turn figures")
+    p50 = {name: percentile(v, 50) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
+    p99 = {name: percentile(v, 99) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
+    print(
+        table(
+            ["figure", "p50 ms", "p99 ms", "n", "class"],
+            [
+                ["3 nodes in-process", f"{p50['local'] * 1e3:.3f}", f"{p99['local'] * 1e3:.3f}",
+                 str(len(local)), "none (process memory)"],
+                ["plain turn calling their bodies: submit -> settlement (baseline)", f"{p50['plain'] * 1e3:.1f}",
+                 f"{p99['plain'] * 1e3:.1f}", str(len(plain)), "committed (above)"],
+                ["3-node flow turn: submit -> settlement", f"{p50['durable'] * 1e3:.1f}",
+                 f"{p99['durable'] * 1e3:.1f}", str(len(durable)),
+                 "committed (above), the step and model response"],
+            ],
+        )
+    )  # fmt: skip
+    print(
+        table(
+            ["ratio", "value", "class"],
+            [
+                ["flow turn p50 / plain turn p50", f"{p50['durable'] / p50['plain']:.2f}",
+                 "committed (above), both sides"],
+                ["flow turn p50 / in-process p50", f"{p50['durable'] / p50['local']:,.0f}",
+                 "committed vs none: the cost of durability"],
+                ["flow turn - plain turn (p50 ms)",
+                 f"{(p50['durable'] - p50['plain']) * 1e3:.1f}", "committed (above)"],
+            ],
+        )
+    )  # fmt: skip
+    print(f"wall time {time.monotonic() - bench.started_s:.0f} s")
+    figures: dict[str, Any] = {
+        "durability_class": committed,
+        "rounds": len(durable),
+        "in_process_p50_ms": p50["local"] * 1e3,
+        "in_process_p99_ms": p99["local"] * 1e3,
+        "plain_p50_ms": p50["plain"] * 1e3,
+        "plain_p99_ms": p99["plain"] * 1e3,
+        "flow_p50_ms": p50["durable"] * 1e3,
+        "flow_p99_ms": p99["durable"] * 1e3,
+        "ratio_flow_plain_p50": p50["durable"] / p50["plain"],
+        "ratio_flow_in_process_p50": p50["durable"] / p50["local"],
+    }
+    print("json: " + json.dumps(figures, sort_keys=True))
 
 
 if __name__ == "__main__":
