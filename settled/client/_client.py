@@ -32,6 +32,7 @@ from settled.client._errors import (
     ApprovalRejectedError,
     BrokerUnavailableError,
     ClientError,
+    CommandRejectedError,
     IdempotencyConflictError,
     InboxProduceError,
     OutcomeUnknownError,
@@ -147,6 +148,35 @@ def _json_field(value: Any, name: str) -> str:
         return canonical_json(value)
     except CanonicalJsonError as exc:
         raise ValueError(f"{name} is not JSON-compatible: {exc.reason}") from exc
+
+
+#: The inbox commands `Client._command` sends.
+_Command = (
+    AbortRequested
+    | DecideApproval
+    | GrantAccess
+    | ResolveUnknown
+    | RetrySubmission
+    | RevokeAccess
+    | SendSignal
+    | SteerRun
+)
+
+
+def _require_ed25519(signing_key: object) -> None:
+    """Raise a ``TypeError`` naming the type when ``signing_key`` is not an ``Ed25519PrivateKey``; nothing is sent."""
+    if not isinstance(signing_key, Ed25519PrivateKey):
+        raise TypeError(
+            f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
+            f"{type(signing_key).__name__}"
+        )
+
+
+def _signing_bytes(command: _Command) -> bytes:
+    """What an approval's, a resolution's or a retry's signature covers; TypeError for an unsigned kind."""
+    if isinstance(command, DecideApproval | ResolveUnknown | RetrySubmission):
+        return command.signing_bytes()
+    raise TypeError(f"a {type(command).__name__} is not signed")
 
 
 class Client:
@@ -527,22 +557,12 @@ class Client:
             payload_json=canonical_json(payload),
             sent_at=self._clock(),
         )
-        _keep_contract(protocol.check_command(command))
-        encoded = self._codec.encode(command)
-        receipt = self._request(
-            conversation_id,
-            sid,
-            encoded,
+        return self._command(
+            command,
             deadline,
             lambda: SignalOutcomeUnknownError(sid, conversation_id, run_id, timeout),
+            SignalRejectedError,
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise SignalRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     def steer(
         self,
@@ -591,21 +611,12 @@ class Client:
             text=text,
             sent_at=self._clock(),
         )
-        _keep_contract(protocol.check_command(command))
-        receipt = self._request(
-            conversation_id,
-            cid,
-            self._codec.encode(command),
+        return self._command(
+            command,
             deadline,
             lambda: SteerOutcomeUnknownError(cid, conversation_id, run_id, timeout),
+            SteerRejectedError,
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise SteerRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     def pause_run(
         self,
@@ -893,11 +904,7 @@ class Client:
             if not text.strip():
                 raise ValueError(f"{name} must not be empty, got {text!r}")
         cid = command_id if command_id is not None else str(uuid.uuid4())
-        if not isinstance(signing_key, Ed25519PrivateKey):
-            raise TypeError(
-                f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
-                f"{type(signing_key).__name__}"
-            )
+        _require_ed25519(signing_key)
         try:
             unsigned = DecideApproval(
                 command_id=cid,
@@ -914,23 +921,13 @@ class Client:
             )
         except ValidationError as exc:
             raise ValueError(f"args_digest must be 64 lowercase hex digits, got {args_digest!r}") from exc
-        _keep_contract(protocol.check_command(unsigned))
-        command = unsigned.model_copy(update={"signature": signing_key.sign(unsigned.signing_bytes())})
-        encoded = self._codec.encode(command)
-        receipt = self._request(
-            conversation_id,
-            cid,
-            encoded,
+        return self._command(
+            unsigned,
             deadline,
             lambda: ApprovalOutcomeUnknownError(cid, conversation_id, run_id, timeout),
+            ApprovalRejectedError,
+            signing_key=signing_key,
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise ApprovalRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     # ---------------------------------------------------------------------------------------------- access
 
@@ -1023,23 +1020,12 @@ class Client:
 
     def _access_command(self, command: GrantAccess | RevokeAccess, timeout_s: float | None) -> Receipt:
         timeout = self.timeout_s(timeout_s)
-        deadline = time.monotonic() + timeout
-        _keep_contract(protocol.check_command(command))
-        encoded = self._codec.encode(command)
-        receipt = self._request(
-            command.conversation_id,
-            command.command_id,
-            encoded,
-            deadline,
+        return self._command(
+            command,
+            time.monotonic() + timeout,
             lambda: AccessOutcomeUnknownError(command.command_id, command.conversation_id, command.grantee, timeout),
+            AccessRejectedError,
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise AccessRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     # ----------------------------------------------------------------------------------------------- abort
 
@@ -1092,22 +1078,12 @@ class Client:
             reason=reason,
             requested_at=self._clock(),
         )
-        _keep_contract(protocol.check_command(command))
-        encoded = self._codec.encode(command)
-        receipt = self._request(
-            conversation_id,
-            cid,
-            encoded,
+        return self._command(
+            command,
             deadline,
             lambda: AbortOutcomeUnknownError(cid, conversation_id, submission_id, timeout),
+            AbortRejectedError,
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise AbortRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     # ------------------------------------------------------------------------------------------- resolve
 
@@ -1182,11 +1158,7 @@ class Client:
         cid = command_id if command_id is not None else str(uuid.uuid4())
         if not cid.strip():
             raise ValueError(f"command_id must not be empty, got {cid!r}")
-        if not isinstance(signing_key, Ed25519PrivateKey):
-            raise TypeError(
-                f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
-                f"{type(signing_key).__name__}"
-            )
+        _require_ed25519(signing_key)
         resolution_kind = _enum_value(ResolutionKind, kind, "kind")
         settles = None if outcome is None else _enum_value(SettlementOutcome, outcome, "outcome")
         result_json = self._resolution_json(resolution_kind, settles, result, reply)
@@ -1202,26 +1174,14 @@ class Client:
             "key_id": key_id,
             "requested_at": self._clock(),
         }
-        unsigned = ResolveUnknown(**fields, signature=b"")
-        _keep_contract(protocol.check_command(unsigned))
-        command = ResolveUnknown(**fields, signature=signing_key.sign(unsigned.signing_bytes()))
-        encoded = self._codec.encode(command)
-        if len(encoded) > self._max_payload_bytes:
-            raise PayloadTooLargeError(conversation_id, len(encoded), self._max_payload_bytes, request="resolution")
-        receipt = self._request(
-            conversation_id,
-            cid,
-            encoded,
+        return self._command(
+            ResolveUnknown(**fields, signature=b""),
             deadline,
             lambda: ResolveOutcomeUnknownError(cid, conversation_id, submission_id, call_id, timeout),
+            ResolveRejectedError,
+            signing_key=signing_key,
+            size_checked="resolution",
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise ResolveRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     def retry_submission(
         self,
@@ -1277,11 +1237,7 @@ class Client:
         cid = command_id if command_id is not None else str(uuid.uuid4())
         if not cid.strip():
             raise ValueError(f"command_id must not be empty, got {cid!r}")
-        if not isinstance(signing_key, Ed25519PrivateKey):
-            raise TypeError(
-                f"signing_key must be an Ed25519PrivateKey (see settled.client.load_signing_key), got "
-                f"{type(signing_key).__name__}"
-            )
+        _require_ed25519(signing_key)
         fields: dict[str, Any] = {
             "command_id": cid,
             "principal": self._principal(principal),
@@ -1291,26 +1247,14 @@ class Client:
             "key_id": key_id,
             "requested_at": self._clock(),
         }
-        unsigned = RetrySubmission(**fields, signature=b"")
-        _keep_contract(protocol.check_command(unsigned))
-        command = RetrySubmission(**fields, signature=signing_key.sign(unsigned.signing_bytes()))
-        encoded = self._codec.encode(command)
-        if len(encoded) > self._max_payload_bytes:
-            raise PayloadTooLargeError(conversation_id, len(encoded), self._max_payload_bytes, request="retry")
-        receipt = self._request(
-            conversation_id,
-            cid,
-            encoded,
+        return self._command(
+            RetrySubmission(**fields, signature=b""),
             deadline,
             lambda: RetryOutcomeUnknownError(cid, conversation_id, submission_id, timeout),
+            RetryRejectedError,
+            signing_key=signing_key,
+            size_checked="retry",
         )
-        if receipt.request_kind is not RequestKind.COMMAND:
-            raise UnexpectedReceiptError(receipt)
-        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
-            return receipt
-        if receipt.outcome is ReceiptOutcome.REJECTED:
-            raise RetryRejectedError(receipt)
-        raise UnexpectedReceiptError(receipt)
 
     @staticmethod
     def _resolution_json(
@@ -1541,6 +1485,57 @@ class Client:
             if not self._reader.started:
                 self._reader.start(max(deadline - time.monotonic(), 0.1))
         return self._reader
+
+    def _command(
+        self,
+        command: _Command,
+        deadline: float,
+        unknown: Callable[[], OutcomeUnknownError],
+        rejected: Callable[[Receipt], CommandRejectedError],
+        *,
+        signing_key: Ed25519PrivateKey | None = None,
+        size_checked: str | None = None,
+    ) -> Receipt:
+        """Send one command and return its receipt when the owner applied it (or it is a duplicate).
+
+        The command is checked against the input contract, signed when ``signing_key`` is given (its
+        ``signing_bytes`` with an empty signature, which ``command`` must carry), encoded, and produced by `_request`.
+
+        Args:
+            command: The command (unsigned when ``signing_key`` is given).
+            deadline: The request's deadline, on the monotonic clock, in seconds.
+            unknown: Builds the error raised when no receipt comes in time.
+            rejected: Builds the error raised for a rejection receipt.
+            signing_key: The Ed25519 key signing the command (approvals, resolutions, retries), or None.
+            size_checked: The request's name in `PayloadTooLargeError` when the encoded command must fit
+                ``max_payload_bytes`` (None: not checked here).
+
+        Returns:
+            The receipt: ``applied``, or ``duplicate`` for a repeated command id.
+
+        Raises:
+            ValueError: The command breaks the input contract (the field is named); nothing was sent.
+            PayloadTooLargeError: The encoded command exceeds ``max_payload_bytes``; nothing was sent.
+            CommandRejectedError: What ``rejected`` builds, for a rejection.
+            OutcomeUnknownError: What ``unknown`` builds, when no receipt came in time.
+            UnexpectedReceiptError: The receipt is not a command's, or has another outcome.
+        """
+        _keep_contract(protocol.check_command(command))
+        if signing_key is not None:
+            command = command.model_copy(update={"signature": signing_key.sign(_signing_bytes(command))})
+        encoded = self._codec.encode(command)
+        if size_checked is not None and len(encoded) > self._max_payload_bytes:
+            raise PayloadTooLargeError(
+                command.conversation_id, len(encoded), self._max_payload_bytes, request=size_checked
+            )
+        receipt = self._request(command.conversation_id, command.command_id, encoded, deadline, unknown)
+        if receipt.request_kind is not RequestKind.COMMAND:
+            raise UnexpectedReceiptError(receipt)
+        if receipt.outcome in (ReceiptOutcome.APPLIED, ReceiptOutcome.DUPLICATE):
+            return receipt
+        if receipt.outcome is ReceiptOutcome.REJECTED:
+            raise rejected(receipt)
+        raise UnexpectedReceiptError(receipt)
 
     def _request(
         self,
