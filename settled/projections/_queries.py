@@ -440,27 +440,17 @@ class ProjectionReader:
             ReadYourWritesTimeoutError: ``after`` was not projected in time.
             ValueError: ``limit`` is not positive.
         """
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        self._after(after, timeout_s)
-        where = [sql.SQL("TRUE")]
-        params: list[Any] = []
-        if incomplete:
-            where.append(sql.SQL("state NOT IN ('completed', 'failed', 'aborted')"))
-        if conversation_id is not None:
-            where.append(sql.SQL("conversation_id = %s"))
-            params.append(conversation_id)
-        params.append(limit)
-        query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY admitted_at DESC, submission_id LIMIT %s").format(
-            self._t("runs"), sql.SQL(" AND ").join(where)
+        query, params = self._run_listing(
+            "runs", "admitted_at DESC, submission_id", incomplete, ("conversation_id", conversation_id), limit
         )
+        self._after(after, timeout_s)
         if workflows:
             query = sql.SQL(
                 "SELECT r.*, w.workflow, w.task_id, w.step_number, w.total_steps, w.step_name, w.waits_for "
                 "FROM ({}) r LEFT JOIN {} w ON w.conversation_id = r.conversation_id "
                 "AND w.submission_id = r.submission_id ORDER BY r.admitted_at DESC, r.submission_id"
             ).format(query, self._t("workflow_runs"))
-        return self._query(query, tuple(params))
+        return self._query(query, params)
 
     def runs_of(
         self,
@@ -576,21 +566,45 @@ class ProjectionReader:
             ReadYourWritesTimeoutError: ``after`` was not projected in time.
             ValueError: ``limit`` is not positive.
         """
+        query, params = self._run_listing(
+            "workflow_runs", "admitted_at, submission_id", incomplete, ("workflow", workflow), limit
+        )
+        self._after(after, timeout_s)
+        return self._query(query, params)
+
+    def _run_listing(
+        self, view: str, order: str, incomplete: bool, equal: tuple[str, str | None], limit: int
+    ) -> tuple[sql.Composed, tuple[Any, ...]]:
+        """The query listing a runs view (`runs`, `workflow_runs`) and its parameters.
+
+        Args:
+            view: The view.
+            order: Its ORDER BY columns (a constant of this module, never input).
+            incomplete: Only runs not settled yet.
+            equal: A column and the value it must equal (None: no such filter).
+            limit: Most rows returned.
+
+        Returns:
+            The query and its parameters.
+
+        Raises:
+            ValueError: ``limit`` is not positive.
+        """
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        self._after(after, timeout_s)
-        where = [sql.SQL("TRUE")]
+        where: list[sql.Composable] = [sql.SQL("TRUE")]
         params: list[Any] = []
         if incomplete:
             where.append(sql.SQL("state NOT IN ('completed', 'failed', 'aborted')"))
-        if workflow is not None:
-            where.append(sql.SQL("workflow = %s"))
-            params.append(workflow)
+        column, value = equal
+        if value is not None:
+            where.append(sql.SQL("{} = %s").format(sql.Identifier(column)))
+            params.append(value)
         params.append(limit)
-        query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY admitted_at, submission_id LIMIT %s").format(
-            self._t("workflow_runs"), sql.SQL(" AND ").join(where)
+        query = sql.SQL("SELECT * FROM {} WHERE {} ORDER BY {} LIMIT %s").format(
+            self._t(view), sql.SQL(" AND ").join(where), sql.SQL(order)
         )
-        return self._query(query, tuple(params))
+        return query, tuple(params)
 
     def obligations(self, *, after: Receipt | None = None, timeout_s: float = 10.0) -> list[Row]:
         """List what someone owes a run, oldest first (issue 22 item 5).
