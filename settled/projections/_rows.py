@@ -1184,6 +1184,12 @@ class _BatchProjector:
 
     def on_admitted(self, i: int, event: SubmissionAdmitted) -> None:
         self.receipt(event.submission_id, "submission", "admitted", None, event.submission_id, event.submission_seq)
+        if event.retry_of is not None:
+            # Admitted by a `RetrySubmission`: its receipt names the command (whose id is the new submission's
+            # idempotency key), so ``after=<that receipt>`` must find the command's request too.
+            self.receipt(
+                event.idempotency_key, "command", "applied", "retry", event.submission_id, event.submission_seq
+            )
         self.transcript(i, event.submission_id, None, "input", "user", None, None, event.input_json)
         if event.submission_seq == 1:  # its principal opened the conversation (settled.protocol.conversation_opener)
             self.access_row(event.principal, "opener", None, None)

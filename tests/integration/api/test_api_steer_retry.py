@@ -107,8 +107,6 @@ def test_a_dead_letter_is_retried_over_http_once_as_a_new_submission(
         completed = resolver.post(f"/v1/conversations/c-dead/submissions/{ok['submission_id']}/retry", json={})
         assert completed.status_code == 409, completed.text
         assert completed.json()["receipt"]["reason"].startswith("not_dead_lettered"), completed.text
-        # after= the new submission's id: the projection holds a retry's admission under it (not the command id).
-        row = alice.get(
-            "/v1/conversations/c-dead/submissions/c-dead-retry", params={"after": answer["submission_id"]}
-        ).json()
+        # after= the command's id (the retry's receipt is the command's): the projection holds it with the admission.
+        row = alice.get("/v1/conversations/c-dead/submissions/c-dead-retry", params={"after": "rt-1"}).json()
         assert (row.get("retry_of"), row.get("submission_seq")) == (dead_sid, 3), row
