@@ -116,7 +116,7 @@ class AsyncClient:
         Args:
             conversation_id: The conversation.
             input: The turn's input, a JSON-compatible value.
-            **options: `Client.submit`'s keyword arguments (``idempotency_key``, ``principal``, ...).
+            **options: `Client.submit`'s keyword arguments (``idempotency_key``, ``principal``, ``lane``, ...).
 
         Returns:
             The receipt (admitted, or duplicate of the original).

@@ -65,6 +65,7 @@ from settled.schemas import (
     Codec,
     DecideApproval,
     GrantAccess,
+    LanePolicy,
     Receipt,
     ReceiptOutcome,
     RequestKind,
@@ -124,7 +125,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-_E = TypeVar("_E", ResolutionKind, SettlementOutcome, AccessLevel)
+_E = TypeVar("_E", ResolutionKind, SettlementOutcome, AccessLevel, LanePolicy)
 
 
 def _enum_value(enum_type: type[_E], value: _E | str, name: str) -> _E:
@@ -312,6 +313,7 @@ class Client:
         kind: Literal["conversation", "flow"] = "conversation",
         flow_name: str | None = None,
         run_id: str | None = None,
+        lane: LanePolicy | str | None = None,
     ) -> Receipt:
         """Propose one turn and return its receipt (DUR-001, docs/design.md §4).
 
@@ -330,6 +332,9 @@ class Client:
             flow_name: The flow a ``kind="flow"`` turn opens a run of.
             run_id: Resume this flow run (a receipt's ``run_id``): it outranks ``kind`` and ``flow_name`` (a turn
                 naming a run only resumes it); a run the conversation does not hold is rejected ``unknown_target``.
+            lane: The lane policy of the conversation this turn opens (issue 22 item 1: ``queue``, ``join``,
+                ``reject``, ``interrupt``, ``keep_newest``); None: the app's default. Ignored when the conversation
+                is already open (`set_lane` changes its lane).
 
         Returns:
             The receipt: outcome ``admitted``, or ``duplicate`` pointing at the original submission
@@ -367,6 +372,7 @@ class Client:
             input_json = canonical_json(input)
         except CanonicalJsonError as exc:
             raise ValueError(f"input is not JSON-compatible: {exc.reason}") from exc
+        lane_policy = None if lane is None else _enum_value(LanePolicy, lane, "lane")
         payload = SubmissionPayload(input_json=input_json, tools_offered=tuple(tools_offered))
         proposal = SubmissionProposed(
             submission_id=str(uuid.uuid4()),
@@ -376,6 +382,7 @@ class Client:
             payload=payload,
             payload_digest=payload_digest(payload),
             proposed_at=self._clock(),
+            lane=lane_policy,
         )
         _keep_contract(protocol.check_proposal(proposal))
         value = self._codec.encode(proposal)

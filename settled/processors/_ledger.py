@@ -90,6 +90,8 @@ class LedgerDecider:
         approver_keys: Ed25519 public keys allowed to sign ``DecideApproval`` commands, by key id (issue 16 item 4).
         api_keys: Ed25519 public keys of HTTP APIs whose signed records are access-checked, by key id (issue 20;
             `settled.protocol.may_access`).
+        default_lane: The app's default lane (``App(lane=...)``): recorded on the admission that opens a
+            conversation whose proposal names none (issue 22 item 1).
     """
 
     partition: int
@@ -97,6 +99,7 @@ class LedgerDecider:
     resolver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
     approver_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
     api_keys: Mapping[str, Ed25519PublicKey] = field(default_factory=dict)
+    default_lane: protocol.LanePolicy = protocol.DEFAULT_LANE
 
     def initial_state(self, partition: int) -> PartitionState:
         """Return an empty partition's state."""
@@ -202,7 +205,9 @@ class LedgerDecider:
                     # Fault switch (DUR-001; tests/fault_switches.toml): admission resolves keys against an empty
                     # key index, so a resubmitted key looks new. Breaks key resolution only, on purpose.
                     conv = dataclasses.replace(conv, key_index={})
-                d = protocol.admit(conv, record, inp.ref, now, check_contract=check_contract)
+                d = protocol.admit(
+                    conv, record, inp.ref, now, check_contract=check_contract, default_lane=self.default_lane
+                )
         elif misrouted is not None:
             d = protocol.reject_command(
                 conv, record, inp.ref, now, reason=CommandRejectReason.MISROUTED, detail=misrouted

@@ -27,6 +27,8 @@
   asks, a run's pauses and the pause/resume signals the owner refuses (issue 17 item 2).
 * `flow_input`, `flow_resume_input`, `flow_invocation`, `flow_run_id_for` (`_flows`): the submission envelope that
   opens a flow run or resumes one, and the run id the owner mints (issue 18).
+* `LanePolicy`, `DEFAULT_LANE`, `opening_lane` (`_lanes`): a conversation's lane policy, recorded on the admission
+  that opens it (issue 22 item 1).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -135,6 +137,7 @@ from settled.protocol._fold import (
     input_key,
     scope_digest,
 )
+from settled.protocol._lanes import DEFAULT_LANE, LanePolicy, opening_lane
 from settled.protocol._lifecycle import (
     LIFECYCLE_TYPES,
     STEP_LOG_PREFIX,
@@ -200,6 +203,7 @@ __all__ = [
     "API_HEADERS",
     "APPROVAL_ANSWER_PREFIX",
     "APPROVAL_REQUEST_PREFIX",
+    "DEFAULT_LANE",
     "EDGES",
     "EXCERPT_CHARS",
     "FLOW_KEY",
@@ -232,6 +236,7 @@ __all__ = [
     "InputAlreadyDecidedError",
     "InputKey",
     "KeyEntry",
+    "LanePolicy",
     "LogInconsistencyError",
     "OpenCall",
     "PartitionState",
@@ -307,6 +312,7 @@ __all__ = [
     "may_access",
     "may_grant",
     "open_waits",
+    "opening_lane",
     "outcome_state",
     "pause_wait_id",
     "quarantine",

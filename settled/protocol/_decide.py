@@ -38,6 +38,7 @@ from settled.protocol._errors import (
 )
 from settled.protocol._flows import flow_invocation, flow_run_id_for
 from settled.protocol._fold import ConversationState, PartitionState, Submission
+from settled.protocol._lanes import DEFAULT_LANE, LanePolicy, opening_lane
 from settled.protocol._states import SubmissionState, outcome_state
 from settled.protocol._workflows import run_control_problem
 from settled.schemas import (
@@ -218,6 +219,7 @@ def admit(
     now: datetime,
     *,
     check_contract: bool = True,
+    default_lane: LanePolicy = DEFAULT_LANE,
 ) -> Decision:
     """Decide a `SubmissionProposed` (DUR-001, docs/design.md §4, docs/semantics.md §4).
 
@@ -234,7 +236,8 @@ def admit(
     and `SubmissionAdmitted` + `SubmissionReady` + an admitted receipt are returned (readiness and the receipt
     commit together: DUR-001). A flow turn's admission and receipt carry its run id: the one it resumes, or the one
     minted for a turn that opens a run (`settled.protocol.flow_run_id_for`); a duplicate's receipt carries its
-    original's.
+    original's. The admission that opens the conversation records its lane (`settled.protocol.opening_lane`: the
+    proposal's ``lane``, else ``default_lane``; issue 22 item 1).
 
     Args:
         state: The conversation's scratch state (committed + pending; docs/design.md §3).
@@ -243,6 +246,8 @@ def admit(
         now: The decision time (receipt ``decided_at``).
         check_contract: Whether to check the input contract; ``False`` only under the fault switch
             ``id_contract_unchecked`` (tests/fault_switches.toml).
+        default_lane: The app's default lane (``App(lane=...)``), recorded when the proposal opens the conversation
+            and names no lane of its own.
 
     Returns:
         The decision.
@@ -352,6 +357,7 @@ def admit(
                 input_json=proposal.payload.input_json,
                 input_ref=input_ref,
                 flow_run_id=run_id,
+                lane=opening_lane(state, proposal.lane, default_lane),
             ),
             SubmissionReady(submission_id=proposal.submission_id, submission_seq=seq),
         ),

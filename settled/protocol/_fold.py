@@ -65,6 +65,7 @@ from settled.schemas import (
     InputApplied,
     InputQuarantined,
     InputRef,
+    LanePolicy,
     LogEvent,
     ModelResponseCompleted,
     ModelResponseDelta,
@@ -340,6 +341,8 @@ class ConversationState:
             (`settled.protocol.conversation_opener`) is not listed: its access comes from opening the conversation.
         flow_runs: Flow run id → the submission that opened it, of every flow run the conversation opened (issue 18),
             kept for the life of the log: a turn naming a run id not here is rejected ``unknown_target``.
+        lane: The conversation's lane policy (issue 22 item 1): recorded on the admission that opens it (queue for a
+            conversation whose opening admission recorded none).
     """
 
     conversation_id: str
@@ -355,6 +358,7 @@ class ConversationState:
     applied_commands: Mapping[str, str] = field(default_factory=_empty)
     access: Mapping[str, AccessLevel] = field(default_factory=_empty)
     flow_runs: Mapping[str, str] = field(default_factory=_empty)
+    lane: LanePolicy = LanePolicy.QUEUE
 
     def submission(self, submission_id: str) -> Submission | None:
         """Return a submission by id.
@@ -634,6 +638,7 @@ def _new_conversation(
     applied_commands: Mapping[str, str],
     access: Mapping[str, AccessLevel],
     flow_runs: Mapping[str, str],
+    lane: LanePolicy,
 ) -> ConversationState:
     """Return ``ConversationState(...)`` with every field, built as a draft (`_ConvBuilder.freeze`: one per batch).
 
@@ -651,6 +656,7 @@ def _new_conversation(
         applied_commands: The applied commands.
         access: The access granted.
         flow_runs: The flow runs it opened.
+        lane: The lane policy.
 
     Returns:
         The conversation's state.
@@ -669,6 +675,7 @@ def _new_conversation(
     made.applied_commands = applied_commands
     made.access = access
     made.flow_runs = flow_runs
+    made.lane = lane
     made.__class__ = ConversationState
     done: ConversationState = made
     return done
@@ -767,7 +774,7 @@ class _ConvBuilder:
     """Mutable working copy of a `ConversationState`; maps are copied on first write."""
 
     __slots__ = (
-        "_access", "_commands", "_flows", "_inputs", "_keys", "_subs", "active", "base", "cid",
+        "_access", "_commands", "_flows", "_inputs", "_keys", "_subs", "active", "base", "cid", "lane",
         "last_batch_digest", "last_event_seq", "last_submission_seq", "owner_epoch", "queue", "trace",
     )  # fmt: skip
 
@@ -781,6 +788,7 @@ class _ConvBuilder:
         self.last_event_seq = base.last_event_seq
         self.last_batch_digest = base.last_batch_digest
         self.owner_epoch = base.owner_epoch
+        self.lane = base.lane
         self._subs: dict[str, Submission] | None = None
         self._keys: dict[str, KeyEntry] | None = None
         self._inputs: set[InputKey] | None = None
@@ -862,6 +870,7 @@ class _ConvBuilder:
             base.applied_commands if self._commands is None else MappingProxyType(self._commands),
             base.access if self._access is None else MappingProxyType(self._access),
             base.flow_runs if self._flows is None else MappingProxyType(self._flows),
+            self.lane,
         )
 
     # -- helpers ----------------------------------------------------------------------------------------------
@@ -995,6 +1004,8 @@ class _ConvBuilder:
         self.add_key(digest, _new_key_entry(event.submission_id, event.payload_digest, event.submission_seq))
         self.last_submission_seq = event.submission_seq
         self.queue = (*self.queue, event.submission_id)
+        if event.lane is not None:  # the admission that opens the conversation records its lane (issue 22 item 1)
+            self.lane = event.lane
 
     def on_ready(self, event: SubmissionReady, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, S.READY)

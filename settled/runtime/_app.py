@@ -34,7 +34,7 @@ from typing import Any, TypeVar, overload
 
 from settled._errors import ErrorCategory, SettledError
 from settled.processors import Agent, RunFailedError
-from settled.protocol import flow_invocation, workflow_invocation
+from settled.protocol import DEFAULT_LANE, LanePolicy, flow_invocation, workflow_invocation
 from settled.runtime._context import RunContext
 from settled.runtime._errors import UnsafeToolsError
 from settled.runtime._flow import Flow
@@ -82,10 +82,13 @@ class App:
             default for an agent with ``needs_history`` (the model-driven `ModelAgent`).
         workflows: The registered workflows by name (`workflow` adds to it; issue 17).
         flows: The registered flows by name (`flow` adds to it; issue 18).
+        lane: The lane policy of a conversation whose opening submission names none (issue 22 item 1; a string
+            such as ``"reject"`` is accepted): recorded on that admission, so changing it later changes only
+            conversations opened later.
 
     Raises:
-        ValueError: ``max_attempts`` or ``concurrency`` is below 1, or the attempt backoffs are negative or the
-            maximum is below the base.
+        ValueError: ``max_attempts`` or ``concurrency`` is below 1, the attempt backoffs are negative or the
+            maximum is below the base, or ``lane`` is not a lane policy.
     """
 
     agent: AgentFunction | None
@@ -101,8 +104,14 @@ class App:
     keep_history: bool | None = None
     workflows: dict[str, Workflow] = field(default_factory=dict)
     flows: dict[str, Flow] = field(default_factory=dict)
+    lane: LanePolicy = DEFAULT_LANE
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "lane", LanePolicy(self.lane))
+        except ValueError as exc:
+            choices = ", ".join(p.value for p in LanePolicy)
+            raise ValueError(f"App.lane must be one of {choices}, got {self.lane!r}") from exc
         if self.max_attempts < 1:
             raise ValueError(f"App.max_attempts must be >= 1, got {self.max_attempts}")
         if self.concurrency < 1:

@@ -60,6 +60,7 @@ __all__ = [
     "InputApplied",
     "InputQuarantined",
     "InputRef",
+    "LanePolicy",
     "LifecycleEvent",
     "LogEvent",
     "ModelResponseCompleted",
@@ -240,6 +241,25 @@ class AccessLevel(enum.StrEnum):
     conversation did not exist."""
     ACT = "act"
     """See it and act on it: submit turns, signal, approve or deny, abort, resolve (within its token's scopes)."""
+
+
+class LanePolicy(enum.StrEnum):
+    """What a new submission does to a busy conversation (issue 22 item 1; docs/architecture.md, Lane policies).
+
+    A conversation's lane is chosen by the submission that opens it (``SubmissionProposed.lane``, else the app's
+    default ``App(lane=...)``), recorded on that admission, and changed by a signed ``SetLane``.
+    """
+
+    QUEUE = "queue"
+    """Wait behind the earlier submissions and run in sequence order (the default)."""
+    JOIN = "join"
+    """Be claimed by the active run at its next model boundary (issue 22 item 2)."""
+    REJECT = "reject"
+    """Be rejected with reason ``busy`` while the lane is held (an active or a queued submission)."""
+    INTERRUPT = "interrupt"
+    """Abort the running (and queued) submissions canonically, then run."""
+    KEEP_NEWEST = "keep_newest"
+    """Supersede the queued, not started submissions (each settles aborted ``superseded``); a running one finishes."""
 
 
 class CommandRejectReason(enum.StrEnum):
@@ -472,6 +492,8 @@ class SubmissionProposed(AvroRecord):
         payload: The digested payload.
         payload_digest: `payload_digest` of ``payload`` (recomputed by the owner).
         proposed_at: When the client proposed it.
+        lane: The lane policy asked for the conversation this submission opens (issue 22 item 1); None: the app's
+            default. Ignored on a conversation already opened (a ``SetLane`` changes it).
     """
 
     schema_version: NonNegInt32 = SCHEMA_VERSION
@@ -482,6 +504,7 @@ class SubmissionProposed(AvroRecord):
     payload: SubmissionPayload
     payload_digest: Digest
     proposed_at: UtcMillis
+    lane: LanePolicy | None = None
 
 
 class AbortRequested(AvroRecord):
@@ -907,6 +930,8 @@ class SubmissionAdmitted(AvroRecord):
         flow_run_id: The flow run of this turn (issue 18): minted by the owner for a turn that opens one, the
             addressed run for a turn that resumes one.
         retry_of: For a submission admitted by a `RetrySubmission` (issue 22 item 4): the dead letter it retries.
+        lane: On the admission that opens the conversation (issue 22 item 1): its lane policy, the proposal's else
+            the app's default; None on every later admission.
     """
 
     submission_id: str
@@ -920,6 +945,7 @@ class SubmissionAdmitted(AvroRecord):
     input_ref: InputRef | None = None
     flow_run_id: str | None = None
     retry_of: str | None = None
+    lane: LanePolicy | None = None
 
 
 class SubmissionReady(AvroRecord):

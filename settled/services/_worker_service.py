@@ -75,6 +75,7 @@ def build_worker(
             resolver_keys=keys,
             approver_keys=approvers,
             api_keys=apis,
+            default_lane=app.lane,
         )
 
     if settings.clock_offset_s:  # ctx.now() and relative wait deadlines read the same offset clock (issue 16)

@@ -35,6 +35,7 @@ def client() -> Iterator[Client]:
         ({"tools_offered": ["a", "a"]}, "^payload.tools_offered name 1 repeats an earlier name: 'a'"),
         ({"tools_offered": ["a", ""]}, "^payload.tools_offered name 1 is empty"),
         ({"tools_offered": ["a", "b\x00"]}, "^payload.tools_offered name 1 contains a NUL character"),
+        ({"lane": "newest"}, "^lane must be one of queue, join, reject, interrupt, keep_newest, got 'newest'"),
     ],
 )
 def test_submit_names_the_field_that_breaks_the_contract(client: Client, args: dict[str, Any], message: str) -> None:

@@ -184,6 +184,7 @@ def test_a_record_breaking_a_model_rule_is_invalid() -> None:
         "payload": {"input_json": '{ "not": "canonical" }', "tools_offered": []},
         "payload_digest": "0" * 64,
         "proposed_at": AT,
+        "lane": None,
     }
     value = SINGLE.encode_dict(bad_json, proposal)
     assert SINGLE.decode_dict(value).datum["payload"]["input_json"] == proposal["payload"]["input_json"]  # type: ignore[index]
