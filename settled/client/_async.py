@@ -212,6 +212,22 @@ class AsyncClient:
             **options,
         )
 
+    async def set_lane(self, conversation_id: str, lane: Any, **options: Any) -> Receipt:
+        """`Client.set_lane`, awaitable: change a conversation's lane policy (issue 22 item 1).
+
+        Args:
+            conversation_id: The conversation.
+            lane: The lane policy (a `settled.protocol.LanePolicy` or its name).
+            **options: `Client.set_lane`'s keyword arguments.
+
+        Returns:
+            The command's receipt.
+
+        Raises:
+            SettledError: As `Client.set_lane` raises.
+        """
+        return await self._run(self.client.set_lane, conversation_id, lane, **options)
+
     async def request(self, method: Callable[..., Receipt], *args: Any, **kwargs: Any) -> Receipt:
         """Run any other request of `client` (``approve``, ``deny``, ``resolve_unknown``, ...) on the request threads.
 

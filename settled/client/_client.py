@@ -35,6 +35,8 @@ from settled.client._errors import (
     CommandRejectedError,
     IdempotencyConflictError,
     InboxProduceError,
+    LaneOutcomeUnknownError,
+    LaneRejectedError,
     OutcomeUnknownError,
     PayloadTooLargeError,
     ResolveOutcomeUnknownError,
@@ -74,6 +76,7 @@ from settled.schemas import (
     RetrySubmission,
     RevokeAccess,
     SendSignal,
+    SetLane,
     SettlementOutcome,
     SettlementRecord,
     SteerRun,
@@ -160,6 +163,7 @@ _Command = (
     | RetrySubmission
     | RevokeAccess
     | SendSignal
+    | SetLane
     | SteerRun
 )
 
@@ -1024,6 +1028,56 @@ class Client:
             requested_at=self._clock(),
         )
         return self._access_command(command, timeout_s)
+
+    def set_lane(
+        self,
+        conversation_id: str,
+        lane: LanePolicy | str,
+        *,
+        principal: str | None = None,
+        command_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Receipt:
+        """Change a conversation's lane policy from now on and return the owner's reply (issue 22 item 1).
+
+        The change is canonical (a `LaneSet` in the conversation's log) before any later submission is decided under
+        it; submissions already admitted keep what their admission decided.
+
+        Args:
+            conversation_id: The conversation (opened: its first submission chose its first lane).
+            lane: ``queue``, ``join``, ``reject``, ``interrupt`` or ``keep_newest``.
+            principal: Who asks: the conversation's opener or a principal granted ``act`` (default: the client's).
+            command_id: The command's id; a new UUID when ``None`` (pass the id of an earlier one whose outcome is
+                unknown to send it again).
+            timeout_s: Deadline, in seconds (default: the client's).
+
+        Returns:
+            The reply (request kind ``command``): outcome ``applied``, or ``duplicate`` for a repeated command.
+
+        Raises:
+            ValueError: ``lane`` is not a lane policy, or an argument breaks the input contract (the field is named);
+                nothing was sent.
+            LaneRejectedError: The owner rejected it (``unknown_target``, ``unauthorized``, ``invalid``).
+            LaneOutcomeUnknownError: No reply within the deadline; names the command id to send again.
+            BrokerUnavailableError: Kafka could not be reached before anything was sent.
+            InboxProduceError: The broker refused the record permanently.
+        """
+        timeout = self.timeout_s(timeout_s)
+        deadline = time.monotonic() + timeout
+        cid = command_id if command_id is not None else str(uuid.uuid4())
+        command = SetLane(
+            command_id=cid,
+            principal=self._principal(principal),
+            conversation_id=conversation_id,
+            lane=_enum_value(LanePolicy, lane, "lane"),
+            requested_at=self._clock(),
+        )
+        return self._command(
+            command,
+            deadline,
+            lambda: LaneOutcomeUnknownError(cid, conversation_id, timeout),
+            LaneRejectedError,
+        )
 
     def _access_command(self, command: GrantAccess | RevokeAccess, timeout_s: float | None) -> Receipt:
         timeout = self.timeout_s(timeout_s)

@@ -23,6 +23,8 @@ __all__ = [
     "CommandRejectedError",
     "IdempotencyConflictError",
     "InboxProduceError",
+    "LaneOutcomeUnknownError",
+    "LaneRejectedError",
     "OutcomeUnknownError",
     "PayloadTooLargeError",
     "ResolveOutcomeUnknownError",
@@ -463,6 +465,48 @@ class AccessOutcomeUnknownError(CommandOutcomeUnknownError):
         """
         self.grantee = grantee
         super().__init__(command_id, conversation_id, "", timeout_s, target=f"the access of principal {grantee!r}")
+
+
+class LaneRejectedError(CommandRejectedError):
+    """The owner rejected a change of a conversation's lane policy (issue 22 item 1).
+
+    Reasons: ``unknown_target`` (no such conversation: its opening submission chooses its first lane),
+    ``unauthorized`` (the principal neither opened it nor holds an ``act`` grant), ``invalid`` (the command id was
+    applied to something else).
+
+    Attributes:
+        receipt: The rejection receipt (request kind ``command``).
+        reason_code: The reason code.
+        detail: The owner's detail.
+    """
+
+    command_name = "lane"
+
+
+class LaneOutcomeUnknownError(CommandOutcomeUnknownError):
+    """No reply to a change of a conversation's lane policy was read within the deadline (issue 22 item 1).
+
+    ``Client.set_lane(..., command_id=err.command_id)`` sends it again; one already applied is answered as a
+    duplicate.
+
+    Attributes:
+        command_id: The command id to send it again with.
+        conversation_id: The conversation.
+        submission_id: Empty (a lane command names no submission).
+        timeout_s: The deadline that passed, in seconds.
+    """
+
+    command_name = "lane"
+
+    def __init__(self, command_id: str, conversation_id: str, timeout_s: float) -> None:
+        """Build the error.
+
+        Args:
+            command_id: The command id to send it again with.
+            conversation_id: The conversation.
+            timeout_s: The deadline that passed, in seconds.
+        """
+        super().__init__(command_id, conversation_id, "", timeout_s, target="the lane policy")
 
 
 class SigningKeyError(ClientError, ValueError):

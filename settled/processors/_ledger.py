@@ -37,6 +37,7 @@ from settled.schemas import (
     RetrySubmission,
     RevokeAccess,
     SendSignal,
+    SetLane,
     Settlement,
     SettlementOutcome,
     SteerRun,
@@ -222,6 +223,11 @@ class LedgerDecider:
             d = protocol.grant_access(conv, record, inp.ref, now, check_contract=check_contract)
         elif isinstance(record, RevokeAccess):
             d = protocol.revoke_access(conv, record, inp.ref, now, check_contract=check_contract)
+        elif isinstance(record, SetLane):
+            # Only the opener or a principal granted act may change the lane (issue 22 item 1): an admin token of
+            # the HTTP API carries access "all"; every other record is checked as its principal's own.
+            lane_access = signed.access if signed is not None else protocol.ACCESS_OWNER
+            d = protocol.set_lane(conv, record, inp.ref, now, access=lane_access, check_contract=check_contract)
         elif isinstance(record, ResolveUnknown):
             problem = None if violation is not None else self._signature_problem(record)
             if problem is not None:

@@ -66,6 +66,7 @@ from settled.schemas import (
     AttemptStarted,
     CommandRejected,
     Genesis,
+    LaneSet,
     LogBatch,
     ModelResponseCompleted,
     ModelResponseDelta,
@@ -1210,6 +1211,9 @@ class _BatchProjector:
             self.access_row(event.grantee, "revoked", event.principal, event.command_id)
         self.receipt(event.command_id, "command", "applied", "access", None, None)
 
+    def on_lane_set(self, i: int, event: LaneSet) -> None:
+        self.receipt(event.command_id, "command", "applied", "lane", None, None)
+
     def on_duplicate(self, i: int, event: SubmissionDuplicate) -> None:
         conv = self.conv
         original = conv.submissions.get(event.original_submission_id) if conv is not None else None
@@ -1498,6 +1502,7 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         SteeringReceived: _BatchProjector.on_steering_received,
         ApprovalDecided: _BatchProjector.on_approval_decided,
         AccessGranted: _BatchProjector.on_access_granted,
+        LaneSet: _BatchProjector.on_lane_set,
         AccessRevoked: _BatchProjector.on_access_revoked,
         WaitRequested: _BatchProjector.on_wait_requested,
         WaitResolved: _BatchProjector.on_wait_resolved,

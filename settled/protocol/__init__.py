@@ -27,8 +27,9 @@
   asks, a run's pauses and the pause/resume signals the owner refuses (issue 17 item 2).
 * `flow_input`, `flow_resume_input`, `flow_invocation`, `flow_run_id_for` (`_flows`): the submission envelope that
   opens a flow run or resumes one, and the run id the owner mints (issue 18).
-* `LanePolicy`, `DEFAULT_LANE`, `opening_lane` (`_lanes`): a conversation's lane policy, recorded on the admission
-  that opens it (issue 22 item 1).
+* `LanePolicy`, `DEFAULT_LANE`, `opening_lane`, `lane_busy`, `lane_aborts` (`_lanes`), `set_lane` (`_access`): a
+  conversation's lane policy, recorded on the admission that opens it, applied by `admit`, changed by a `SetLane`
+  (issue 22 item 1).
 * `admit`, `schedule`, `start_attempt`, `terminalize`, `abort`, `resolve`, `quarantine`, … (`_decide`): state +
   one input (+ time and ids) → the events to append and the receipt / settlement / quarantine records to emit.
 
@@ -48,6 +49,7 @@ from settled.protocol._access import (
     may_access,
     may_grant,
     revoke_access,
+    set_lane,
 )
 from settled.protocol._approvals import (
     approval_details,
@@ -137,7 +139,20 @@ from settled.protocol._fold import (
     input_key,
     scope_digest,
 )
-from settled.protocol._lanes import DEFAULT_LANE, LanePolicy, opening_lane
+from settled.protocol._lanes import (
+    DEFAULT_LANE,
+    LANE_ABORT_PREFIX,
+    LANE_BUSY,
+    LANE_CHECKERS,
+    LANE_INTERRUPTED,
+    LANE_SUPERSEDED,
+    LaneHistory,
+    LanePolicy,
+    check_lane_history,
+    lane_aborts,
+    lane_busy,
+    opening_lane,
+)
 from settled.protocol._lifecycle import (
     LIFECYCLE_TYPES,
     STEP_LOG_PREFIX,
@@ -209,6 +224,11 @@ __all__ = [
     "FLOW_KEY",
     "FLOW_OPERATORS",
     "GRACEFUL_REVOKE",
+    "LANE_ABORT_PREFIX",
+    "LANE_BUSY",
+    "LANE_CHECKERS",
+    "LANE_INTERRUPTED",
+    "LANE_SUPERSEDED",
     "LIFECYCLE_TYPES",
     "MAX_DETAIL_CHARS",
     "MAX_ID_CHARS",
@@ -236,6 +256,7 @@ __all__ = [
     "InputAlreadyDecidedError",
     "InputKey",
     "KeyEntry",
+    "LaneHistory",
     "LanePolicy",
     "LogInconsistencyError",
     "OpenCall",
@@ -279,6 +300,7 @@ __all__ = [
     "check_command",
     "check_id",
     "check_input",
+    "check_lane_history",
     "check_proposal",
     "check_tools",
     "claim",
@@ -306,6 +328,8 @@ __all__ = [
     "interrupt",
     "is_pause_wait",
     "is_retry_wait",
+    "lane_aborts",
+    "lane_busy",
     "lifecycle_event_id",
     "lifecycle_events",
     "lifecycle_matches",
@@ -330,6 +354,7 @@ __all__ = [
     "schedule",
     "schedule_retry",
     "scope_digest",
+    "set_lane",
     "signal",
     "start_attempt",
     "steer",

@@ -31,7 +31,7 @@ from settled.protocol._decide import (
     reject_command,
     reject_invalid,
 )
-from settled.protocol._fold import ConversationState
+from settled.protocol._fold import ConversationState, lane_command_target
 from settled.schemas import (
     AccessGranted,
     AccessLevel,
@@ -39,7 +39,9 @@ from settled.schemas import (
     CommandRejectReason,
     GrantAccess,
     InputRef,
+    LaneSet,
     RevokeAccess,
+    SetLane,
 )
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "may_access",
     "may_grant",
     "revoke_access",
+    "set_lane",
 ]
 
 ACCESS_OWNER: Final = "owner"
@@ -303,3 +306,77 @@ def hidden(conv: ConversationState) -> ConversationState:
     return dataclasses.replace(
         conv, submissions={}, queue=(), active_submission_id=None, applied_commands={}, access={}, flow_runs={}
     )
+
+
+def set_lane(
+    state: ConversationState,
+    command: SetLane,
+    input_ref: InputRef,
+    now: datetime,
+    *,
+    access: str = ACCESS_OWNER,
+    check_contract: bool = True,
+) -> Decision:
+    """Decide a `SetLane` (issue 22 item 1): `LaneSet` + applied receipt; later submissions follow the new lane.
+
+    * the contract broken → ``invalid`` naming the field;
+    * a conversation with no admitted submission (nobody opened it) → ``unknown_target`` (its opening submission
+      chooses its first lane: ``lane=`` on the proposal);
+    * a principal that is neither the conversation's opener nor granted ``act`` (nor an admin: ``access`` ``all``)
+      → ``unauthorized``, whether the HTTP API signed the record or a trusted writer sent it;
+    * the same command id again, for the same lane → the same `LaneSet` with the new ``input_ref`` and a duplicate
+      receipt; for another lane, or a command id applied to something else → ``invalid`` naming ``command_id``.
+
+    Submissions already admitted keep what their admission decided; the lane changes what the next proposals do.
+
+    Args:
+        state: The conversation's scratch state.
+        command: The decoded command.
+        input_ref: Where it was read.
+        now: The decision time.
+        access: For a record the HTTP API signed, its signed access (``owner`` or ``all``); ``owner`` otherwise.
+        check_contract: Whether to check the input contract first (`check_command`).
+
+    Returns:
+        The decision.
+
+    Raises:
+        WrongConversationError: If ``state`` is not the conversation that files this command.
+        InputAlreadyDecidedError: If ``input_ref`` is already decided.
+    """
+    violation = check_command(command) if check_contract else None
+    if violation is not None:
+        return reject_invalid(state, command, input_ref, now, violation)
+    check_input_undecided(state, command.conversation_id, input_ref)
+    target = lane_command_target(command.lane)
+    previous_target = state.applied_commands.get(command.command_id)
+    if previous_target is not None and previous_target != target:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.INVALID,
+            detail=f"command_id {command.command_id!r} was already applied to {previous_target!r}",
+        )
+    if conversation_opener(state) is None:
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.UNKNOWN_TARGET,
+            detail=f"conversation {excerpt(state.conversation_id)} is not found",
+        )
+    if not may_access(state, command.principal, access):
+        return reject_command(
+            state,
+            command,
+            input_ref,
+            now,
+            reason=CommandRejectReason.UNAUTHORIZED,
+            detail=f"principal {command.principal!r} may not set the lane of conversation "
+            f"{excerpt(state.conversation_id)}: only its opener or a principal granted act may",
+        )
+    event = LaneSet(command_id=command.command_id, principal=command.principal, lane=command.lane, input_ref=input_ref)
+    return recorded_command(state, command.command_id, event, now)

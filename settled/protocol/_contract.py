@@ -31,6 +31,7 @@ from settled.schemas import (
     RetrySubmission,
     RevokeAccess,
     SendSignal,
+    SetLane,
     SteerRun,
     SubmissionProposed,
 )
@@ -234,7 +235,8 @@ def check_command(
     | GrantAccess
     | RevokeAccess
     | RetrySubmission
-    | SteerRun,
+    | SteerRun
+    | SetLane,
 ) -> Violation | None:
     """Check a command against the contract.
 
@@ -249,6 +251,10 @@ def check_command(
     found = _check_conversation(command.conversation_id)
     if isinstance(command, GrantAccess | RevokeAccess):  # access commands name a principal, not a submission
         for name in ("command_id", "principal", "grantee"):
+            found = found or check_id(name, getattr(command, name))
+        return found
+    if isinstance(command, SetLane):  # a conversation's setting: no submission named (its lane is an enum)
+        for name in ("command_id", "principal"):
             found = found or check_id(name, getattr(command, name))
         return found
     for name in ("command_id", "submission_id", "principal"):
@@ -285,7 +291,8 @@ def check_input(
     | GrantAccess
     | RevokeAccess
     | RetrySubmission
-    | SteerRun,
+    | SteerRun
+    | SetLane,
 ) -> Violation | None:
     """Check any inbox record against the contract (`check_proposal` or `check_command`).
 

@@ -38,7 +38,7 @@ from settled.protocol._errors import (
 )
 from settled.protocol._flows import flow_invocation, flow_run_id_for
 from settled.protocol._fold import ConversationState, PartitionState, Submission
-from settled.protocol._lanes import DEFAULT_LANE, LanePolicy, opening_lane
+from settled.protocol._lanes import DEFAULT_LANE, LanePolicy, lane_aborts, lane_busy, opening_lane
 from settled.protocol._states import SubmissionState, outcome_state
 from settled.protocol._workflows import run_control_problem
 from settled.schemas import (
@@ -66,6 +66,7 @@ from settled.schemas import (
     RetrySubmission,
     RevokeAccess,
     SendSignal,
+    SetLane,
     Settlement,
     SettlementOutcome,
     SettlementRecord,
@@ -237,7 +238,11 @@ def admit(
     commit together: DUR-001). A flow turn's admission and receipt carry its run id: the one it resumes, or the one
     minted for a turn that opens a run (`settled.protocol.flow_run_id_for`); a duplicate's receipt carries its
     original's. The admission that opens the conversation records its lane (`settled.protocol.opening_lane`: the
-    proposal's ``lane``, else ``default_lane``; issue 22 item 1).
+    proposal's ``lane``, else ``default_lane``; issue 22 item 1). The conversation's lane then decides what a new
+    submission does to a busy conversation, in this same decision (`settled.protocol.lane_busy`,
+    `settled.protocol.lane_aborts`): ``reject`` rejects it ``busy`` while the lane is held; ``interrupt`` records an
+    `AbortRecorded` for every earlier unsettled submission, ``keep_newest`` for every queued one not started, after
+    its admission. A duplicate is answered as a duplicate under every lane.
 
     Args:
         state: The conversation's scratch state (committed + pending; docs/design.md §3).
@@ -343,6 +348,9 @@ def admit(
         )
     elif flow is not None:
         run_id = flow_run_id_for(state.conversation_id, proposal.submission_id)
+    busy = lane_busy(state)
+    if busy is not None:  # lane reject (issue 22 item 1): never admitted while the lane is held
+        return reject_submission(state, proposal, input_ref, now, reason=SubmissionRejectReason.BUSY, detail=busy)
     seq = state.last_submission_seq + 1
     return Decision(
         events=(
@@ -360,6 +368,7 @@ def admit(
                 lane=opening_lane(state, proposal.lane, default_lane),
             ),
             SubmissionReady(submission_id=proposal.submission_id, submission_seq=seq),
+            *lane_aborts(state, proposal.submission_id, proposal.principal),
         ),
         receipt=Receipt(
             request_kind=RequestKind.SUBMISSION,
@@ -455,7 +464,8 @@ def reject_invalid(
     | GrantAccess
     | RevokeAccess
     | RetrySubmission
-    | SteerRun,
+    | SteerRun
+    | SetLane,
     input_ref: InputRef,
     now: datetime,
     violation: Violation,
@@ -794,7 +804,8 @@ def reject_command(
     | GrantAccess
     | RevokeAccess
     | RetrySubmission
-    | SteerRun,
+    | SteerRun
+    | SetLane,
     input_ref: InputRef,
     now: datetime,
     *,
@@ -838,9 +849,11 @@ def reject_command(
         if isinstance(command, RetrySubmission)
         else CommandKind.STEER
         if isinstance(command, SteerRun)
+        else CommandKind.LANE
+        if isinstance(command, SetLane)
         else CommandKind.RESOLVE_UNKNOWN
     )
-    target = None if isinstance(command, GrantAccess | RevokeAccess) else bounded_id(command.submission_id)
+    target = None if isinstance(command, GrantAccess | RevokeAccess | SetLane) else bounded_id(command.submission_id)
     command_id = bounded_id(command.command_id)
     detail = bounded_text(detail)
     return Decision(

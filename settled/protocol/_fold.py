@@ -66,6 +66,7 @@ from settled.schemas import (
     InputQuarantined,
     InputRef,
     LanePolicy,
+    LaneSet,
     LogEvent,
     ModelResponseCompleted,
     ModelResponseDelta,
@@ -112,6 +113,7 @@ __all__ = [
     "apply_traced",
     "fold",
     "input_key",
+    "lane_command_target",
     "scope_digest",
 ]
 
@@ -145,6 +147,18 @@ def input_key(ref: InputRef) -> InputKey:
         ``(topic, partition, offset)``.
     """
     return (ref.topic, ref.partition, ref.offset)
+
+
+def lane_command_target(lane: LanePolicy) -> str:
+    """The target ``ConversationState.applied_commands`` keeps for an applied `SetLane` (issue 22 item 1).
+
+    Args:
+        lane: The lane it set.
+
+    Returns:
+        ``~lane/<lane>`` (a repeat of the command id must set the same lane).
+    """
+    return f"~lane/{lane.value}"
 
 
 def scope_digest(principal: str, conversation_id: str, idempotency_key: str) -> str:
@@ -1362,6 +1376,22 @@ class _ConvBuilder:
             raise self.fail(event, "grantee", event.grantee, f"command already applied to {previous_target!r}")
         return True
 
+    def on_lane_set(self, event: LaneSet, batch_epoch: int) -> None:
+        """The conversation's lane changed by a `SetLane` (issue 22 item 1); a repeated command only decides its input.
+
+        Raises:
+            LogInconsistencyError: The command id was applied to something else (another lane, a submission).
+        """
+        self.decide(event, event.input_ref)
+        target = lane_command_target(event.lane)
+        previous_target = self.commands().get(event.command_id)
+        if previous_target is not None:
+            if previous_target != target:
+                raise self.fail(event, "lane", event.lane, f"command already applied to {previous_target!r}")
+            return
+        self.lane = event.lane
+        self.add_command(event.command_id, target)
+
     def on_settlement(self, event: Settlement, batch_epoch: int) -> None:
         target = outcome_state(event.outcome)
         sub = self.get(event.submission_id, event, target)
@@ -1456,6 +1486,7 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     SignalReceived: _ConvBuilder.on_signal_received,
     SteeringReceived: _ConvBuilder.on_steering_received,
     SteeringDelivered: _ConvBuilder.on_running_record,
+    LaneSet: _ConvBuilder.on_lane_set,
     ApprovalDecided: _ConvBuilder.on_approval_decided,
     AccessGranted: _ConvBuilder.on_access_granted,
     AccessRevoked: _ConvBuilder.on_access_revoked,

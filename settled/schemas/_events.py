@@ -61,6 +61,7 @@ __all__ = [
     "InputQuarantined",
     "InputRef",
     "LanePolicy",
+    "LaneSet",
     "LifecycleEvent",
     "LogEvent",
     "ModelResponseCompleted",
@@ -79,6 +80,7 @@ __all__ = [
     "RetrySubmission",
     "RevokeAccess",
     "SendSignal",
+    "SetLane",
     "Settlement",
     "SettlementOutcome",
     "SettlementRecord",
@@ -217,6 +219,8 @@ class SubmissionRejectReason(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"
     OTHER = "other"
     UNKNOWN_TARGET = "unknown_target"
+    BUSY = "busy"
+    """The conversation's lane policy is ``reject`` and its lane is held (an active or a queued submission)."""
     """The turn names a flow run the conversation does not hold (issue 18; invented, or another conversation's)."""
 
 
@@ -231,6 +235,7 @@ class CommandKind(enum.StrEnum):
     ACCESS = "access"
     RETRY = "retry"
     STEER = "steer"
+    LANE = "lane"
 
 
 class AccessLevel(enum.StrEnum):
@@ -573,6 +578,26 @@ class SteerRun(AvroRecord):
     submission_id: str
     text: str
     sent_at: UtcMillis
+
+
+class SetLane(AvroRecord):
+    """A request to change a conversation's lane policy from now on (topic ``settled.inbox``; issue 22 item 1).
+
+    Attributes:
+        schema_version: Schema version the writer used.
+        command_id: Client-made id of this command: a repeat is answered as a duplicate.
+        principal: Who asks: the conversation's opener or a principal granted ``act``.
+        conversation_id: The conversation (the record key).
+        lane: The lane policy from now on.
+        requested_at: When it was requested.
+    """
+
+    schema_version: NonNegInt32 = SCHEMA_VERSION
+    command_id: str
+    principal: str
+    conversation_id: str
+    lane: LanePolicy
+    requested_at: UtcMillis
 
 
 class ResolveUnknown(AvroRecord):
@@ -1068,6 +1093,22 @@ class SteeringReceived(AvroRecord):
     submission_id: str
     text: str
     principal: str
+    input_ref: InputRef | None = None
+
+
+class LaneSet(AvroRecord):
+    """A conversation's lane policy changed by a `SetLane` (issue 22 item 1): submissions decided after it follow it.
+
+    Attributes:
+        command_id: The `SetLane` command's id.
+        principal: Who asked.
+        lane: The lane policy from now on.
+        input_ref: The inbox record this decides.
+    """
+
+    command_id: str
+    principal: str
+    lane: LanePolicy
     input_ref: InputRef | None = None
 
 
@@ -1774,6 +1815,7 @@ InboxRecord = (
     | RevokeAccess
     | RetrySubmission
     | SteerRun
+    | SetLane
 )
 """What ``settled.inbox`` carries."""
 
@@ -1812,6 +1854,7 @@ LogEvent = (
     | SubmissionRetryScheduled
     | SteeringReceived
     | SteeringDelivered
+    | LaneSet
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1825,6 +1868,7 @@ INBOX_TYPES: tuple[type[AvroRecord], ...] = (
     RevokeAccess,
     RetrySubmission,
     SteerRun,
+    SetLane,
 )
 """Record types of ``settled.inbox``."""
 
@@ -1837,6 +1881,7 @@ COMMAND_TYPES: tuple[type[AvroRecord], ...] = (
     RevokeAccess,
     RetrySubmission,
     SteerRun,
+    SetLane,
 )
 """The inbox's commands."""
 
@@ -1875,6 +1920,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     SubmissionRetryScheduled,
     SteeringReceived,
     SteeringDelivered,
+    LaneSet,
 )
 """Branches of the log-event union, in Avro union order."""
 

@@ -38,6 +38,7 @@ __all__ = [
     "access_app",
     "flows_app",
     "keygen",
+    "lane_app",
     "pause_run",
     "resolve_unknown",
     "resume_run",
@@ -51,6 +52,10 @@ __all__ = [
 settlements_app = typer.Typer(no_args_is_help=True, help="Read the settlements downstream consumers see.")
 access_app = typer.Typer(
     no_args_is_help=True, help="Grant and revoke other principals' access to a conversation (issue 20)."
+)
+lane_app = typer.Typer(
+    no_args_is_help=True,
+    help="A conversation's lane policy: what a new turn does while it is busy (issue 22 item 1).",
 )
 flows_app = typer.Typer(
     no_args_is_help=True, help="End or restart a flow run, e.g. one refused with FlowDriftError (issue 18)."
@@ -85,6 +90,12 @@ def submit(
     tool: list[str] = typer.Option([], "--tool", help="A tool offered for this turn (repeatable)."),  # noqa: B008
     wait: bool = typer.Option(False, "--wait", help="Also wait for the settlement and print it."),
     timeout_s: float = typer.Option(30.0, "--timeout-s", help="Deadline of the receipt, and of the settlement."),
+    lane: str | None = typer.Option(
+        None,
+        "--lane",
+        help="The lane policy of the conversation this turn opens: queue, join, reject, interrupt or keep_newest "
+        "(default: the app's; ignored once the conversation is open: see settled lane set).",
+    ),
 ) -> None:
     """Submit one turn to a conversation and print its receipt (and with --wait its settlement) as JSON lines."""
     try:
@@ -94,7 +105,7 @@ def submit(
     with Client(resolve_settings(), default_timeout_s=timeout_s) as client:
         receipt = _client_call(
             lambda: client.submit(
-                conversation, value, idempotency_key=key, principal=principal, tools_offered=tuple(tool)
+                conversation, value, idempotency_key=key, principal=principal, tools_offered=tuple(tool), lane=lane
             )
         )
         _print(receipt)
@@ -331,6 +342,29 @@ def access_revoke(
     _send_command(
         timeout_s,
         lambda client: client.revoke_access(conversation, grantee, principal=principal, command_id=command_id),
+    )
+
+
+@lane_app.command("set")
+@command
+def lane_set(
+    conversation: str = _CONVERSATION,
+    policy: str = typer.Argument(
+        ..., metavar="POLICY", help="queue, join, reject, interrupt or keep_newest (docs/architecture.md)."
+    ),
+    principal: str | None = typer.Option(None, "--principal", help="Who asks: its opener or an act grantee."),
+    command_id: str | None = typer.Option(None, "--command-id", help="Send an earlier change again (same id)."),
+    timeout_s: float = _TIMEOUT_S,
+) -> None:
+    """Change a conversation's lane policy from now on; print the owner's reply (a command receipt) as a JSON line.
+
+    Applied, duplicate (the same --command-id again) or rejected with its reason (no such conversation:
+    unknown_target; not its opener nor granted act: unauthorized): a rejection exits 1 after printing its receipt.
+    An unknown POLICY exits 2 naming it; nothing is sent.
+    """
+    _send_command(
+        timeout_s,
+        lambda client: client.set_lane(conversation, policy, principal=principal, command_id=command_id),
     )
 
 

@@ -11,6 +11,7 @@ from settled.services._cli_client import (
     approve,
     deny,
     flows_app,
+    lane_app,
     retry,
     settlements_app,
     signal,
@@ -51,6 +52,7 @@ app.add_typer(conversations_app, name="conversations")
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(access_app, name="access")
 app.add_typer(flows_app, name="flows")
+app.add_typer(lane_app, name="lane")
 
 
 def main() -> None:

@@ -40,6 +40,8 @@ from settled.schemas import (
     FastBatchDecoder,
     InputQuarantined,
     InputRef,
+    LanePolicy,
+    LaneSet,
     LogBatch,
     ModelResponseDelta,
     ModelResponseInterrupted,
@@ -270,5 +272,6 @@ def _other_event_types() -> LogBatch:
             SteeringReceived(command_id="st-1", submission_id="s", text="shorter, please", principal="p",
                              input_ref=ref),
             SteeringDelivered(submission_id="s", attempt_id="a", response_ordinal=0, command_ids=("st-1",)),
+            LaneSet(command_id="l-1", principal="p", lane=LanePolicy.REJECT, input_ref=ref),
         ],
     )  # fmt: skip
