@@ -303,6 +303,10 @@ def _check_reject(h: LaneHistory) -> list[str]:
         for sid in h.admitted
         if h.outcome(sid) is not SettlementOutcome.COMPLETED
     ]
+    for j, later in enumerate(h.admitted):
+        held = [earlier for earlier in h.admitted[:j] if h.unsettled_at(earlier, h.admitted_at[later])]
+        if held:
+            out.append(f"{later}: admitted while {held[0]} held the lane")
     for sid, reason in h.rejected.items():
         if reason is not SubmissionRejectReason.BUSY:
             out.append(f"{sid}: rejected {reason.value}, not busy")
@@ -375,9 +379,10 @@ def check_lane_history(events: Iterable[LogEvent], proposed: Sequence[str] = ())
     Every lane: each proposal in ``proposed`` decided exactly once (admitted, rejected or duplicate: none lost or
     doubled), each admitted submission settled exactly once, never two submissions active at once (from a first
     `AttemptStarted` to the `Settlement`). Then the lane's own (`LANE_CHECKERS`): ``queue``: all complete, started
-    in sequence order; ``reject``: each admitted one completes, each rejected one is rejected ``busy`` while an
-    admitted one was unsettled; ``interrupt``: each earlier submission unsettled at a later one's admission settles
-    aborted ``interrupted`` before that later one starts, and the last completes; ``keep_newest``: each one queued
+    in sequence order; ``reject``: each admitted one completes and was admitted while no other was unsettled,
+    each rejected one is rejected ``busy`` while an admitted one was unsettled; ``interrupt``: each earlier
+    submission unsettled at a later one's admission settles aborted ``interrupted`` before that later one starts,
+    and the last completes; ``keep_newest``: each one queued
     and not started at a later one's admission settles aborted ``superseded`` before that later one starts, one
     running then completes, and the last completes. The lane is the opening admission's; the history must hold no
     `LaneSet` (a violation otherwise: it checks one lane's history).

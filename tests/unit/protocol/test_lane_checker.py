@@ -99,6 +99,8 @@ def test_reject_passes_when_busy_and_fails_for_a_rejection_while_idle_or_another
     _ok(H(r).admit("s1").reject("s2").start("s1").settle("s1").admit("s3").start("s3").settle("s3"), ("s1", "s2"))
     _bad(H(r).admit("s1").start("s1").settle("s1").reject("s2"), "s2: rejected busy while no submission held")
     _bad(H(r).admit("s1").reject("s2", SubmissionRejectReason.INVALID).start("s1").settle("s1"), "not busy")
+    queued = H(r).admit("s1").start("s1").admit("s2").settle("s1").start("s2").settle("s2")
+    _bad(queued, "s2: admitted while s1 held the lane")
 
 
 def test_interrupt_passes_when_each_earlier_aborts_before_the_later_starts() -> None:

@@ -1,0 +1,157 @@
+"""Lane policies through real workers (issue 22 item 1): a burst of 20 submissions and a kill, checked by the log.
+
+For each policy, the conversation's opening submission (the holder, whose ``lane`` chooses the policy) runs in
+worker ``a`` and stops at the barrier ``engine.after_step_commit``: the lane is held. Twenty more submissions are
+produced to the conversation within 100 ms; the test waits until the owner has answered each of them (its receipt
+is read) while the holder still holds the lane. Then a kill is armed at a failpoint chosen by a logged seed
+(``appender.before_commit`` or ``appender.after_commit``, its next hit; ``SETTLED_TEST_SEED`` replays it) and the
+holder is released: ``a`` dies at the next transaction (the holder's settlement), with the burst admitted, rejected
+or aborted around it; worker ``b`` takes over and finishes. A barrier submission sent after every submission
+settled (admitted under every lane: the lane is free) proves nothing else happened. Then the pure checker
+`settled.protocol.check_lane_history` reads the conversation's events from the log: none lost or doubled, never
+two active, and the policy's own invariants (queue: all complete in sequence order; reject: each completes or is
+rejected busy; interrupt: each earlier one settles aborted before a later one starts; keep_newest: the last
+completes and each superseded one settles aborted superseded). Each settlement is on the settlements topic once.
+
+Joining (issue 22 item 2) adds ``LanePolicy.JOIN`` to `POLICIES`; its invariants go in
+``settled.protocol.LANE_CHECKERS[LanePolicy.JOIN]``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from settled._failpoints import FailpointControl, choose_schedule
+from settled._settings import Settings
+from settled.producers import admin_config, read_partition
+from settled.protocol import LANE_BUSY, check_lane_history
+from settled.schemas import (
+    LanePolicy,
+    LogEvent,
+    Receipt,
+    ReceiptOutcome,
+    SettlementOutcome,
+    SubmissionProposed,
+)
+from tests.harness.barriers import pass_barrier
+from tests.integration.engine._helpers import TIMEOUT_S, killed, plan, send, settlements
+from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.helpers import CODEC, proposal, read_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+#: The policies under test; issue 22 item 2 adds LanePolicy.JOIN (and its checker in LANE_CHECKERS).
+POLICIES = [LanePolicy.QUEUE, LanePolicy.REJECT, LanePolicy.INTERRUPT, LanePolicy.KEEP_NEWEST]
+BURST = 20
+#: Where worker a may die: the next transaction after the holder is released (its settlement's, at the latest).
+KILL_POINTS = ("appender.before_commit", "appender.after_commit")
+HOLD = "engine.after_step_commit"
+
+
+def _conversation_events(s: Settings, conversation_id: str) -> list[LogEvent]:
+    out: list[LogEvent] = []
+    for r in read_topic(s, "log"):
+        assert r.value is not None
+        batch = CODEC.decode_batch(r.value, offset=r.offset).batch
+        if batch.conversation_id == conversation_id:
+            out.extend(batch.events)
+    return out
+
+
+def _inbox_span_ms(s: Settings, submission_ids: set[str]) -> int:
+    """The milliseconds between the first and the last of these proposals' inbox records (their Kafka timestamps)."""
+    stamps: list[int] = []
+    topic = s.topic("inbox")
+    partitions = AdminClient(admin_config(s)).list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions
+    for partition in partitions:
+        for m in read_partition(s, topic, partition, 0, TIMEOUT_S):
+            record = CODEC.decode(m.value() or b"")
+            if isinstance(record, SubmissionProposed) and record.submission_id in submission_ids:
+                stamps.append(m.timestamp()[1])
+    assert len(stamps) == len(submission_ids), f"{len(stamps)} of {len(submission_ids)} proposals in the inbox"
+    return max(stamps) - min(stamps)
+
+
+def _receipts(s: Settings) -> dict[str, Receipt]:
+    out: dict[str, Receipt] = {}
+    for r in read_topic(s, "receipts"):
+        assert r.value is not None
+        rec = CODEC.decode(r.value)
+        if isinstance(rec, Receipt):
+            out.setdefault(rec.request_id, rec)
+    return out
+
+
+def _answered(s: Settings, proposals: list[SubmissionProposed]) -> bool:
+    """Whether each proposal is rejected, or admitted and settled (a duplicate would be answered too)."""
+    receipts = _receipts(s)
+    done = {r.submission_id for r in settlements(s)}
+    for p in proposals:
+        got = receipts.get(p.submission_id)
+        if got is None or (got.outcome is ReceiptOutcome.ADMITTED and p.submission_id not in done):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("lane", POLICIES, ids=str)
+def test_a_burst_of_twenty_with_a_kill_keeps_the_lanes_promises(
+    topics: Settings, spawn_worker: SpawnWorker, tmp_path: Path, lane: LanePolicy
+) -> None:
+    s = topics
+    seed = int(os.environ.get("SETTLED_TEST_SEED") or random.randrange(2**32))
+    (kill,) = choose_schedule(seed, KILL_POINTS, 1, max_hit=1)
+    print(f"lane {lane} seed {seed} (SETTLED_TEST_SEED={seed} replays it): worker a killed at {kill.spec}")
+    conv = f"lanes-{lane}"
+    control = FailpointControl(tmp_path / "fp")  # the folder spawn_worker's children use
+    a = spawn_worker("a", failpoints=f"{HOLD}=1*pause(120s)")
+    holder = proposal(conv, value=plan({"step": "hold"})).model_copy(update={"lane": lane})
+    send(s, holder)
+    control.wait_reached(HOLD, TIMEOUT_S)  # the holder runs: the lane is held
+
+    burst = [proposal(conv, value=plan()) for _ in range(BURST)]
+    send(s, *burst)
+    span_ms = _inbox_span_ms(s, {p.submission_id for p in burst})
+    assert span_ms < 100, f"the burst's records span {span_ms} ms of inbox timestamps, not within 100 ms"
+    receipts: dict[str, Receipt] = {}
+
+    def burst_decided() -> bool:
+        receipts.update(_receipts(s))
+        return all(p.submission_id in receipts for p in burst)
+
+    wait_for(burst_decided, TIMEOUT_S, "the owner's receipt of each submission of the burst")
+    assert a.poll() is None, "worker a ended before its kill was armed"
+
+    control.arm(kill.name, f"{kill.hit}*kill")
+    assert control.release(HOLD) == 1
+    killed(a, tmp_path / "a.log")
+    control.disarm(kill.name)
+    spawn_worker("b")
+    everyone = [holder, *burst]
+    wait_for(lambda: _answered(s, everyone), TIMEOUT_S, "each submission settled or rejected")
+    barrier = pass_barrier(s, conv, plan(), timeout_s=TIMEOUT_S)
+
+    events = _conversation_events(s, conv)
+    violations = check_lane_history(events, [p.submission_id for p in [*everyone, barrier.proposal]])
+    assert violations == [], f"lane {lane}, seed {seed}: {len(violations)} violations, the first: {violations[:5]}"
+    counts = Counter(r.submission_id for r in settlements(s))
+    doubled = {sid: n for sid, n in counts.items() if n != 1}
+    assert doubled == {}, f"settlements on the settlements topic more than once: {doubled}"
+
+    final = _receipts(s)
+    outcomes = Counter(r.outcome for r in settlements(s))
+    rejected = [p for p in burst if final[p.submission_id].outcome is ReceiptOutcome.REJECTED]
+    # What the held lane did to the burst (decided while the holder was held at the barrier, before the kill):
+    if lane is LanePolicy.REJECT:
+        assert len(rejected) == BURST and all(LANE_BUSY in (final[p.submission_id].reason or "") for p in rejected)
+        assert outcomes == Counter({SettlementOutcome.COMPLETED: 2}), outcomes  # the holder and the barrier
+    else:
+        assert rejected == []
+        aborted = {LanePolicy.QUEUE: 0, LanePolicy.INTERRUPT: BURST, LanePolicy.KEEP_NEWEST: BURST - 1}[lane]
+        assert outcomes[SettlementOutcome.ABORTED] == aborted, outcomes
+        assert outcomes[SettlementOutcome.COMPLETED] == BURST + 2 - aborted, outcomes
