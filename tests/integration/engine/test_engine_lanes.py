@@ -19,8 +19,11 @@ Joining (issue 22 item 2) adds ``LanePolicy.JOIN`` to `POLICIES`; its invariants
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -29,19 +32,22 @@ from confluent_kafka.admin import AdminClient
 
 from settled._failpoints import FailpointControl, choose_schedule
 from settled._settings import Settings
+from settled.client import Client, LaneRejectedError, SubmissionRejectedError
 from settled.producers import admin_config, read_partition
 from settled.protocol import LANE_BUSY, check_lane_history
 from settled.schemas import (
     LanePolicy,
+    LaneSet,
     LogEvent,
     Receipt,
     ReceiptOutcome,
     SettlementOutcome,
+    SubmissionAdmitted,
     SubmissionProposed,
 )
 from tests.harness.barriers import pass_barrier
 from tests.integration.engine._helpers import TIMEOUT_S, killed, plan, send, settlements
-from tests.integration.engine.conftest import SpawnWorker
+from tests.integration.engine.conftest import ROOT, SpawnWorker
 from tests.integration.helpers import CODEC, proposal, read_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -155,3 +161,52 @@ def test_a_burst_of_twenty_with_a_kill_keeps_the_lanes_promises(
         aborted = {LanePolicy.QUEUE: 0, LanePolicy.INTERRUPT: BURST, LanePolicy.KEEP_NEWEST: BURST - 1}[lane]
         assert outcomes[SettlementOutcome.ABORTED] == aborted, outcomes
         assert outcomes[SettlementOutcome.COMPLETED] == BURST + 2 - aborted, outcomes
+
+
+def test_set_lane_through_the_cli_and_the_client_changes_what_the_next_submission_does(
+    topics: Settings, spawn_worker: SpawnWorker, tmp_path: Path
+) -> None:
+    """``settled lane set`` and `Client.set_lane` on a real worker: applied once (a repeat is a duplicate), refused
+    for a stranger and for an unknown policy, and from then on a submission to the busy conversation is rejected
+    busy; a submission opened with ``lane=`` keeps that lane."""
+    s = topics
+    conv = "lanes-set"
+    control = FailpointControl(tmp_path / "fp")
+    a = spawn_worker("a", failpoints=f"{HOLD}=1*pause(120s)")
+    with Client(s, principal="alice", default_timeout_s=TIMEOUT_S) as client:
+        holder = client.submit(conv, plan({"step": "hold"}))  # opened under the app's default lane: queue
+        control.wait_reached(HOLD, TIMEOUT_S)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLED_FAILPOINT")}
+        env.update(SETTLED_NAMESPACE=s.namespace, SETTLED_KAFKA_BOOTSTRAP=s.kafka_bootstrap)
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "settled.services", "lane", "set", *args], cwd=ROOT,
+                                  env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+        bogus = cli(conv, "newest")
+        assert bogus.returncode == 2 and "lane must be one of" in bogus.stderr + bogus.stdout, bogus
+        done = cli(conv, "reject", "--principal", "alice", "--command-id", "lane-1")
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert json.loads(done.stdout.splitlines()[-1])["outcome"] == "applied"
+        again = client.set_lane(conv, LanePolicy.REJECT, command_id="lane-1")
+        assert again.outcome is ReceiptOutcome.DUPLICATE
+        with pytest.raises(LaneRejectedError) as stranger:
+            client.set_lane(conv, "interrupt", principal="mallory")
+        assert stranger.value.reason_code == "unauthorized"
+
+        with pytest.raises(SubmissionRejectedError) as busy:
+            client.submit(conv, plan())
+        assert busy.value.reason_code == LANE_BUSY, busy.value
+        assert control.release(HOLD) == 1
+        assert client.wait(holder, TIMEOUT_S).outcome is SettlementOutcome.COMPLETED
+        after = client.submit(conv, plan())  # the lane is free: admitted under reject
+        assert client.wait(after, TIMEOUT_S).outcome is SettlementOutcome.COMPLETED
+
+        opened = client.submit("lanes-opened", plan(), lane="keep_newest")
+        assert client.wait(opened, TIMEOUT_S).outcome is SettlementOutcome.COMPLETED
+    sets = [e for e in _conversation_events(s, conv) if isinstance(e, LaneSet)]
+    assert [(e.command_id, e.lane) for e in sets] == [("lane-1", LanePolicy.REJECT)] * 2  # applied, then the duplicate
+    (first,) = [e for e in _conversation_events(s, "lanes-opened") if isinstance(e, SubmissionAdmitted)]
+    assert first.lane is LanePolicy.KEEP_NEWEST
+    assert a.poll() is None
