@@ -138,8 +138,9 @@ SUITES = [
     # +15 s for issue 21's ui_csrf_unchecked (an integration test, ~6 s with the runner's start-up);
     # +20 s for issue 22's attempt_count_after_start (an integration test, ~13 s with the runner's start-up);
     # +10 s for issue 18's flow_drift_unchecked (a unit test, ~8 s with the runner's start-up);
-    # +10 s for issue 17 item 2's workflow_denial_replayed (a unit test, ~7 s with the runner's start-up).
-    Suite("fault-switches", 370, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
+    # +10 s for issue 17 item 2's workflow_denial_replayed (a unit test, ~7 s with the runner's start-up);
+    # +45 s for issue 22 item 1's lane_policy_ignored (the four lanes' engine test, 39 s with the runner's start-up).
+    Suite("fault-switches", 415, ((PY, "scripts/fault_switches.py", "--timeout-s", "150"),)),
 ]
 
 

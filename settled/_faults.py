@@ -104,6 +104,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "its worker at once is never charged and crash-loops its workers instead of settling failed after its "
             "budget (DUR-014, issue 22 item 4)"
         ),
+        "lane_policy_ignored": (
+            "admission ignores the conversation's lane policy, so under reject, interrupt or keep_newest a new "
+            "submission queues behind a busy lane: admitted while one holds it, the earlier ones never aborted "
+            "(DUR-005, DUR-012, issue 22 item 1)"
+        ),
         "collateral_condemned": (
             "the appender's group policy takes the delivery errors of a shared transaction as the culprits and "
             "replaces every conversation with a failed record at once, so a healthy neighbour whose records failed "

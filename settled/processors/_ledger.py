@@ -206,8 +206,16 @@ class LedgerDecider:
                     # Fault switch (DUR-001; tests/fault_switches.toml): admission resolves keys against an empty
                     # key index, so a resubmitted key looks new. Breaks key resolution only, on purpose.
                     conv = dataclasses.replace(conv, key_index={})
+                # Fault switch (issue 22 item 1; tests/fault_switches.toml): admission ignores the conversation's
+                # lane, so every lane queues. Breaks the lane policies only, on purpose.
                 d = protocol.admit(
-                    conv, record, inp.ref, now, check_contract=check_contract, default_lane=self.default_lane
+                    conv,
+                    record,
+                    inp.ref,
+                    now,
+                    check_contract=check_contract,
+                    default_lane=self.default_lane,
+                    apply_lane=not fault_enabled("lane_policy_ignored"),
                 )
         elif misrouted is not None:
             d = protocol.reject_command(

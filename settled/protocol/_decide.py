@@ -221,6 +221,7 @@ def admit(
     *,
     check_contract: bool = True,
     default_lane: LanePolicy = DEFAULT_LANE,
+    apply_lane: bool = True,
 ) -> Decision:
     """Decide a `SubmissionProposed` (DUR-001, docs/design.md §4, docs/semantics.md §4).
 
@@ -253,6 +254,8 @@ def admit(
             ``id_contract_unchecked`` (tests/fault_switches.toml).
         default_lane: The app's default lane (``App(lane=...)``), recorded when the proposal opens the conversation
             and names no lane of its own.
+        apply_lane: Whether the conversation's lane decides what the proposal does to a busy lane; ``False`` only
+            under the fault switch ``lane_policy_ignored`` (tests/fault_switches.toml): every lane then queues.
 
     Returns:
         The decision.
@@ -348,7 +351,7 @@ def admit(
         )
     elif flow is not None:
         run_id = flow_run_id_for(state.conversation_id, proposal.submission_id)
-    busy = lane_busy(state)
+    busy = lane_busy(state) if apply_lane else None
     if busy is not None:  # lane reject (issue 22 item 1): never admitted while the lane is held
         return reject_submission(state, proposal, input_ref, now, reason=SubmissionRejectReason.BUSY, detail=busy)
     seq = state.last_submission_seq + 1
@@ -368,7 +371,7 @@ def admit(
                 lane=opening_lane(state, proposal.lane, default_lane),
             ),
             SubmissionReady(submission_id=proposal.submission_id, submission_seq=seq),
-            *lane_aborts(state, proposal.submission_id, proposal.principal),
+            *(lane_aborts(state, proposal.submission_id, proposal.principal) if apply_lane else ()),
         ),
         receipt=Receipt(
             request_kind=RequestKind.SUBMISSION,

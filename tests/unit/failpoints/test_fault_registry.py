@@ -34,6 +34,7 @@ EXPECTED_SWITCHES = {
     "ui_csrf_unchecked",
     "lifecycle_outside_transaction",
     "attempt_count_after_start",
+    "lane_policy_ignored",
 }
 
 
