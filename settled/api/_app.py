@@ -59,7 +59,7 @@ from settled.client import NO_RESULT, Client, CommandRejectedError, SubmissionRe
 from settled.projections import ProjectionReader
 from settled.projections._schema import ProjectionNames
 from settled.protocol import ACCESS_ALL, ACCESS_OWNER
-from settled.schemas import Receipt
+from settled.schemas import LanePolicy, Receipt
 
 __all__ = ["ApiConfig", "ReceiptOut", "create_app"]
 
@@ -161,10 +161,12 @@ class SubmissionIn(BaseModel):
     Attributes:
         input: The turn's input, any JSON value.
         tools_offered: Names of the tools offered for this turn.
+        lane: The lane policy of the conversation this turn opens (ignored by a later turn; see ``Client.submit``).
     """
 
     input: JsonValue
     tools_offered: list[str] = Field(default_factory=list)
+    lane: LanePolicy | None = None
 
 
 class SignalIn(BaseModel):
@@ -197,6 +199,16 @@ class AbortIn(BaseModel):
     """
 
     reason: str | None = None
+
+
+class LaneIn(BaseModel):
+    """A conversation's new lane policy (see ``Client.set_lane``).
+
+    Attributes:
+        lane: ``queue``, ``join``, ``reject``, ``interrupt`` or ``keep_newest``.
+    """
+
+    lane: LanePolicy
 
 
 class SteerIn(BaseModel):
@@ -509,7 +521,12 @@ def create_app(
         key = key_of(idempotency_key)
         try:
             receipt = client_of(principal).submit(
-                cid, body.input, idempotency_key=key, principal=principal.name, tools_offered=body.tools_offered
+                cid,
+                body.input,
+                idempotency_key=key,
+                principal=principal.name,
+                tools_offered=body.tools_offered,
+                lane=body.lane,
             )
         except SubmissionRejectedError as exc:
             if exc.reason_code == "unauthorized":
@@ -722,6 +739,15 @@ def create_app(
             lambda: client_of(principal).abort(cid, sid, reason=body.reason, principal=principal.name, command_id=key),
             key,
             sid,
+        )
+
+    @app.put("/v1/conversations/{cid}/lane", response_model=ReceiptOut, summary="Change a conversation's lane policy")
+    def set_lane(cid: Cid, body: LaneIn, principal: Submitter, idempotency_key: KeyHeader = None) -> ReceiptOut:
+        key = key_of(idempotency_key)
+        return command_answer(
+            lambda: client_of(principal).set_lane(cid, body.lane, principal=principal.name, command_id=key),
+            key,
+            cid,
         )
 
     @app.post("/v1/conversations/{cid}/runs/{rid}/steer", response_model=ReceiptOut, summary="Steer an active run")
