@@ -88,6 +88,7 @@ from settled.protocol._decide import (
     admit,
     claim,
     interrupt,
+    join,
     quarantine,
     reason_code,
     reject_command,
@@ -139,6 +140,7 @@ from settled.protocol._fold import (
     input_key,
     scope_digest,
 )
+from settled.protocol._joining import aborted_in_group, joinable_prefix, joined_submissions
 from settled.protocol._lanes import (
     DEFAULT_LANE,
     LANE_ABORT_PREFIX,
@@ -282,6 +284,7 @@ __all__ = [
     "WorkflowInvocation",
     "WrongConversationError",
     "abort",
+    "aborted_in_group",
     "admit",
     "api_signature_of",
     "api_signing_bytes",
@@ -328,6 +331,9 @@ __all__ = [
     "interrupt",
     "is_pause_wait",
     "is_retry_wait",
+    "join",
+    "joinable_prefix",
+    "joined_submissions",
     "lane_aborts",
     "lane_busy",
     "lifecycle_event_id",

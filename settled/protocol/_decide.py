@@ -38,6 +38,7 @@ from settled.protocol._errors import (
 )
 from settled.protocol._flows import flow_invocation, flow_run_id_for
 from settled.protocol._fold import ConversationState, PartitionState, Submission
+from settled.protocol._joining import aborted_in_group, joinable_prefix
 from settled.protocol._lanes import DEFAULT_LANE, LanePolicy, lane_aborts, lane_busy, opening_lane
 from settled.protocol._states import SubmissionState, outcome_state
 from settled.protocol._workflows import run_control_problem
@@ -79,6 +80,7 @@ from settled.schemas import (
     SubmissionReady,
     SubmissionRejected,
     SubmissionRejectReason,
+    SubmissionsJoined,
     UnknownResolved,
     WaitKind,
     json_digest,
@@ -93,6 +95,7 @@ __all__ = [
     "admit",
     "claim",
     "interrupt",
+    "join",
     "quarantine",
     "reason_code",
     "reject_command",
@@ -117,12 +120,15 @@ class Decision:
         settlement: The ``settled.settlements`` record, when the decision settles a submission (issue 5 item 5:
             it commits with the canonical `Settlement`, which is the whole terminalization boundary).
         quarantine: The ``settled.quarantine`` record, when the input is set aside.
+        joined_settlements: The ``settled.settlements`` records of the submissions the settled one joined (issue 22
+            item 2): they settle with it, in the same batch and transaction.
     """
 
     events: tuple[LogEvent, ...]
     receipt: Receipt | None = None
     settlement: SettlementRecord | None = None
     quarantine: QuarantineRecord | None = None
+    joined_settlements: tuple[SettlementRecord, ...] = ()
 
     @property
     def submission_id(self) -> str | None:
@@ -564,10 +570,10 @@ def quarantine(
 def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
     """Return what the conversation does next (DUR-004, DUR-005, docs/semantics.md §5, §13).
 
-    First, an inactive submission (admitted, ready, or waiting; issue 16) with a recorded abort settles aborted,
-    lowest sequence first, without waiting for its turn (docs/semantics.md §13). Else, when the lane is held (an active
-    submission), its next attempt starts only if it is back in Ready (interrupted, an Unknown resolved, its waits
-    decided); otherwise nothing starts
+    First, an inactive submission (admitted, ready, or waiting; issue 16) with a recorded abort (its own, or one of
+    the submissions it joined: issue 22 item 2) settles aborted, lowest sequence first, without waiting for its turn
+    (docs/semantics.md §13). Else, when the lane is held (an active submission), its next attempt starts only if it
+    is back in Ready (interrupted, an Unknown resolved, its waits decided); otherwise nothing starts
     (at most one active, DUR-005). Else the queue's head starts if it is Ready (FIFO by submission sequence,
     DUR-004); settled rows (aborted ones included) are not in the queue, and an admitted-but-not-ready head blocks.
 
@@ -579,8 +585,8 @@ def schedule(state: ConversationState) -> StartAttempt | SettleAborted | None:
     """
     for submission_id in state.queue:
         sub = state.submissions[submission_id]
-        if sub.abort_requested and sub.state in (S.ADMITTED, S.READY, S.WAITING):
-            return SettleAborted(submission_id)
+        if sub.state in (S.ADMITTED, S.READY, S.WAITING) and aborted_in_group(state, sub) is not None:
+            return SettleAborted(submission_id)  # with the submissions it joined, when one of them is aborted
     active = state.active()
     if active is not None:
         return StartAttempt(active.submission_id, active.attempt_count + 1) if active.state is S.READY else None
@@ -652,6 +658,45 @@ def interrupt(state: ConversationState, submission_id: str, reason: str) -> Deci
     return Decision(events=(AttemptInterrupted(submission_id=submission_id, attempt_id=sub.attempt_id, reason=reason),))
 
 
+def join(state: ConversationState, submission_id: str, attempt_id: str, response_ordinal: int) -> Decision | None:
+    """Decide what a running run takes in at a model boundary (issue 22 item 2, DUR-016): `SubmissionsJoined`.
+
+    Asked by the run before a model call it makes live (never a replayed one). In a conversation whose lane is
+    ``join``, the contiguous ready prefix of the submissions queued behind the run (`joinable_prefix`: an aborted and
+    settled one is not in the queue and so no gap; an admitted-but-not-ready one ends it) is joined: the record
+    commits before their inputs reach the model, and each then settles with the run (`terminalize`).
+
+    Args:
+        state: The conversation's scratch state.
+        submission_id: The running submission (the host).
+        attempt_id: Its running attempt.
+        response_ordinal: The ordinal of the model call about to be made.
+
+    Returns:
+        The decision (one `SubmissionsJoined`), or None when the lane is not ``join`` or nothing is queued ready.
+
+    Raises:
+        UnknownSubmissionError: If the conversation holds no such submission.
+        IllegalTransitionError: If that attempt of it is not running.
+    """
+    host = _get(state, submission_id)
+    if host.state is not S.RUNNING or host.attempt_id != attempt_id:
+        raise IllegalTransitionError(
+            submission_id,
+            host.state,
+            S.RUNNING,
+            "SubmissionsJoined",
+            f"only a running attempt joins queued submissions (its attempt is {host.attempt_id!r}, not {attempt_id!r})",
+        )
+    ids = joinable_prefix(state.queue, state.submissions, submission_id)
+    if not ids:
+        return None
+    joined = SubmissionsJoined(
+        submission_id=submission_id, attempt_id=attempt_id, response_ordinal=response_ordinal, joined_ids=tuple(ids)
+    )
+    return Decision(events=(joined,))
+
+
 def claim(state: PartitionState, worker_id: str, now: datetime) -> OwnershipClaimed:
     """Return the new owner's claim, claim step 5 (docs/design.md §3): the latest claim's epoch + 1.
 
@@ -685,6 +730,7 @@ def _settle(
     reply_ref: str | None = None,
     error_type: str | None = None,
     error_reason: str | None = None,
+    joined_to: str | None = None,
 ) -> tuple[Settlement, SettlementRecord]:
     if reply_json is not None and reply_digest is None:
         reply_digest = json_digest(reply_json)
@@ -698,6 +744,7 @@ def _settle(
         error_reason=error_reason,
         attempt_count=sub.attempt_count,
         settled_at=now,
+        joined_to=joined_to,
     )
     record = SettlementRecord(
         conversation_id=state.conversation_id,
@@ -711,8 +758,43 @@ def _settle(
         error_reason=error_reason,
         attempt_count=sub.attempt_count,
         settled_at=now,
+        joined_to=joined_to,
     )
     return settlement, record
+
+
+def _settle_with_joined(
+    state: ConversationState,
+    sub: Submission,
+    outcome: SettlementOutcome,
+    now: datetime,
+    *,
+    reply_json: str | None = None,
+    reply_digest: str | None = None,
+    reply_ref: str | None = None,
+    error_type: str | None = None,
+    error_reason: str | None = None,
+) -> tuple[tuple[Settlement, ...], SettlementRecord, tuple[SettlementRecord, ...]]:
+    """Settle ``sub`` and, right after it, each submission it joined, with its outcome and reply (issue 22 item 2).
+
+    Returns:
+        The settlements (the host's first), the host's settlement record, the joined ones' records.
+    """
+    kept = {
+        "reply_json": reply_json,
+        "reply_digest": reply_digest,
+        "reply_ref": reply_ref,
+        "error_type": error_type,
+        "error_reason": error_reason,
+    }
+    settlement, record = _settle(state, sub, outcome, now, **kept)
+    events = [settlement]
+    records = []
+    for joined_id in sub.joined:
+        e, r = _settle(state, state.submissions[joined_id], outcome, now, joined_to=sub.submission_id, **kept)
+        events.append(e)
+        records.append(r)
+    return tuple(events), record, tuple(records)
 
 
 def _abort_reason(sub: Submission) -> str:
@@ -765,10 +847,19 @@ def terminalize(
     sub = _get(state, submission_id)
     if sub.outcome is not None:
         raise TerminalOutcomeConflictError(submission_id, sub.outcome, outcome, settled=True)
-    if sub.abort_requested:
+    if sub.joined_to is not None:
+        raise IllegalTransitionError(
+            submission_id,
+            sub.state,
+            outcome_state(outcome),
+            "Settlement",
+            f"joined into run {sub.joined_to!r}: it settles only with its host (issue 22 item 2)",
+        )
+    aborted = aborted_in_group(state, sub)
+    if aborted is not None:
         outcome = SettlementOutcome.ABORTED
         reply_json = reply_digest = reply_ref = error_type = None
-        error_reason = _abort_reason(sub)
+        error_reason = _abort_reason(aborted)
     elif sub.reserved_outcome is not None and sub.reserved_outcome is not outcome:
         raise TerminalOutcomeConflictError(submission_id, sub.reserved_outcome, outcome, settled=False)
     settles_inactive = sub.state in (S.ADMITTED, S.READY, S.WAITING) and outcome is SettlementOutcome.ABORTED
@@ -781,7 +872,7 @@ def terminalize(
             "a submission settles when running, terminalizing or joined, or aborted while inactive"
             " (docs/semantics.md §3, §13)",
         )
-    settlement, record = _settle(
+    settlements, record, joined = _settle_with_joined(
         state,
         sub,
         outcome,
@@ -792,7 +883,7 @@ def terminalize(
         error_type=error_type,
         error_reason=error_reason,
     )
-    return Decision(events=(settlement,), settlement=record)
+    return Decision(events=settlements, settlement=record, joined_settlements=joined)
 
 
 # ------------------------------------------------------------------------------------------------------ commands
@@ -1039,8 +1130,10 @@ def abort(
     applied = _command_receipt(state, command.command_id, ReceiptOutcome.APPLIED, now)
     if sub.state in (S.ADMITTED, S.READY, S.WAITING):
         reason = command.reason if command.reason else (sub.abort_reason or "aborted by request")
-        settlement, record = _settle(state, sub, SettlementOutcome.ABORTED, now, error_reason=reason)
-        return Decision(events=(recorded, settlement), receipt=applied, settlement=record)
+        settlements, record, joined = _settle_with_joined(
+            state, sub, SettlementOutcome.ABORTED, now, error_reason=reason
+        )
+        return Decision(events=(recorded, *settlements), receipt=applied, settlement=record, joined_settlements=joined)
     return Decision(events=(recorded,), receipt=applied)
 
 
@@ -1205,12 +1298,15 @@ def resolve(
     applied = _command_receipt(state, command.command_id, ReceiptOutcome.APPLIED, now)
     if command.kind is not ResolutionKind.OUTCOME_FOR_SUBMISSION or command.outcome is None:
         return Decision(events=(resolved,), receipt=applied)
-    if sub.abort_requested:
-        settlement, record = _settle(state, sub, SettlementOutcome.ABORTED, now, error_reason=_abort_reason(sub))
+    aborted = aborted_in_group(state, sub)
+    if aborted is not None:
+        settlements, record, joined = _settle_with_joined(
+            state, sub, SettlementOutcome.ABORTED, now, error_reason=_abort_reason(aborted)
+        )
     else:
         by = f"resolved by {command.principal} (key {command.key_id}, command {command.command_id})"
         failed = command.outcome is SettlementOutcome.FAILED
-        settlement, record = _settle(
+        settlements, record, joined = _settle_with_joined(
             state,
             sub,
             command.outcome,
@@ -1219,4 +1315,4 @@ def resolve(
             error_type="UnknownResolved" if failed else None,
             error_reason=None if command.outcome is SettlementOutcome.COMPLETED else by,
         )
-    return Decision(events=(resolved, settlement), receipt=applied, settlement=record)
+    return Decision(events=(resolved, *settlements), receipt=applied, settlement=record, joined_settlements=joined)

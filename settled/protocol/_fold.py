@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from settled.protocol._errors import IllegalTransitionError, LogInconsistencyError, StaleEpochError
+from settled.protocol._joining import joinable_prefix
 from settled.protocol._states import (
     TERMINAL_STATES,
     WAITING_STATES,
@@ -87,6 +88,7 @@ from settled.schemas import (
     SubmissionReady,
     SubmissionRejected,
     SubmissionRetryScheduled,
+    SubmissionsJoined,
     ToolCallPrepared,
     ToolCallRefused,
     ToolCallSettled,
@@ -238,6 +240,8 @@ class Submission:
         error_type: For a failed settlement: its error type (`RETRY_BUDGET_EXHAUSTED` for a dead letter).
         retry_of: For a submission admitted by a `RetrySubmission`: the dead letter it retries (issue 22 item 4).
         retried_as: For a dead letter: the submission that retries it, once admitted (a second retry is a duplicate).
+        joined_to: For a submission an active run joined (issue 22 item 2): that run, its host.
+        joined: For a host: the submissions it joined, in join order (`SubmissionsJoined`); they settle with it.
     """
 
     submission_id: str
@@ -267,6 +271,8 @@ class Submission:
     error_type: str | None = None
     retry_of: str | None = None
     retried_as: str | None = None
+    joined_to: str | None = None
+    joined: tuple[str, ...] = ()
 
     @property
     def dead_lettered(self) -> bool:
@@ -736,6 +742,8 @@ def _replace(sub: Submission, **changes: Any) -> Submission:
     made.error_type = sub.error_type
     made.retry_of = sub.retry_of
     made.retried_as = sub.retried_as
+    made.joined_to = sub.joined_to
+    made.joined = sub.joined
     for name, value in changes.items():
         if name not in _SUBMISSION_FIELDS:
             raise TypeError(f"Submission has no field {name!r}")
@@ -1075,6 +1083,14 @@ class _ConvBuilder:
 
     def on_attempt_started(self, event: AttemptStarted, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, S.RUNNING)
+        if sub.joined_to is not None:
+            raise IllegalTransitionError(
+                sub.submission_id,
+                sub.state,
+                S.RUNNING,
+                _name(event),
+                f"joined into run {sub.joined_to!r}: it runs and settles only with its host (issue 22 item 2)",
+            )
         if sub.state is S.READY:
             if sub.abort_requested:
                 raise IllegalTransitionError(
@@ -1144,6 +1160,26 @@ class _ConvBuilder:
             self.require(sub, _RUNNING, event, "only a running attempt appends history")
         if sub.attempt_id != event.attempt_id:
             self.require_attempt(sub, event.attempt_id, event)
+
+    def on_joined(self, event: SubmissionsJoined, batch_epoch: int) -> None:
+        """A running host takes in the contiguous ready prefix queued behind it (issue 22 item 2, DUR-016)."""
+        host = self.get(event.submission_id, event, None)
+        self.require(host, _RUNNING, event, "only a running attempt joins queued submissions")
+        self.require_attempt(host, event.attempt_id, event)
+        ids = tuple(event.joined_ids)
+        prefix = joinable_prefix(self.queue, self.subs(), host.submission_id)
+        if not ids or list(ids) != prefix[: len(ids)]:
+            raise self.fail(
+                event,
+                "joined_ids",
+                list(ids),
+                f"not a non-empty prefix of the ready submissions queued behind the host: {prefix}",
+            )
+        for submission_id in ids:
+            sub = self.subs()[submission_id]
+            joining = self.move(sub, S.JOINING, event)
+            self.move(joining, S.JOINED, event, joined_to=host.submission_id, input_applied=True)
+        self.put(_replace(self.subs()[host.submission_id], joined=(*host.joined, *ids)))
 
     def on_prepared(self, event: ToolCallPrepared, batch_epoch: int) -> None:
         sub = self.get(event.submission_id, event, None)
@@ -1422,6 +1458,10 @@ class _ConvBuilder:
             )
         if event.attempt_count != sub.attempt_count:
             raise self.fail(event, "attempt_count", event.attempt_count, f"the submission made {sub.attempt_count}")
+        if event.joined_to != sub.joined_to:
+            raise self.fail(event, "joined_to", event.joined_to, f"the submission's host is {sub.joined_to!r}")
+        if sub.joined_to is not None:
+            self.require_host_settled(sub, sub.joined_to, event)
         if sub.state is not S.TERMINALIZING and sub.state is not S.JOINED:
             # Reserve and append are one transaction here (issue 5 item 5): pass through Terminalizing.
             sub = self.move(sub, S.TERMINALIZING, event)
@@ -1443,6 +1483,19 @@ class _ConvBuilder:
         self.queue = tuple(sid for sid in self.queue if sid != sub.submission_id)
         if self.active == sub.submission_id:
             self.active = None  # the lane is released with the canonical settlement (docs/semantics.md §12 steps 3-4)
+
+    def require_host_settled(self, sub: Submission, host_id: str, event: Settlement) -> None:
+        """A joined submission settles only after its host, with the host's outcome (issue 22 item 2)."""
+        host = self.subs()[host_id]
+        if host.outcome is not event.outcome:
+            raise IllegalTransitionError(
+                sub.submission_id,
+                sub.state,
+                outcome_state(event.outcome),
+                _name(event),
+                f"joined into run {host_id!r}, which is {host.state.value}: a joined submission settles only with "
+                "its host, after it, with its outcome (issue 22 item 2)",
+            )
 
 
 def _approval_digest_of(details_json: str | None) -> str | None:
@@ -1487,6 +1540,7 @@ _RULES: dict[type[AvroRecord], _Rule] = {
     SteeringReceived: _ConvBuilder.on_steering_received,
     SteeringDelivered: _ConvBuilder.on_running_record,
     LaneSet: _ConvBuilder.on_lane_set,
+    SubmissionsJoined: _ConvBuilder.on_joined,
     ApprovalDecided: _ConvBuilder.on_approval_decided,
     AccessGranted: _ConvBuilder.on_access_granted,
     AccessRevoked: _ConvBuilder.on_access_revoked,

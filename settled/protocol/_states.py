@@ -36,9 +36,10 @@ What the table adds to the spec's diagram, and why:
 * **Ready → Waiting** (issue 22 item 4): a charged attempt (a death, an uncaught error) ended within the budget; the
   owner appends `SubmissionRetryScheduled` and its timed wait (`WaitRequested`, deadline = the wake-up) in one batch,
   so the backoff holds the lane and no worker, and the sweeper's expiry makes it Ready again.
-* The join edges (Ready → Joining → Joined → outcome, docs/semantics.md §5) are in the table but no schema v1 event
-  causes Ready → Joining: joining "comes after the base FIFO durable runtime" (docs/semantics.md §5). `Edge.reserved`
-  marks them.
+* **Joining** (issue 22 item 2, docs/semantics.md §5, DUR-016): one `SubmissionsJoined` takes each submission it
+  names Ready → Joining → Joined (two edges, one event, as a `Settlement` passes through Terminalizing): the record is
+  the joined input made canonical, so Joining is never a resting state. A joined submission leaves Joined only by
+  a `Settlement` naming its host (`Settlement.joined_to`), after the host's own, with the host's outcome.
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ from settled.schemas import (
     AttemptInterrupted,
     AttemptStarted,
     AvroRecord,
-    InputApplied,
     OwnershipClaimed,
     RecoveryDecision,
     Settlement,
     SettlementOutcome,
     SubmissionAdmitted,
     SubmissionReady,
+    SubmissionsJoined,
     ToolCallUnknown,
     UnknownResolved,
     WaitKind,
@@ -163,12 +164,11 @@ class Edge:
     Attributes:
         source: The state left.
         target: The state entered.
-        causes: The canonical event types that take this edge (empty only for a reserved edge).
+        causes: The canonical event types that take this edge.
         qualifiers: When not empty, the edge is taken only when `cause_qualifier` of the event is one of these.
         label: The spec's label of the edge (or the added edge's name).
         origin: Where the edge comes from: ``"docs/semantics.md §3"``, ``"docs/semantics.md §13"``,
             ``"docs/design.md §5"``.
-        reserved: True when no schema v1 event takes the edge yet (joining, docs/semantics.md §5).
     """
 
     source: SubmissionState
@@ -177,7 +177,6 @@ class Edge:
     qualifiers: frozenset[str]
     label: str
     origin: str
-    reserved: bool = False
 
     def admits(self, event: AvroRecord) -> bool:
         """Tell whether ``event`` takes this edge (its type is a cause and its qualifier fits).
@@ -193,7 +192,7 @@ class Edge:
         return not self.qualifiers or cause_qualifier(event) in self.qualifiers
 
     def __str__(self) -> str:
-        causes = ", ".join(cause.__name__ for cause in self.causes) or "(no v1 event)"
+        causes = ", ".join(cause.__name__ for cause in self.causes)
         when = f" [{', '.join(sorted(self.qualifiers))}]" if self.qualifiers else ""
         return f"{self.source.value} -> {self.target.value}: {self.label} ({causes}{when}; {self.origin})"
 
@@ -224,10 +223,8 @@ def _e(
     label: str,
     origin: str = "docs/semantics.md §3",
     qualifiers: tuple[str, ...] = (),
-    *,
-    reserved: bool = False,
 ) -> Edge:
-    return Edge(source, target, causes, frozenset(qualifiers), label, origin, reserved)
+    return Edge(source, target, causes, frozenset(qualifiers), label, origin)
 
 
 _C, _F, _A = SettlementOutcome.COMPLETED.value, SettlementOutcome.FAILED.value, SettlementOutcome.ABORTED.value
@@ -237,11 +234,11 @@ EDGES: tuple[Edge, ...] = (
     _e(S.PROPOSED, S.ADMITTED, (SubmissionAdmitted,), "ledger commit"),
     _e(S.ADMITTED, S.READY, (SubmissionReady,), "conversation materialized"),
     _e(S.READY, S.RUNNING, (AttemptStarted,), "head claimed"),
-    _e(S.READY, S.JOINING, (), "active run claims queued input", "docs/semantics.md §3, §5", reserved=True),
-    _e(S.JOINING, S.JOINED, (InputApplied,), "canonical input applied", "docs/semantics.md §3, §5", reserved=True),
-    _e(S.JOINED, S.COMPLETED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_C,), reserved=True),
-    _e(S.JOINED, S.FAILED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_F,), reserved=True),
-    _e(S.JOINED, S.ABORTED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_A,), reserved=True),
+    _e(S.READY, S.JOINING, (SubmissionsJoined,), "active run claims queued input", "docs/semantics.md §3, §5"),
+    _e(S.JOINING, S.JOINED, (SubmissionsJoined,), "canonical input applied", "docs/semantics.md §3, §5"),
+    _e(S.JOINED, S.COMPLETED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_C,)),
+    _e(S.JOINED, S.FAILED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_F,)),
+    _e(S.JOINED, S.ABORTED, (Settlement,), "settles with host", "docs/semantics.md §3, §5", (_A,)),
     _e(S.RUNNING, S.TERMINALIZING, (Settlement,), "settlement obligation acquired", "docs/semantics.md §3, §12"),
     _e(
         S.TERMINALIZING, S.COMPLETED, (Settlement,), "canonical settlement appended", "docs/semantics.md §3, §12", (_C,)

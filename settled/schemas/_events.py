@@ -98,6 +98,7 @@ __all__ = [
     "SubmissionRejectReason",
     "SubmissionRejected",
     "SubmissionRetryScheduled",
+    "SubmissionsJoined",
     "ToolCallPrepared",
     "ToolCallRefused",
     "ToolCallSettled",
@@ -1131,6 +1132,27 @@ class SteeringDelivered(AvroRecord):
     command_ids: tuple[str, ...]
 
 
+class SubmissionsJoined(AvroRecord):
+    """Queued submissions an active run took in at a model boundary (issue 22 item 2, DUR-016).
+
+    Decided by the owner (`settled.protocol.join`) when the run asks before a model call it makes live, and committed
+    before that call is made: the joined submissions' inputs reach the model only once this is canonical, and a
+    later attempt of the run reads which ones it holds from the log, never from what is queued then. Each joined
+    submission then settles with its host, in the host's batch (`Settlement.joined_to`).
+
+    Attributes:
+        submission_id: The host: the running submission that takes them in.
+        attempt_id: The host's attempt at whose model boundary they were joined.
+        response_ordinal: The ordinal of the model call they reach first.
+        joined_ids: The joined submissions, in submission-sequence order.
+    """
+
+    submission_id: str
+    attempt_id: str
+    response_ordinal: NonNegInt64
+    joined_ids: tuple[str, ...]
+
+
 class CommandRejected(AvroRecord):
     """A command rejected with a reason (docs/design.md §2, §4).
 
@@ -1479,6 +1501,8 @@ class Settlement(AvroRecord):
         error_reason: For failed or aborted: the reason.
         attempt_count: Attempts made.
         settled_at: When.
+        joined_to: For a submission joined into another run (issue 22 item 2): its host, whose outcome it shares;
+            it settles in the host's batch, right after the host.
     """
 
     submission_id: str
@@ -1490,6 +1514,7 @@ class Settlement(AvroRecord):
     error_reason: str | None = None
     attempt_count: NonNegInt32
     settled_at: UtcMillis
+    joined_to: str | None = None
 
     @model_validator(mode="after")
     def _digest_matches(self) -> Self:
@@ -1724,6 +1749,7 @@ class SettlementRecord(AvroRecord):
         error_reason: For failed or aborted: the reason.
         attempt_count: Attempts made.
         settled_at: When.
+        joined_to: For a submission joined into another run (issue 22 item 2): its host, whose outcome it shares.
     """
 
     schema_version: NonNegInt32 = SCHEMA_VERSION
@@ -1738,6 +1764,7 @@ class SettlementRecord(AvroRecord):
     error_reason: str | None = None
     attempt_count: NonNegInt32
     settled_at: UtcMillis
+    joined_to: str | None = None
 
     @model_validator(mode="after")
     def _digest_matches(self) -> Self:
@@ -1855,6 +1882,7 @@ LogEvent = (
     | SteeringReceived
     | SteeringDelivered
     | LaneSet
+    | SubmissionsJoined
 )
 """An event inside a canonical batch on ``settled.log`` (the Avro union, in this order)."""
 
@@ -1921,6 +1949,7 @@ LOG_EVENT_TYPES: tuple[type[AvroRecord], ...] = (
     SteeringReceived,
     SteeringDelivered,
     LaneSet,
+    SubmissionsJoined,
 )
 """Branches of the log-event union, in Avro union order."""
 

@@ -52,6 +52,7 @@ from settled.schemas import (
     SteeringReceived,
     StepRetryScheduled,
     SubmissionRetryScheduled,
+    SubmissionsJoined,
     WaitKind,
     WaitOutcome,
     WaitRequested,
@@ -273,5 +274,6 @@ def _other_event_types() -> LogBatch:
                              input_ref=ref),
             SteeringDelivered(submission_id="s", attempt_id="a", response_ordinal=0, command_ids=("st-1",)),
             LaneSet(command_id="l-1", principal="p", lane=LanePolicy.REJECT, input_ref=ref),
+            SubmissionsJoined(submission_id="s", attempt_id="a", response_ordinal=1, joined_ids=("s2", "s3")),
         ],
     )  # fmt: skip
