@@ -109,6 +109,11 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "submission queues behind a busy lane: admitted while one holds it, the earlier ones never aborted "
             "(DUR-005, DUR-012, issue 22 item 1)"
         ),
+        "joined_settled_separately": (
+            "a host run's joined submissions settle in a later commit than the host instead of in its batch, so a "
+            "crash between the two leaves a joined submission unsettled behind a settled host (DUR-016, issue 22 "
+            "item 2: each joined submission settles with its host, exactly once)"
+        ),
         "collateral_condemned": (
             "the appender's group policy takes the delivery errors of a shared transaction as the culprits and "
             "replaces every conversation with a failed record at once, so a healthy neighbour whose records failed "

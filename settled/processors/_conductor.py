@@ -56,6 +56,7 @@ from settled.processors._ledger import to_loop_decision
 from settled.processors._partition import Decision, PartitionOwner
 from settled.protocol import (
     WAITING_STATES,
+    LanePolicy,
     OpenCall,
     PartitionState,
     ReconcileAnswer,
@@ -85,6 +86,7 @@ from settled.schemas import (
     StepRecorded,
     StepRetryScheduled,
     SubmissionAdmitted,
+    SubmissionsJoined,
     ToolCallPrepared,
     ToolCallRefused,
     ToolCallSettled,
@@ -262,6 +264,16 @@ def _no_recorder(events: Sequence[LogEvent]) -> Future[None]:
     return fut
 
 
+#: What a run joined (issue 22 item 2): (submission id, its input as canonical JSON), in join order.
+JoinedInputs = tuple[tuple[str, str], ...]
+
+
+def _no_join(response_ordinal: int) -> Future[JoinedInputs]:
+    fut: Future[JoinedInputs] = Future()
+    fut.set_result(())
+    return fut
+
+
 @dataclass(frozen=True)
 class HistoryTurn:
     """One settled submission of the conversation, as later runs may show it to a model (docs/semantics.md §10).
@@ -302,6 +314,11 @@ class AgentRun:
             history, for model-driven agents).
         committed: Reads the submission's committed journal now (``journal`` grows as records commit): a workflow
             run reads the signals that came while it runs (a pause, issue 17 item 2) at its step boundaries.
+        joined: The submissions the run joined so far (earlier attempts included), in join order, with their inputs
+            (issue 22 item 2): read from the log's `SubmissionsJoined`, never from what is queued now.
+        join: Asks the owner, before a model call the run makes live, to join the ready submissions queued behind
+            it (``join`` lane only; `settled.protocol.join`); the future resolves, once their `SubmissionsJoined` is
+            committed, with the ones joined now (empty: none), or fails like ``record``.
     """
 
     conversation_id: str
@@ -317,6 +334,8 @@ class AgentRun:
     record: Callable[[Sequence[LogEvent]], Future[None]] = _no_recorder
     history: tuple[HistoryTurn, ...] = ()
     committed: Callable[[], tuple[LogEvent, ...]] = tuple
+    joined: JoinedInputs = ()
+    join: Callable[[int], Future[JoinedInputs]] = _no_join
 
 
 #: An agent's run body: returns the final reply as canonical JSON, or raises.
@@ -352,6 +371,8 @@ class _Effect:
     attempt_id: str
     events: tuple[LogEvent, ...]
     future: Future[None]
+    join_ordinal: int | None = None  # a join request (issue 22 item 2): its events are decided when it is staged
+    joined: JoinedInputs = ()  # what the staged join takes in
 
 
 @dataclass(frozen=True)
@@ -515,6 +536,7 @@ class Conductor:
     _resumed_conv: dict[str, str] = field(default_factory=dict, init=False)  # submission -> its conversation
     _deadlines: list[tuple[datetime, str]] = field(default_factory=list, init=False)  # heap of (deadline, conv)
     _next_full_scan_s: float = field(default=0.0, init=False)  # time.monotonic() of the next full visit
+    _settle_later: list[tuple[str, protocol.Decision]] = field(default_factory=list, init=False)  # a fault's
 
     def __post_init__(self) -> None:
         self._retry = RetryPolicy(self.max_attempts, self.attempt_backoff_base_ms, self.attempt_backoff_max_ms)
@@ -623,6 +645,9 @@ class Conductor:
             # the submissions, so a call whose result came back is not classified in doubt. Recovery waits a turn.
             self._stage_adopted()
             return
+        for conversation_id, later in self._settle_later:  # only under the fault joined_settled_separately
+            self.owner.stage(to_loop_decision(conversation_id, later))
+        self._settle_later.clear()
         finished = [a for a, running in self._running.items() if running.future.done()]
         ended = [self._running[a].run.conversation_id for a in finished]
         self._stage_effects()
@@ -733,6 +758,51 @@ class Conductor:
 
         return record
 
+    def _join(self, conversation_id: str, submission_id: str, attempt_id: str) -> Callable[[int], Future[JoinedInputs]]:
+        def join(response_ordinal: int) -> Future[JoinedInputs]:
+            out: Future[JoinedInputs] = Future()
+            conv = self.owner.committed.conversation(conversation_id)  # one reference read: the committed state
+            joins = conv.lane is LanePolicy.JOIN
+            if not (joins and protocol.joinable_prefix(conv.queue, conv.submissions, submission_id)):
+                out.set_result(())  # nothing to join now: the run does not wait for a turn of the worker loop
+                return out
+            inner: Future[None] = Future()
+            effect = _Effect(conversation_id, submission_id, attempt_id, (), inner, join_ordinal=response_ordinal)
+
+            def done(fut: Future[None]) -> None:
+                exc = AttemptSupersededError("the join was cancelled") if fut.cancelled() else fut.exception()
+                if exc is not None:
+                    out.set_exception(exc)
+                else:
+                    out.set_result(effect.joined)
+
+            inner.add_done_callback(done)
+            with self._lock:
+                if self._closed:
+                    inner.set_exception(AttemptSupersededError("this worker no longer owns the partition"))
+                    return out
+                self._effects.put(effect)
+            self._wake()
+            return out
+
+        return join
+
+    def _stage_join(self, effect: _Effect, conv: protocol.ConversationState) -> None:
+        """Decide and stage a run's join request (issue 22 item 2); resolve it at once when nothing is joined."""
+        assert effect.join_ordinal is not None
+        decision = protocol.join(conv, effect.submission_id, effect.attempt_id, effect.join_ordinal)
+        if decision is None:
+            _resolve(effect.future)
+            return
+        joined = decision.events[0]
+        assert isinstance(joined, SubmissionsJoined)
+        effect.events = decision.events
+        effect.joined = tuple((sid, conv.submissions[sid].input_json or "null") for sid in joined.joined_ids)
+        self.owner.stage(to_loop_decision(effect.conversation_id, decision))
+        _log.info("submissions joined", extra={"submission_id": effect.submission_id, "joined": joined.joined_ids})
+        failpoint("conductor.after_join_staged")  # decided, not committed: the joined inputs reached no model
+        self._awaiting.append((effect.conversation_id, conv.last_event_seq + len(effect.events), effect))
+
     def _stage_effects(self) -> None:
         while True:
             try:
@@ -764,6 +834,13 @@ class Conductor:
                         f"{[type(e).__name__ for e in effect.events]} not recorded"
                     ),
                 )
+                continue
+            if effect.join_ordinal is not None:
+                try:
+                    self._stage_join(effect, conv)
+                except (protocol.ProtocolError, ChainBreakError) as exc:
+                    _log.error("a join the fold refuses was not recorded", extra={"error": str(exc)})
+                    self._refuse(effect, exc)
                 continue
             try:
                 # All or nothing: a batch the fold refuses (e.g. a settlement of a call never prepared) is not staged.
@@ -819,7 +896,7 @@ class Conductor:
             decision = protocol.terminalize(
                 conv, run.submission_id, SettlementOutcome.COMPLETED, now, reply_json=running.future.result()
             )
-        elif sub.abort_requested:
+        elif protocol.aborted_in_group(conv, sub) is not None:  # its abort, or a joined one's (issue 22 item 2)
             decision = protocol.terminalize(conv, run.submission_id, SettlementOutcome.ABORTED, now)
         else:
             error_type, reason = self._last_error[run.submission_id]
@@ -849,6 +926,15 @@ class Conductor:
                 self._schedule_retry(run.conversation_id, run.submission_id, now)
                 return
         failpoint("conductor.before_settle")  # a finished run's settlement (or interruption) is about to be staged
+        if decision.joined_settlements and fault_enabled("joined_settled_separately"):
+            # Fault switch (DUR-016; tests/fault_switches.toml): the host settles alone and the submissions it joined
+            # settle in the next checkpoint, a separate transaction, instead of in the host's batch.
+            n = len(decision.joined_settlements)
+            host = dataclasses.replace(decision, events=decision.events[:-n], joined_settlements=())
+            later = protocol.Decision(events=decision.events[-n:], joined_settlements=decision.joined_settlements)
+            self.owner.stage(to_loop_decision(run.conversation_id, host))
+            self._settle_later.append((run.conversation_id, later))
+            return
         self.owner.stage(to_loop_decision(run.conversation_id, decision))
 
     def _schedule_retry(self, conversation_id: str, submission_id: str, now: datetime) -> None:
@@ -1146,8 +1232,8 @@ class Conductor:
             conv = committed.conversation(running.run.conversation_id)
             sub = conv.submission(running.run.submission_id)
             stale = sub is None or sub.attempt_id != running.run.attempt_id or sub.state is not SubmissionState.RUNNING
-            if stale or (sub is not None and sub.abort_requested):
-                running.run.cancelled.set()
+            if stale or (sub is not None and protocol.aborted_in_group(conv, sub) is not None):
+                running.run.cancelled.set()  # its abort, or one of a submission it joined (issue 22 item 2)
 
     def _launch(
         self, conversation_id: str, submission_id: str, attempt_id: str, conv: protocol.ConversationState
@@ -1169,6 +1255,8 @@ class Conductor:
             record=self._record(conversation_id, submission_id, attempt_id),
             history=self.history(conversation_id),
             committed=functools.partial(self.journal, submission_id),
+            joined=tuple((sid, conv.submissions[sid].input_json or "null") for sid in sub.joined),
+            join=self._join(conversation_id, submission_id, attempt_id),
         )
         future = self.pool.submit(self.agent, run)
         future.add_done_callback(lambda _: self._wake())  # its end is staged at once, not at the next poll

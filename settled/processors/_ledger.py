@@ -73,7 +73,7 @@ def to_loop_decision(conversation_id: str, d: protocol.Decision, inputs: frozens
         events=d.events,
         submission_id=d.submission_id,
         receipts=(d.receipt,) if d.receipt is not None else (),
-        settlements=(d.settlement,) if d.settlement is not None else (),
+        settlements=(*((d.settlement,) if d.settlement is not None else ()), *d.joined_settlements),
         quarantined=(d.quarantine,) if d.quarantine is not None else (),
         inputs=inputs,
     )

@@ -688,6 +688,8 @@ def join(state: ConversationState, submission_id: str, attempt_id: str, response
             "SubmissionsJoined",
             f"only a running attempt joins queued submissions (its attempt is {host.attempt_id!r}, not {attempt_id!r})",
         )
+    if state.lane is not LanePolicy.JOIN:
+        return None
     ids = joinable_prefix(state.queue, state.submissions, submission_id)
     if not ids:
         return None

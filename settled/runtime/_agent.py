@@ -26,7 +26,7 @@ from settled.processors import HistoryTurn, RunFailedError
 from settled.protocol import approval_id_for
 from settled.runtime._context import ApprovalDecision, RunContext
 from settled.runtime._errors import APPROVAL_DENIED, ToolApprovalDeniedError, ToolCallError
-from settled.runtime._model import Message, ModelProvider, ToolDeclaration
+from settled.runtime._model import Message, ModelProvider, ToolDeclaration, user_text
 from settled.runtime._tools import POLICY_DENIER
 from settled.schemas import (
     DeclaredToolCall,
@@ -69,12 +69,6 @@ def denial_result(tool: str, by: str | None, reason: str | None) -> dict[str, An
         "message": f"The call to {tool!r} was not approved by {who}{why}. Tell the user it was declined; "
         "do not retry it.",
     }
-
-
-def user_text(input_json: str) -> str:
-    """The user message of a submission's input: the string itself, else its canonical JSON."""
-    value = json.loads(input_json)
-    return value if isinstance(value, str) else input_json
 
 
 def _tool_message(call: DeclaredToolCall, outcome: LogEvent) -> Message:

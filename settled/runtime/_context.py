@@ -94,6 +94,7 @@ from settled.runtime._model import (
     TextDelta,
     ToolArgumentsDelta,
     ToolDeclaration,
+    user_text,
 )
 from settled.runtime._options import RunOptions
 from settled.runtime._pipeline import CommitPipeline
@@ -294,6 +295,8 @@ class RunContext:
         self._stream_seq = 0
         # Steering (issue 22 item 3): the ids earlier model calls of the run saw, recorded ones first, in order.
         self._steering_seen: list[str] = steering_delivered(run.journal, run.submission_id)
+        # Joining (issue 22 item 2): the submissions the run joined, earlier attempts' first, with their inputs.
+        self._joined: list[tuple[str, str]] = list(run.joined)
 
     @property
     def input(self) -> Any:
@@ -901,7 +904,8 @@ class RunContext:
             self._pipeline.flush_response()
         )  # an earlier response is canonical before the next prompt (docs/semantics.md §9)
         operation_id = json_digest(canonical_json([self.run_id, self.attempt_id, ordinal, "model"]))
-        messages, steered = self._steered(messages)
+        await self._join(ordinal)
+        messages, steered = self._steered(self._with_joined(messages))
         request = ModelRequest(operation_id=operation_id, model=model, messages=messages, tools=tools)
         delay_s = self._options.model_backoff_s
         retries = 0
@@ -985,6 +989,30 @@ class RunContext:
         self._pipeline.buffer.extend([*deltas, *delivered, completed])
         self._steering_seen.extend(steered)
         return ModelResponse.from_record(completed)
+
+    async def _join(self, ordinal: int) -> None:
+        """Take in the ready submissions queued behind the run before a live model call (issue 22 item 2, DUR-016).
+
+        In a ``join`` lane the owner decides the contiguous ready prefix into a `SubmissionsJoined` and this waits
+        until it is committed: the joined inputs reach the model only once their record is canonical. A crash
+        before that leaves them Ready; after it, the next attempt gets them from the log (`AgentRun.joined`).
+
+        Args:
+            ordinal: The model call's ordinal.
+
+        Raises:
+            AttemptSupersededError: The record could not be committed (this attempt may append nothing more).
+        """
+        new = await asyncio.wrap_future(self._run.join(ordinal))
+        if new:
+            self._joined.extend(new)
+            failpoint("engine.after_join_commit")  # the join is canonical; the model has not seen the joined inputs
+
+    def _with_joined(self, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        """The agent's prompt, then the inputs of the submissions the run joined, as user messages in join order."""
+        if not self._joined:
+            return messages
+        return (*messages, *(Message(role="user", text=user_text(input_json)) for _, input_json in self._joined))
 
     def _steered(self, messages: tuple[Message, ...]) -> tuple[tuple[Message, ...], tuple[str, ...]]:
         """The prompt a model call sends, and the steering messages it is the first to see (issue 22 item 3).

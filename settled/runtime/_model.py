@@ -13,6 +13,7 @@ per-operation budget (`settled.runtime.RunOptions.model_retries`).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,6 +34,7 @@ __all__ = [
     "ToolArgumentsDelta",
     "ToolDeclaration",
     "declared_call",
+    "user_text",
 ]
 
 
@@ -243,3 +245,16 @@ class ScriptedProvider:
                 await asyncio.sleep(float(step))
                 continue
             yield step
+
+
+def user_text(input_json: str) -> str:
+    """Return the user message of a submission's input: the string itself, else its canonical JSON.
+
+    Args:
+        input_json: The input, canonical JSON.
+
+    Returns:
+        The message text.
+    """
+    value = json.loads(input_json)
+    return value if isinstance(value, str) else input_json

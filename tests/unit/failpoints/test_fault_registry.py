@@ -35,6 +35,7 @@ EXPECTED_SWITCHES = {
     "lifecycle_outside_transaction",
     "attempt_count_after_start",
     "lane_policy_ignored",
+    "joined_settled_separately",
 }
 
 

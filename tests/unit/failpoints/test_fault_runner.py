@@ -149,8 +149,8 @@ def test_list_shows_entries_and_untested_switches_without_running(tmp_path):
     untested = (
         "known switches without a test yet: api_access_unchecked, approval_digest_unchecked, "
         "attempt_count_after_start, claim_without_rewind, collateral_condemned, flow_drift_unchecked, "
-        "id_contract_unchecked, lane_policy_ignored, lifecycle_outside_transaction, offsets_in_separate_transaction, "
-        "projection"
+        "id_contract_unchecked, joined_settled_separately, lane_policy_ignored, lifecycle_outside_transaction, "
+        "offsets_in_separate_transaction, projection"
     )
     assert untested in result.stdout
     assert "running" not in result.stdout

@@ -121,6 +121,7 @@ class Log:
             self.receipts.append(decision.receipt)
         if decision.settlement is not None:
             self.settlements.append(decision.settlement)
+        self.settlements.extend(decision.joined_settlements)
         if decision.quarantine is not None:
             self.quarantined.append(decision.quarantine)
         return trace
