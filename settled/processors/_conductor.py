@@ -274,6 +274,10 @@ def _no_join(response_ordinal: int) -> Future[JoinedInputs]:
     return fut
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class HistoryTurn:
     """One settled submission of the conversation, as later runs may show it to a model (docs/semantics.md §10).
@@ -316,9 +320,10 @@ class AgentRun:
             run reads the signals that came while it runs (a pause, issue 17 item 2) at its step boundaries.
         joined: The submissions the run joined so far (earlier attempts included), in join order, with their inputs
             (issue 22 item 2): read from the log's `SubmissionsJoined`, never from what is queued now.
-        join: Asks the owner, before a model call the run makes live, to join the ready submissions queued behind
-            it (``join`` lane only; `settled.protocol.join`); the future resolves, once their `SubmissionsJoined` is
-            committed, with the ones joined now (empty: none), or fails like ``record``.
+        joinable: Whether the committed state has ready submissions the run could join now (``join`` lane only;
+            `settled.protocol.joinable_prefix`): a cheap check the run makes before each model call it makes live.
+        join: Asks the owner to join them (`settled.protocol.join`, on its current state); the future resolves, once
+            their `SubmissionsJoined` is committed, with the ones joined now (empty: none), or fails like ``record``.
     """
 
     conversation_id: str
@@ -335,6 +340,7 @@ class AgentRun:
     history: tuple[HistoryTurn, ...] = ()
     committed: Callable[[], tuple[LogEvent, ...]] = tuple
     joined: JoinedInputs = ()
+    joinable: Callable[[], bool] = _never
     join: Callable[[int], Future[JoinedInputs]] = _no_join
 
 
@@ -758,14 +764,17 @@ class Conductor:
 
         return record
 
+    def _joinable(self, conversation_id: str, submission_id: str) -> Callable[[], bool]:
+        def joinable() -> bool:
+            conv = self.owner.committed.conversation(conversation_id)  # one reference read: the committed state
+            joins = conv.lane is LanePolicy.JOIN
+            return joins and bool(protocol.joinable_prefix(conv.queue, conv.submissions, submission_id))
+
+        return joinable
+
     def _join(self, conversation_id: str, submission_id: str, attempt_id: str) -> Callable[[int], Future[JoinedInputs]]:
         def join(response_ordinal: int) -> Future[JoinedInputs]:
             out: Future[JoinedInputs] = Future()
-            conv = self.owner.committed.conversation(conversation_id)  # one reference read: the committed state
-            joins = conv.lane is LanePolicy.JOIN
-            if not (joins and protocol.joinable_prefix(conv.queue, conv.submissions, submission_id)):
-                out.set_result(())  # nothing to join now: the run does not wait for a turn of the worker loop
-                return out
             inner: Future[None] = Future()
             effect = _Effect(conversation_id, submission_id, attempt_id, (), inner, join_ordinal=response_ordinal)
 
@@ -1256,6 +1265,7 @@ class Conductor:
             history=self.history(conversation_id),
             committed=functools.partial(self.journal, submission_id),
             joined=tuple((sid, conv.submissions[sid].input_json or "null") for sid in sub.joined),
+            joinable=self._joinable(conversation_id, submission_id),
             join=self._join(conversation_id, submission_id, attempt_id),
         )
         future = self.pool.submit(self.agent, run)

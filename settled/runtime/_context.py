@@ -993,9 +993,12 @@ class RunContext:
     async def _join(self, ordinal: int) -> None:
         """Take in the ready submissions queued behind the run before a live model call (issue 22 item 2, DUR-016).
 
-        In a ``join`` lane the owner decides the contiguous ready prefix into a `SubmissionsJoined` and this waits
-        until it is committed: the joined inputs reach the model only once their record is canonical. A crash
-        before that leaves them Ready; after it, the next attempt gets them from the log (`AgentRun.joined`).
+        Only when the committed state has something to join (`AgentRun.joinable`: a ``join`` lane with ready
+        submissions queued behind the run): the run's own records handed over so far commit first (a tool's posted
+        result, buffered values), so the log keeps the run's order; then the owner decides the contiguous ready
+        prefix into a `SubmissionsJoined` and this waits until it is committed: the joined inputs reach the model
+        only once their record is canonical. A crash before that leaves them Ready; after it, the next attempt gets
+        them from the log (`AgentRun.joined`).
 
         Args:
             ordinal: The model call's ordinal.
@@ -1003,6 +1006,9 @@ class RunContext:
         Raises:
             AttemptSupersededError: The record could not be committed (this attempt may append nothing more).
         """
+        if not self._run.joinable():
+            return
+        await self._pipeline.flush()
         new = await asyncio.wrap_future(self._run.join(ordinal))
         if new:
             self._joined.extend(new)

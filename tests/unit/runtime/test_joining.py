@@ -55,7 +55,7 @@ class Owner:
 
 
 def _joining(run_: AgentRun, owner: Owner, joined: JoinedInputs = ()) -> AgentRun:
-    return dataclasses.replace(run_, join=owner, joined=joined)
+    return dataclasses.replace(run_, joinable=lambda: bool(owner.answers), join=owner, joined=joined)
 
 
 def _user_texts(request: ModelRequest) -> list[str]:
@@ -81,7 +81,7 @@ def test_replay_asks_no_join_and_calls_no_model() -> None:
 
 
 def test_a_call_made_again_after_a_crash_shows_what_earlier_attempts_joined_once() -> None:
-    provider, rec, owner = ScriptedProvider(_script), Recorder(), Owner((), (B,))
+    provider, rec, owner = ScriptedProvider(_script), Recorder(), Owner((), (B,))  # B queued behind the second call
     run(_app(provider), _joining(attempt(rec), owner))
     # The crash came after B's join (at the second call) was canonical and before that call's response was.
     settled_at = next(i for i, e in enumerate(rec.events) if isinstance(e, ToolCallSettled))
@@ -90,5 +90,5 @@ def test_a_call_made_again_after_a_crash_shows_what_earlier_attempts_joined_once
     again, later = Recorder(), Owner()
     assert run(_app(provider), _joining(attempt(again, journal, n=2), later, joined=(B,))) == canonical_json("Done.")
     (retried,) = provider.prompts
-    assert later.asked == [2]  # the call made again asks once more; nothing new is queued
+    assert later.asked == []  # nothing new is queued: the call made again asks nothing
     assert _user_texts(retried) == [canonical_json({"x": 1}), "also: and B"]
