@@ -80,6 +80,7 @@ from settled.schemas import (
     SubmissionAdmitted,
     SubmissionDuplicate,
     SubmissionRejected,
+    SubmissionsJoined,
     ToolCallPrepared,
     ToolCallRefused,
     ToolCallSettled,
@@ -1260,6 +1261,11 @@ class _BatchProjector:
             )
         self.receipt(event.command_id, "command", "applied", "approval", event.submission_id, None)
 
+    def on_joined(self, i: int, event: SubmissionsJoined) -> None:
+        """The host's transcript line: which queued submissions its run took in (issue 22 item 2)."""
+        content = canonical_json({"joined": list(event.joined_ids), "response_ordinal": event.response_ordinal})
+        self.transcript(i, event.submission_id, event.attempt_id, "joined", "system", None, None, content)
+
     def on_steering_received(self, i: int, event: SteeringReceived) -> None:
         if self.first_application(event.command_id):
             self.transcript(i, event.submission_id, None, "steering", "user", None, event.command_id, event.text)
@@ -1466,7 +1472,10 @@ class _BatchProjector:
                 self.offset,
             ),
         )
-        if event.outcome is SettlementOutcome.COMPLETED:
+        if event.joined_to is not None:  # it settles with its host (issue 22 item 2): the host's line shows the reply
+            detail = f"{event.outcome.value}: settled with its host {event.joined_to}"
+            self.transcript(i, event.submission_id, None, "settlement", "system", None, None, detail)
+        elif event.outcome is SettlementOutcome.COMPLETED:
             self.transcript(
                 i,
                 event.submission_id,
@@ -1500,6 +1509,7 @@ _EVENT_ROWS: Mapping[type[Any], Callable[[_BatchProjector, int, Any], None]] = M
         Settlement: _BatchProjector.on_settlement,
         SignalReceived: _BatchProjector.on_signal_received,
         SteeringReceived: _BatchProjector.on_steering_received,
+        SubmissionsJoined: _BatchProjector.on_joined,
         ApprovalDecided: _BatchProjector.on_approval_decided,
         AccessGranted: _BatchProjector.on_access_granted,
         LaneSet: _BatchProjector.on_lane_set,

@@ -22,7 +22,7 @@ from settled.projections import (
     migrations,
     project_batch,
 )
-from settled.protocol import PartitionState, fold
+from settled.protocol import LanePolicy, PartitionState, admit, fold, join, start_attempt, terminalize
 from settled.schemas import (
     LOG_EVENT_TYPES,
     AccessGranted,
@@ -59,6 +59,7 @@ from settled.schemas import (
     WaitResolved,
 )
 from tests.integration.projection_script import CHECKPOINT, T0, script_log
+from tests.unit.protocol._sim import Log, proposal
 
 
 def _project(batches: list[LogBatch], rows: RowSet | None = None) -> tuple[ProjectionState, RowSet]:
@@ -277,3 +278,21 @@ def _other_event_types() -> LogBatch:
             SubmissionsJoined(submission_id="s", attempt_id="a", response_ordinal=1, joined_ids=("s2", "s3")),
         ],
     )  # fmt: skip
+
+
+def test_a_joined_submission_shows_its_host_in_the_transcript() -> None:
+    log = Log()
+    log.claim()
+    for n, sid in enumerate(("A", "B"), 1):
+        conv = log.state.conversation("c1")
+        log.commit("c1", admit(conv, proposal(sid, f"k{n}"), log.ref(), T0, default_lane=LanePolicy.JOIN))
+    log.commit("c1", start_attempt(log.state.conversation("c1"), "A", "a1", log.epoch))
+    joined = join(log.state.conversation("c1"), "A", "a1", 0)
+    assert joined is not None
+    log.commit("c1", joined)
+    log.commit("c1", terminalize(log.state.conversation("c1"), "A", SettlementOutcome.COMPLETED, T0, reply_json="1"))
+    _, rows = _project(log.batches)
+    assert {k[1]: v["state"] for k, v in _table(rows, "submissions").items()} == {"A": "completed", "B": "completed"}
+    lines = [(r[2], r[4], r[8]) for r in sorted(rows.tables["transcript"].values()) if r[0] == "c1"]
+    assert ("A", "joined", '{"joined":["B"],"response_ordinal":0}') in lines
+    assert lines[-2:] == [("A", "reply", "1"), ("B", "settlement", "completed: settled with its host A")]
