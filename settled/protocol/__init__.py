@@ -140,7 +140,7 @@ from settled.protocol._fold import (
     input_key,
     scope_digest,
 )
-from settled.protocol._joining import aborted_in_group, joinable_prefix, joined_submissions
+from settled.protocol._joining import aborted_in_group, check_joining, joinable_prefix, joined_submissions
 from settled.protocol._lanes import (
     DEFAULT_LANE,
     LANE_ABORT_PREFIX,
@@ -303,6 +303,7 @@ __all__ = [
     "check_command",
     "check_id",
     "check_input",
+    "check_joining",
     "check_lane_history",
     "check_proposal",
     "check_tools",

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from settled.protocol._states import SubmissionState
-from settled.schemas import SubmissionsJoined
+from settled.schemas import AttemptStarted, LogEvent, Settlement, SubmissionAdmitted, SubmissionsJoined
 
 if TYPE_CHECKING:
     from settled.protocol._fold import ConversationState, Submission
 
-__all__ = ["aborted_in_group", "joinable_prefix", "joined_submissions"]
+__all__ = ["aborted_in_group", "check_joining", "joinable_prefix", "joined_submissions"]
 
 
 def aborted_in_group(state: ConversationState, sub: Submission) -> Submission | None:
@@ -88,3 +88,75 @@ def joined_submissions(journal: Iterable[object], submission_id: str) -> list[st
         if isinstance(e, SubmissionsJoined) and e.submission_id == submission_id:
             ids.extend(i for i in e.joined_ids if i not in ids)
     return ids
+
+
+def check_joining(events: Iterable[LogEvent]) -> list[str]:
+    """Check a conversation's canonical events against joining's promises; return the violations (none: they hold).
+
+    Each `SubmissionsJoined` is made while its host's attempt runs (started, not settled) and names submissions
+    admitted before it, in sequence order; each joined submission is joined once, never starts an attempt of its
+    own, and settles exactly once, right after its host's settlement (only settlements of the same group between),
+    naming its host and with the host's outcome. The conversation's other promises (none lost or doubled, one
+    active, its lane's order) are checked elsewhere (the lane checker).
+
+    Args:
+        events: The conversation's events, every batch's, in log order.
+
+    Returns:
+        Human-readable violations, empty when joining kept its promises.
+    """
+    log = list(events)
+    admitted_at: dict[str, int] = {}
+    attempts: dict[str, tuple[str, int]] = {}  # attempt id -> (submission, position)
+    started: set[str] = set()
+    settled: dict[str, list[int]] = {}
+    for i, e in enumerate(log):
+        if isinstance(e, SubmissionAdmitted):
+            admitted_at.setdefault(e.submission_id, i)
+        elif isinstance(e, AttemptStarted):
+            attempts[e.attempt_id] = (e.submission_id, i)
+            started.add(e.submission_id)
+        elif isinstance(e, Settlement):
+            settled.setdefault(e.submission_id, []).append(i)
+    out: list[str] = []
+    host_of: dict[str, str] = {}
+    for i, e in enumerate(log):
+        if not isinstance(e, SubmissionsJoined):
+            continue
+        attempt = attempts.get(e.attempt_id)
+        host_settled = settled.get(e.submission_id, [])
+        if attempt is None or attempt[0] != e.submission_id or attempt[1] > i or any(p < i for p in host_settled):
+            out.append(f"join at event {i}: host {e.submission_id} attempt {e.attempt_id} was not running")
+        if sorted(e.joined_ids, key=lambda s: admitted_at.get(s, -1)) != list(e.joined_ids):
+            out.append(f"join at event {i}: {list(e.joined_ids)} not in sequence order")
+        for sid in e.joined_ids:
+            if sid in host_of:
+                out.append(f"{sid}: joined twice (into {host_of[sid]} and {e.submission_id})")
+            host_of[sid] = e.submission_id
+            if admitted_at.get(sid, i) >= i:
+                out.append(f"{sid}: joined at event {i} before it was admitted")
+    for sid, host in host_of.items():
+        if sid in started:
+            out.append(f"{sid}: joined into {host} and started as its own attempt")
+        positions = settled.get(sid, [])
+        if len(positions) != 1:
+            out.append(f"{sid}: joined into {host}, settled {len(positions)} times")
+            continue
+        at = positions[0]
+        mine = log[at]
+        assert isinstance(mine, Settlement)
+        host_at = settled.get(host, [])
+        if not host_at or host_at[0] > at:
+            out.append(f"{sid}: settled before its host {host}")
+            continue
+        host_settlement = log[host_at[0]]
+        assert isinstance(host_settlement, Settlement)
+        between = log[host_at[0] + 1 : at]
+        if mine.joined_to != host or mine.outcome is not host_settlement.outcome:
+            out.append(
+                f"{sid}: settled {mine.outcome.value} naming {mine.joined_to}, its host {host} settled "
+                f"{host_settlement.outcome.value}"
+            )
+        if not all(isinstance(b, Settlement) and b.joined_to == host for b in between):
+            out.append(f"{sid}: not settled with its host {host}: other records between their settlements")
+    return out

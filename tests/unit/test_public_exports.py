@@ -296,6 +296,7 @@ EXPECTED: dict[str, list[str]] = {
         "check_command",
         "check_id",
         "check_input",
+        "check_joining",
         "check_lane_history",
         "check_proposal",
         "check_tools",

@@ -16,6 +16,8 @@ The agent's input is ``{"plan": [op, ...]}``; each op's outcome is appended to t
   ``"pure": true`` makes it a pure step (its record posted, issue 24 item 2);
 * ``{"approve": title, "description": text, "then": {"tool": ..., "args": ...}}`` → ``ctx.approve``'s decision,
   and the ``then`` tool's result only if approved (issue 16);
+* ``{"model": text}`` → a model call (a scripted provider that answers with the user messages it was shown: the
+  op's text, then any inputs a ``join`` lane's run took in at this boundary, issue 22 item 2), decoded;
 * ``{"sleep_s": s}`` → sleeps; ``{"exit": code}`` → ``os._exit(code)`` (a poison submission); with
   ``"while_flag": name`` only while that world flag is set (a poison the test can cure), else ``{"cured": name}``.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import fcntl
+import json
 import os
 import sqlite3
 import time
@@ -37,7 +40,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from settled._failpoints import failpoint
-from settled.runtime import App, RunContext, RunOptions, ToolCall, ToolCallError, WaitExpiredError
+from settled.runtime import (
+    App,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    RunContext,
+    RunOptions,
+    ScriptedProvider,
+    ToolCall,
+    ToolCallError,
+    WaitExpiredError,
+)
+from settled.runtime._model import ScriptStep
 from settled.schemas import canonical_json
 
 WORLD_ENV = "ENGINE_WORLD_DB"
@@ -286,6 +301,14 @@ def _step_body(submission_id: str, name: str, attempt: int, fail_first: bool) ->
     return {"step": name, "runs_when_recorded": runs}
 
 
+def _echo(request: ModelRequest) -> list[ScriptStep]:
+    """The plan's model: answers with the texts of the user messages it was shown, in order."""
+    return [ModelResponse(canonical_json([m.text for m in request.messages if m.role == "user"]), model="echo-1")]
+
+
+ECHO = ScriptedProvider(_echo, name="echo")
+
+
 async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
     plan = ctx.input.get("plan", []) if isinstance(ctx.input, dict) else []
     results: list[Any] = []
@@ -324,6 +347,9 @@ async def _agent(ctx: RunContext, rename: dict[str, str]) -> Any:
             value = {"approved": decision.approved, "by": decision.by, "reason": decision.reason}
             if decision.approved and "then" in op:
                 value["result"] = await ctx.tool(op["then"]["tool"], op["then"].get("args", {}))
+        elif "model" in op:  # a model boundary: where a join lane's run takes in the turns queued behind it
+            response = await ctx.model(ECHO, [Message("user", str(op["model"]))], model="echo-1")
+            value = json.loads(response.text)
         elif "sleep_s" in op:
             await asyncio.sleep(float(op["sleep_s"]))
             value = op["sleep_s"]

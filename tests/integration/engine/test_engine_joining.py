@@ -19,6 +19,7 @@ import pytest
 
 from settled._settings import Settings
 from settled.client import Client
+from settled.protocol import check_joining
 from settled.schemas import (
     AttemptStarted,
     LogBatch,
@@ -113,6 +114,9 @@ def _check_joined_once(s: Settings, client: Client, ids: dict[str, str], world_d
         in_batch == [(ids["A"], None), (ids["B"], ids["A"]), (ids["D"], ids["A"])],
         f"the host and every submission it joined settle in one batch (one commit), the host first: {in_batch}",
     )
+    conversation = [e for b in _batches(s) if b.conversation_id == CONV for e in b.events]
+    broken = check_joining(conversation)
+    promise("DUR-016.settles-with-host", broken == [], f"the pure checker over the log: {broken}")
     # A joined submission never runs as its own turn.
     started = {e.submission_id for e in events if isinstance(e, AttemptStarted)}
     assert started == {ids["A"]}, started

@@ -22,7 +22,7 @@ from settled.projections import (
     migrations,
     project_batch,
 )
-from settled.protocol import LanePolicy, PartitionState, admit, fold, join, start_attempt, terminalize
+from settled.protocol import PartitionState, admit, fold, join, start_attempt, terminalize
 from settled.schemas import (
     LOG_EVENT_TYPES,
     AccessGranted,

@@ -13,6 +13,7 @@ from settled.protocol import (
     SubmissionState,
     abort,
     admit,
+    check_joining,
     interrupt,
     join,
     joinable_prefix,
@@ -103,6 +104,7 @@ def test_a_running_run_joins_the_ready_prefix_once_and_each_settles_with_it() ->
     assert _conv(log).queue == () and _conv(log).active_submission_id is None
     assert [r.submission_id for r in log.settlements] == ["A", "B", "D"]  # each once
     assert joined_submissions(_journal(log), "A") == ["B", "D"]
+    assert check_joining(_journal(log)) == []
 
 
 def test_only_a_join_lane_joins() -> None:
@@ -192,3 +194,25 @@ def test_a_host_aborted_between_attempts_settles_with_what_it_joined() -> None:
     log.commit("c1", abort(_conv(log), abort_cmd("x1", "A"), log.ref(), T0))
     assert [_sub(log, s).state for s in "AB"] == [S.ABORTED, S.ABORTED]
     assert [(r.submission_id, r.joined_to) for r in log.settlements] == [("A", None), ("B", "A")]
+
+
+def test_the_checker_names_each_broken_promise_of_joining() -> None:
+    log = _log("A", "B", "D")
+    _join(log, "A", "a1", 0)
+    done = terminalize(_conv(log), "A", SettlementOutcome.COMPLETED, T0)
+    host, b, d = done.events
+    log.append("c1", [host])  # the host settles alone (what the fold lets through: its host is settled) ...
+    log.commit("c1", admit(_conv(log), proposal("E", "k4"), log.ref(), T0))  # ... the log goes on ...
+    log.append("c1", [b, d])  # ... and the joined ones settle later, separately
+    assert check_joining(_journal(log)) == [
+        "B: not settled with its host A: other records between their settlements",
+        "D: not settled with its host A: other records between their settlements",
+    ]
+    events = _journal(log)
+    at = next(i for i, e in enumerate(events) if isinstance(e, SubmissionsJoined))
+    twice = [*events[: at + 1], events[at].model_copy(update={"joined_ids": ("D",)}), *events[at + 1 :]]
+    assert "D: joined twice (into A and A)" in check_joining(twice)
+    started = [*events, AttemptStarted(submission_id="B", attempt=1, attempt_id="b1", owner_epoch=1)]
+    assert "B: joined into A and started as its own attempt" in check_joining(started)
+    unsettled = [e for e in events if not (isinstance(e, Settlement) and e.submission_id == "D")]
+    assert check_joining(unsettled)[-1] == "D: joined into A, settled 0 times"
