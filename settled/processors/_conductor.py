@@ -652,7 +652,12 @@ class Conductor:
             self._stage_adopted()
             return
         for conversation_id, later in self._settle_later:  # only under the fault joined_settled_separately
-            self.owner.stage(to_loop_decision(conversation_id, later))
+            try:
+                self.owner.stage(to_loop_decision(conversation_id, later))
+            except protocol.ProtocolError as exc:  # the fold refuses them: they stay joined, never settled
+                _log.error(
+                    "fault joined_settled_separately: the joined settlements were refused", extra={"error": str(exc)}
+                )
         self._settle_later.clear()
         finished = [a for a, running in self._running.items() if running.future.done()]
         ended = [self._running[a].run.conversation_id for a in finished]

@@ -797,7 +797,7 @@ class _ConvBuilder:
 
     __slots__ = (
         "_access", "_commands", "_flows", "_inputs", "_keys", "_subs", "active", "base", "cid", "lane",
-        "last_batch_digest", "last_event_seq", "last_submission_seq", "owner_epoch", "queue", "trace",
+        "last_batch_digest", "last_event_seq", "last_submission_seq", "owner_epoch", "queue", "settled_hosts", "trace",
     )  # fmt: skip
 
     def __init__(self, base: ConversationState, trace: list[Transition]) -> None:
@@ -811,6 +811,7 @@ class _ConvBuilder:
         self.last_batch_digest = base.last_batch_digest
         self.owner_epoch = base.owner_epoch
         self.lane = base.lane
+        self.settled_hosts: tuple[str, ...] = ()  # hosts with joined submissions settled in the batch being folded
         self._subs: dict[str, Submission] | None = None
         self._keys: dict[str, KeyEntry] | None = None
         self._inputs: set[InputKey] | None = None
@@ -1481,20 +1482,22 @@ class _ConvBuilder:
             waits=frozenset(),
         )
         self.queue = tuple(sid for sid in self.queue if sid != sub.submission_id)
+        if sub.joined:
+            self.settled_hosts = (*self.settled_hosts, sub.submission_id)
         if self.active == sub.submission_id:
             self.active = None  # the lane is released with the canonical settlement (docs/semantics.md §12 steps 3-4)
 
     def require_host_settled(self, sub: Submission, host_id: str, event: Settlement) -> None:
-        """A joined submission settles only after its host, with the host's outcome (issue 22 item 2)."""
+        """A joined submission settles only with its host: after it in its batch, with its outcome (issue 22 item 2)."""
         host = self.subs()[host_id]
-        if host.outcome is not event.outcome:
+        if host.outcome is not event.outcome or host_id not in self.settled_hosts:
             raise IllegalTransitionError(
                 sub.submission_id,
                 sub.state,
                 outcome_state(event.outcome),
                 _name(event),
                 f"joined into run {host_id!r}, which is {host.state.value}: a joined submission settles only with "
-                "its host, after it, with its outcome (issue 22 item 2)",
+                "its host, after it in the same batch, with its outcome (issue 22 item 2)",
             )
 
 
@@ -1589,6 +1592,7 @@ class _PartitionBuilder:
                 field="events",
             )
         conv = self.conv(cid)
+        conv.settled_hosts = ()
         if batch.first_event_seq != conv.last_event_seq + 1:
             raise ChainBreakError(
                 None,
