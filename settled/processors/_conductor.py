@@ -617,6 +617,19 @@ class Conductor:
         """
         return tuple(self._history.get(conversation_id, ()))
 
+    def _history_before(
+        self, conversation_id: str, conv: protocol.ConversationState, submission_seq: int
+    ) -> tuple[HistoryTurn, ...]:
+        """The conversation's settled turns before ``submission_seq``: a run's history never shows a later turn.
+
+        A turn queued after a run may settle while the run is unsettled (an abort settles a queued turn at once),
+        and a later attempt of the run starts after it: it is still no part of the run's history.
+        """
+        subs = conv.submissions  # every admitted submission, settled ones included
+        return tuple(
+            t for t in self._history.get(conversation_id, ()) if subs[t.submission_id].submission_seq < submission_seq
+        )
+
     def journal(self, submission_id: str) -> tuple[LogEvent, ...]:
         """Return a nonterminal submission's recorded effects, committed, in log order.
 
@@ -1267,7 +1280,7 @@ class Conductor:
             tools_offered=sub.tools_offered,
             journal=self.journal(submission_id),
             record=self._record(conversation_id, submission_id, attempt_id),
-            history=self.history(conversation_id),
+            history=self._history_before(conversation_id, conv, sub.submission_seq),
             committed=functools.partial(self.journal, submission_id),
             joined=tuple((sid, conv.submissions[sid].input_json or "null") for sid in sub.joined),
             joinable=self._joinable(conversation_id, submission_id),
