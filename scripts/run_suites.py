@@ -46,7 +46,9 @@ SUITES = [
             (str(Path(PY).parent / "lint-imports"),),
         ),
     ),
-    Suite("unit", 120, (_pytest("tests/unit"),), junit=True),
+    # +5 s for issue 22 item 2's joining (tests/unit/protocol/test_joining.py, tests/unit/runtime/test_joining.py, a
+    # projection row test: ~3.5 s here).
+    Suite("unit", 125, (_pytest("tests/unit"),), junit=True),
     # 720 s, +180 s for issue 25's hostile-input tests (contract, fuzz run, projection quarantine, re-claim rewind,
     # oversized records, tool results across a broker outage: ~140 s here on a quiet machine).
     # +30 s for `settled doctor` (tests/integration/test_doctor.py, ~25 s here, a private broker included).
