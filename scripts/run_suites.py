@@ -104,8 +104,8 @@ SUITES = [
     # here);
     # +65 s for issue 22 item 1's lane policies (tests/integration/engine/test_engine_lanes.py: a burst of 20 and a
     # kill for each of four lanes, 43 s here: 8-10 s each; settled lane set and Client.set_lane, 10 s);
-    # +55 s for issue 22 item 2's joining (tests/integration/engine/test_engine_joining.py: one run, two kills
-    # around the join record and a burst of 20 behind a held run with a seeded kill, 27-37 s here).
+    # +55 s for issue 22 item 2's joining (tests/integration/engine/test_engine_joining.py: one run and two kills
+    # around the join record, 25-37 s here; the join case of test_engine_lanes.py's burst of 20, ~8 s).
     Suite("engine", 1450, (_pytest("tests/integration/engine"),), junit=True),
     # The operator's page (issue 21 item 1) in Debian's chromium through Playwright, real worker and API processes
     # behind it; screenshots in .ci/artifacts/ui/ (~30 s here under load).

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from settled.protocol._fold import ConversationState
+from settled.protocol._joining import check_joining
 from settled.protocol._states import SubmissionState
 from settled.schemas import (
     AbortRecorded,
@@ -365,12 +366,12 @@ def _check_keep_newest(h: LaneHistory) -> list[str]:
 
 LANE_CHECKERS: Mapping[LanePolicy, Callable[[LaneHistory], list[str]]] = {
     LanePolicy.QUEUE: _check_queue,
-    LanePolicy.JOIN: _check_queue,  # joining is issue 22 item 2: until it lands, join runs its turns as queue does
+    LanePolicy.JOIN: _check_queue,  # the turns not joined run as under queue; joining's own: `check_joining`
     LanePolicy.REJECT: _check_reject,
     LanePolicy.INTERRUPT: _check_interrupt,
     LanePolicy.KEEP_NEWEST: _check_keep_newest,
 }
-"""Each lane's own invariants over a `LaneHistory` (the hook issue 22 item 2 replaces ``join``'s entry in)."""
+"""Each lane's own invariants over a `LaneHistory` (``join`` adds `settled.protocol.check_joining` over the events)."""
 
 
 def check_lane_history(events: Iterable[LogEvent], proposed: Sequence[str] = ()) -> list[str]:
@@ -384,8 +385,10 @@ def check_lane_history(events: Iterable[LogEvent], proposed: Sequence[str] = ())
     submission unsettled at a later one's admission settles aborted ``interrupted`` before that later one starts,
     and the last completes; ``keep_newest``: each one queued
     and not started at a later one's admission settles aborted ``superseded`` before that later one starts, one
-    running then completes, and the last completes. The lane is the opening admission's; the history must hold no
-    `LaneSet` (a violation otherwise: it checks one lane's history).
+    running then completes, and the last completes; ``join``: as ``queue`` (a joined submission never starts and
+    completes with its host), and joining's own promises (`settled.protocol.check_joining`: each joined one joined
+    once, never started, settled once right after its host, with its outcome). The lane is the opening admission's;
+    the history must hold no `LaneSet` (a violation otherwise: it checks one lane's history).
 
     Args:
         events: The conversation's events, every batch's, in log order.
@@ -394,8 +397,10 @@ def check_lane_history(events: Iterable[LogEvent], proposed: Sequence[str] = ())
     Returns:
         Human-readable violations, empty when the history keeps the lane's promises.
     """
+    events = list(events)
     h = LaneHistory.of(events)
     out = _common(h, proposed)
     if h.lane_changed_at is not None:
         out.append(f"the lane changed at event {h.lane_changed_at}: one lane's history is checked")
-    return out + LANE_CHECKERS[h.lane](h)
+    joining = check_joining(events) if h.lane is LanePolicy.JOIN else []  # issue 22 item 2
+    return out + LANE_CHECKERS[h.lane](h) + joining

@@ -9,34 +9,23 @@ contiguous ready prefix queued behind A, across the aborted C (B and D), in one 
 that call, and B and D settle with A, in A's batch, with A's outcome. The kills happen at named failpoints: just
 before the join record is committed (`conductor.after_join_staged`) and just after (`engine.after_join_commit`).
 
-The burst test is issue 22's lane acceptance for ``join``: 20 submissions produced within 100 ms behind a run of the
-engine app held at a barrier between its step and its model call, then a kill around the join chosen by a logged
-seed (``SETTLED_TEST_SEED`` replays it), and the pure checker `settled.protocol.check_joining` over the log.
+Issue 22's burst of 20 under ``join`` is the ``join`` case of `tests/integration/engine/test_engine_lanes.py`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import random
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
 
-from settled._failpoints import FailpointControl, choose_schedule
 from settled._settings import Settings
 from settled.client import Client
-from settled.producers import admin_config, read_partition
 from settled.protocol import check_joining
 from settled.schemas import (
     AttemptStarted,
-    LanePolicy,
     LogBatch,
     ModelResponseCompleted,
-    Receipt,
     ReceiptOutcome,
     Settlement,
     SettlementOutcome,
@@ -44,16 +33,12 @@ from settled.schemas import (
     canonical_json,
 )
 from tests._promise import promise
-from tests.harness.barriers import pass_barrier
-from tests.harness.factories import proposal
 from tests.integration.engine._helpers import (
     TIMEOUT_S,
     events_of,
     invocations,
     killed,
     log_events,
-    plan,
-    send,
     settlements,
 )
 from tests.integration.engine.conftest import SpawnWorker
@@ -207,92 +192,3 @@ def test_a_kill_around_the_join_record_joins_each_turn_once(
     assert joined.attempt_id == expected, (joined, attempts)
     _prompts_show_b_and_d_once(world_db)
     assert invocations(world_db, "hold_until_flag") == 1
-
-
-BURST = 20
-#: Where worker a dies once the holder is released: around its join record (decided, committing, committed).
-KILL_POINTS = (
-    "conductor.after_join_staged",
-    "appender.before_commit",
-    "appender.after_commit",
-    "engine.after_join_commit",
-)
-HOLD = "engine.after_step_commit"
-
-
-def test_a_burst_of_twenty_behind_a_held_run_is_joined_once_across_a_kill(
-    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path
-) -> None:
-    """The join lane under issue 22's burst: 20 turns within 100 ms behind a held run, a seeded kill around the join."""
-    s = topics
-    seed = int(os.environ.get("SETTLED_TEST_SEED") or random.randrange(2**32))
-    (kill,) = choose_schedule(seed, KILL_POINTS, 1, max_hit=1)
-    print(f"seed {seed} (SETTLED_TEST_SEED={seed} replays it): worker a killed at {kill.spec}")
-    conv = "join-burst"
-    control = FailpointControl(tmp_path / "fp")  # the folder spawn_worker's children use
-    a = spawn_worker("a", failpoints=f"{HOLD}=1*pause(120s)")
-    holder = proposal(conv, value=plan({"step": "hold"}, {"model": "A"})).model_copy(update={"lane": LanePolicy.JOIN})
-    send(s, holder)
-    control.wait_reached(HOLD, TIMEOUT_S)  # A runs, between its step and its model call: the lane is held
-    burst = [proposal(conv, value={"plan": [], "n": n}) for n in range(BURST)]
-    send(s, *burst)  # one produce call
-    ids = [p.submission_id for p in burst]
-    span_ms = _inbox_span_ms(s, set(ids))
-    assert span_ms < 100, f"the burst's records span {span_ms} ms of inbox timestamps, not within 100 ms"
-
-    def admitted() -> bool:
-        return {r.request_id for r in _receipts(s) if r.outcome is ReceiptOutcome.ADMITTED} >= set(ids)
-
-    wait_for(admitted, TIMEOUT_S, "each submission of the burst admitted (canonical and ready)")
-    control.arm(kill.name, f"{kill.hit}*kill")
-    assert control.release(HOLD) == 1
-    killed(a, tmp_path / "a.log")
-    control.disarm(kill.name)
-    spawn_worker("b")
-    wait_for(lambda: {r.submission_id for r in settlements(s)} >= {holder.submission_id, *ids}, TIMEOUT_S, "all")
-    barrier = pass_barrier(s, conv, plan(), timeout_s=TIMEOUT_S)  # after it, nothing more of the burst can come
-
-    counts = Counter(r.submission_id for r in settlements(s))
-    promise(
-        "DUR-016.settles-once",
-        all(counts[sid] == 1 for sid in [holder.submission_id, *ids, barrier.proposal.submission_id]),
-        f"seed {seed}: each submission settles exactly once: {counts}",
-    )
-    events = [e for b in _batches(s) if b.conversation_id == conv for e in b.events]
-    broken = check_joining(events)
-    promise("DUR-016.settles-with-host", broken == [], f"seed {seed}: {broken}")
-    joins = [e for e in events if isinstance(e, SubmissionsJoined)]
-    assert [(j.submission_id, j.joined_ids) for j in joins] == [(holder.submission_id, tuple(ids))], (seed, joins)
-    starts = [e.submission_id for e in events if isinstance(e, AttemptStarted)]
-    assert starts == [holder.submission_id] * 2 + [barrier.proposal.submission_id], (seed, starts)
-    # What the model was shown at A's call, by the attempt that completed: A's text, then each input once, in order.
-    with world(str(world_db)) as db:
-        shown = db.execute(
-            "SELECT value FROM observations WHERE submission = ? AND op = 1 ORDER BY rowid", (holder.submission_id,)
-        ).fetchall()
-    expected = ["A", *(canonical_json({"n": n, "plan": []}) for n in range(BURST))]
-    promise("DUR-016.joined-once", [json.loads(v) for (v,) in shown] == [expected], f"seed {seed}: {shown}")
-
-
-def _receipts(s: Settings) -> list[Receipt]:
-    out = []
-    for r in read_topic(s, "receipts"):
-        assert r.value is not None
-        rec = CODEC.decode(r.value)
-        if isinstance(rec, Receipt):
-            out.append(rec)
-    return out
-
-
-def _inbox_span_ms(s: Settings, submission_ids: set[str]) -> int:
-    """The milliseconds between the first and the last of these proposals' inbox records (their Kafka timestamps)."""
-    topic = s.topic("inbox")
-    partitions = AdminClient(admin_config(s)).list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions
-    stamps = [
-        m.timestamp()[1]
-        for partition in partitions
-        for m in read_partition(s, topic, partition, 0, TIMEOUT_S)
-        if getattr(CODEC.decode(m.value() or b""), "submission_id", None) in submission_ids
-    ]
-    assert len(stamps) == len(submission_ids), f"{len(stamps)} of {len(submission_ids)} proposals in the inbox"
-    return max(stamps) - min(stamps)

@@ -13,8 +13,10 @@ two active, and the policy's own invariants (queue: all complete in sequence ord
 rejected busy; interrupt: each earlier one settles aborted before a later one starts; keep_newest: the last
 completes and each superseded one settles aborted superseded). Each settlement is on the settlements topic once.
 
-Joining (issue 22 item 2) adds ``LanePolicy.JOIN`` to `POLICIES`; its invariants go in
-``settled.protocol.LANE_CHECKERS[LanePolicy.JOIN]``.
+Under ``join`` (issue 22 item 2) the holder's plan makes a model call after its step (the engine app's scripted echo
+model): at that boundary it takes in the whole burst, one `SubmissionsJoined` committed in the transaction after the
+release (where the kill lands, before or after its commit), and each joined submission settles with the holder;
+the checker adds joining's promises (`settled.protocol.check_joining`).
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ from settled.schemas import (
     SettlementOutcome,
     SubmissionAdmitted,
     SubmissionProposed,
+    SubmissionsJoined,
+    canonical_json,
 )
 from tests._promise import promise
 from tests.harness.barriers import pass_barrier
 from tests.integration.engine._helpers import TIMEOUT_S, killed, plan, send, settlements
 from tests.integration.engine.conftest import ROOT, SpawnWorker
+from tests.integration.engine.engine_app import world
 from tests.integration.helpers import CODEC, proposal, read_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 #: The policies under test; issue 22 item 2 adds LanePolicy.JOIN (and its checker in LANE_CHECKERS).
-POLICIES = [LanePolicy.QUEUE, LanePolicy.REJECT, LanePolicy.INTERRUPT, LanePolicy.KEEP_NEWEST]
+POLICIES = [LanePolicy.QUEUE, LanePolicy.REJECT, LanePolicy.INTERRUPT, LanePolicy.KEEP_NEWEST, LanePolicy.JOIN]
 BURST = 20
 #: Where worker a may die: the next transaction after the holder is released (its settlement's, at the latest).
 KILL_POINTS = ("appender.before_commit", "appender.after_commit")
@@ -108,7 +113,7 @@ def _answered(s: Settings, proposals: list[SubmissionProposed]) -> bool:
 
 @pytest.mark.parametrize("lane", POLICIES, ids=str)
 def test_a_burst_of_twenty_with_a_kill_keeps_the_lanes_promises(
-    topics: Settings, spawn_worker: SpawnWorker, tmp_path: Path, lane: LanePolicy
+    topics: Settings, spawn_worker: SpawnWorker, world_db: Path, tmp_path: Path, lane: LanePolicy
 ) -> None:
     s = topics
     seed = int(os.environ.get("SETTLED_TEST_SEED") or random.randrange(2**32))
@@ -117,7 +122,8 @@ def test_a_burst_of_twenty_with_a_kill_keeps_the_lanes_promises(
     conv = f"lanes-{lane}"
     control = FailpointControl(tmp_path / "fp")  # the folder spawn_worker's children use
     a = spawn_worker("a", failpoints=f"{HOLD}=1*pause(120s)")
-    holder = proposal(conv, value=plan({"step": "hold"})).model_copy(update={"lane": lane})
+    ops = [{"step": "hold"}, {"model": "holder"}] if lane is LanePolicy.JOIN else [{"step": "hold"}]
+    holder = proposal(conv, value=plan(*ops)).model_copy(update={"lane": lane})
     send(s, holder)
     control.wait_reached(HOLD, TIMEOUT_S)  # the holder runs: the lane is held
 
@@ -163,9 +169,23 @@ def test_a_burst_of_twenty_with_a_kill_keeps_the_lanes_promises(
         assert outcomes == Counter({SettlementOutcome.COMPLETED: 2}), outcomes  # the holder and the barrier
     else:
         assert rejected == []
-        aborted = {LanePolicy.QUEUE: 0, LanePolicy.INTERRUPT: BURST, LanePolicy.KEEP_NEWEST: BURST - 1}[lane]
+        aborted = {
+            LanePolicy.QUEUE: 0,
+            LanePolicy.INTERRUPT: BURST,
+            LanePolicy.KEEP_NEWEST: BURST - 1,
+            LanePolicy.JOIN: 0,
+        }[lane]
         assert outcomes[SettlementOutcome.ABORTED] == aborted, outcomes
         assert outcomes[SettlementOutcome.COMPLETED] == BURST + 2 - aborted, outcomes
+    if lane is LanePolicy.JOIN:  # the holder took the whole burst in at its model call, once, in sequence order
+        joins = [(e.submission_id, e.joined_ids) for e in events if isinstance(e, SubmissionsJoined)]
+        assert joins == [(holder.submission_id, tuple(p.submission_id for p in burst))], (seed, joins)
+        with world(str(world_db)) as db:  # what the holder's model call was shown, by the attempt that completed
+            (shown,) = db.execute(
+                "SELECT value FROM observations WHERE submission = ? AND op = 1 ORDER BY rowid DESC LIMIT 1",
+                (holder.submission_id,),
+            ).fetchone()
+        assert json.loads(shown) == ["holder", *[canonical_json(plan())] * BURST], (seed, shown)  # each input once
 
 
 def test_set_lane_through_the_cli_and_the_client_changes_what_the_next_submission_does(

@@ -14,6 +14,7 @@ from settled.protocol import (
     abort,
     admit,
     check_joining,
+    check_lane_history,
     interrupt,
     join,
     joinable_prefix,
@@ -213,6 +214,9 @@ def test_the_checker_names_each_broken_promise_of_joining() -> None:
         "B: not settled with its host A: other records between their settlements",
         "D: not settled with its host A: other records between their settlements",
     ]
+    # The lane checker of a join lane runs it: a queue's promises for the rest, joining's for the joined ones.
+    assert check_lane_history(events[:-2], ["A", "B", "D"]) == []  # before E's admission
+    assert set(check_joining(apart)) <= set(check_lane_history(apart))
     at = next(i for i, e in enumerate(events) if isinstance(e, SubmissionsJoined))
     twice = [*events[: at + 1], events[at].model_copy(update={"joined_ids": ("D",)}), *events[at + 1 :]]
     assert "D: joined twice (into A and A)" in check_joining(twice)
