@@ -110,9 +110,9 @@ KNOWN_FAULTS: Mapping[str, str] = MappingProxyType(
             "(DUR-005, DUR-012, issue 22 item 1)"
         ),
         "joined_settled_separately": (
-            "a host run's joined submissions settle in a later commit than the host instead of in its batch, so a "
-            "crash between the two leaves a joined submission unsettled behind a settled host (DUR-016, issue 22 "
-            "item 2: each joined submission settles with its host, exactly once)"
+            "a host run's joined submissions are settled in a later commit than the host instead of in its batch; "
+            "the fold refuses a joined settlement apart from its host's, so they stay joined, never settled, behind "
+            "a settled host (DUR-016, issue 22 item 2: each joined submission settles with its host, exactly once)"
         ),
         "collateral_condemned": (
             "the appender's group policy takes the delivery errors of a shared transaction as the culprits and "
