@@ -307,7 +307,8 @@ class Worker(Generic[S]):
         codec: The record codec (single-object encoding unless a registry is configured).
         conductor_factory: Builds what runs beside each claimed partition's owner (attempts); ``None`` for a loop
             that only decides inputs.
-        metrics: Where checkpoint commit durations are observed (``SETTLED_METRICS_PORT``); None observes nothing.
+        metrics: Where checkpoint commit durations and each transaction's records and Kafka call durations are
+            observed (``SETTLED_METRICS_PORT``); None observes nothing.
     """
 
     settings: Settings
@@ -645,6 +646,7 @@ class Worker(Generic[S]):
                 group_metadata=consumer.consumer_group_metadata,
                 replace_poison=lambda run, reason: owner.replace_poison(run, reason),
                 max_record_bytes=self._record_limit,
+                observer=self.metrics,
             ),
             encode=self.codec.encode,
             encode_batch=self.codec.encode_batch_dict,

@@ -11,6 +11,7 @@ from settled.producers._appender import (
     ProducerIdExpiredError,
     Run,
     TransactionalAppender,
+    TransactionObserver,
     low_watermark,
 )
 from settled.producers._kafka import (
@@ -66,6 +67,7 @@ __all__ = [
     "StreamPartError",
     "StreamPublisher",
     "TopicInfo",
+    "TransactionObserver",
     "TransactionalAppender",
     "TransactionalProducer",
     "admin_config",

@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -78,6 +78,7 @@ __all__ = [
     "ProducerFencedError",
     "ProducerIdExpiredError",
     "Run",
+    "TransactionObserver",
     "TransactionalAppender",
     "low_watermark",
 ]
@@ -167,6 +168,19 @@ def low_watermark(pending_inputs: Sequence[int], canonical: set[int] | frozenset
     return next_offset
 
 
+class TransactionObserver(Protocol):
+    """Told about every transaction the appender committed (the worker's metrics, `settled._metrics.WorkerMetrics`)."""
+
+    def transaction_committed(self, records: int, call_s: Mapping[str, float]) -> None:
+        """One transaction committed.
+
+        Args:
+            records: The records it held (log, receipts, settlements, quarantine; 0 for one holding only offsets).
+            call_s: Seconds spent in each of its Kafka calls, by name (``begin_transaction``, ``produce``, ``flush``,
+                ``send_offsets_to_transaction``, ``commit_transaction``).
+        """
+
+
 @dataclass(frozen=True)
 class _Attempt:
     """How one transaction (steps 2-5) ended, and the delivery error codes of its records, by batch id."""
@@ -194,6 +208,8 @@ class TransactionalAppender:
         producer_factory: Builds the transactional producer from its librdkafka configuration (default: the
             confluent-kafka producer inside the failpoints' fault-injecting one, `settled/producers/_txproducer.py`).
         partition_log: Reads the owned log partition (claim step 3, step 7); default: from the broker.
+        observer: Told the record count and the Kafka calls' durations of every committed transaction; ``None``
+            tells no one.
     """
 
     settings: Settings
@@ -205,6 +221,7 @@ class TransactionalAppender:
     open_transaction_wait_s: float = 10.0
     producer_factory: Callable[[dict[str, Any]], TransactionalProducer] = default_producer_factory
     partition_log: PartitionLog | None = None
+    observer: TransactionObserver | None = None
     #: What the last `open` took, in seconds: ``init_transactions`` (the fence, claim step 2; it aborts an open
     #: transaction of a previous producer with this ``transactional.id`` before it returns) and the wait for a foreign
     #: open transaction (step 3), and whether that wait saw one at all.
@@ -435,16 +452,21 @@ class TransactionalAppender:
         failed: dict[str, set[int]] = {}
         self._delivered_log_offsets.clear()
         sending_offsets = False
+        clock = time.perf_counter
+        t0 = clock()
         try:
             if input_offset is not None and fault_enabled("offsets_in_separate_transaction"):
                 self._offsets_in_their_own_transaction(producer, input_offset)
                 input_offset = None
             # Step 2.
             self._call(producer.begin_transaction, "begin_transaction")
+            t1 = clock()
             # Step 3.
             for batch in batches:
                 self._produce_batch(producer, batch, failed)
+            t2 = clock()
             remaining = producer.flush(self.timeout_s)
+            t3 = clock()
             if remaining:
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{remaining} records not delivered"))
             failpoint("appender.after_produce")  # every record is on the broker, uncommitted
@@ -460,13 +482,26 @@ class TransactionalAppender:
                     "send_offsets_to_transaction",
                 )
                 sending_offsets = False
+            t4 = clock()
             # Step 5.
             failpoint("appender.before_commit")
             self._call(lambda: producer.commit_transaction(self.timeout_s), "commit_transaction")
+            t5 = clock()
         except KafkaException as exc:
             return _Attempt(self._failed_transaction(producer, exc, sending_offsets), failed)
         if self._delivered_log_offsets:
             self._log_end = max(self._log_end, max(self._delivered_log_offsets) + 1)
+        if self.observer is not None:
+            self.observer.transaction_committed(
+                sum(len(b.records) for b in batches),
+                {
+                    "begin_transaction": t1 - t0,
+                    "produce": t2 - t1,
+                    "flush": t3 - t2,
+                    "send_offsets_to_transaction": t4 - t3,
+                    "commit_transaction": t5 - t4,
+                },
+            )
         failpoint("appender.after_commit")
         return _Attempt(TransactionOutcome.COMMITTED, failed)
 

@@ -134,6 +134,7 @@ EXPECTED: dict[str, list[str]] = {
         "StreamPublisher",
         "TOPICS",
         "TopicInfo",
+        "TransactionObserver",
         "TransactionalAppender",
         "TransactionalProducer",
         "admin_config",

@@ -126,6 +126,11 @@ def test_scraped_counters_equal_the_settlements_topic_and_the_unknown_gauges_age
         worker = _scrape(worker_port)
         assert worker[("settled_commit_duration_seconds_count", ())] > 0
         assert worker[("settled_commit_duration_seconds_sum", ())] > 0
+        # Each committed transaction's record count (a checkpoint that committed batches holds one at least).
+        committing = worker[("settled_commit_duration_seconds_count", ())]
+        assert worker[("settled_transaction_records_count", ())] >= committing
+        assert worker[("settled_transaction_records_sum", ())] > 0
+        assert worker[("settled_transaction_call_seconds_total", (("call", "commit_transaction"),))] > 0
     finally:
         projector.proc.terminate()
         projector.proc.wait(timeout=30)

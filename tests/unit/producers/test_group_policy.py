@@ -8,7 +8,7 @@ tests/integration/test_appender_crash.py, tests/integration/test_appender_offset
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 from confluent_kafka import KafkaError
@@ -197,3 +197,29 @@ def test_a_stale_coordinators_refusal_defers_and_the_next_checkpoint_runs_on_a_n
     again = appender.checkpoint([*A], [0], 1)
     assert kafka.producers == 2
     assert (again.committed, kafka.batch_ids(LOG), kafka.input_offset) == (A, ["a-0"], 1)
+
+
+class _Observed:
+    """A `settled.producers.TransactionObserver` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[int, dict[str, float]]] = []
+
+    def transaction_committed(self, records: int, call_s: Mapping[str, float]) -> None:
+        self.told.append((records, dict(call_s)))
+
+
+def test_the_observer_is_told_each_committed_transactions_records_and_calls_never_an_aborted_one() -> None:
+    kafka = _rejecting(SIZE)
+    appender = _appender(kafka)
+    observed = _Observed()
+    appender.observer = observed
+    receipt = OutRecord(SETTINGS.topic("receipts"), b"a", b"receipt")
+    with_receipt = AppendBatch("a-0", "a", OutRecord(LOG, b"a", b"ok"), side_records=(receipt,), inputs=frozenset({0}))
+    # a (with its receipt) and b commit together: 3 records. Then p's record is rejected in a shared transaction with
+    # c: that one aborts, p fails alone twice (aborted), its one-record replacement commits, then c commits alone.
+    appender.checkpoint([with_receipt, _batch("b", 1)], [0, 1], 2)
+    appender.checkpoint([_batch("p", 2, POISON), _batch("c", 3)], [2, 3], 4)
+    calls = {"begin_transaction", "produce", "flush", "send_offsets_to_transaction", "commit_transaction"}
+    assert [records for records, _ in observed.told] == [3, 1, 1], observed.told
+    assert all(set(call_s) == calls and min(call_s.values()) >= 0 for _, call_s in observed.told), observed.told
