@@ -1,6 +1,7 @@
 """Before/after: `bench/rebuild.py` and `bench/engine.py` on a git ref and on this checkout, alternating pairwise.
 
     python bench/before_after.py [--ref main] [--pairs 3] [--events 20k,50k] [--engine-args "..."]
+    python bench/before_after.py --suite records [--ref REF] [--pairs 3] [--records-args "..."]
 
 A refactor that must not slow settled down (issue 15) is measured here: the ref is exported with ``git archive`` into
 a temporary folder, and each pair runs the ref's benchmarks and this checkout's back to back, the order swapped every
@@ -12,11 +13,16 @@ ratios with their range; the noise to compare a ratio with is the before side's 
 rebuild's consume, consume + decode and rebuild events/s per size (``--no-lag``) and its replay CPU per batch and
 CPU-bound events/s (CPU time, which other processes on a shared machine do not stretch), and the engine's bare
 commit p50 and, per model, the settled p50 per call and the 1- and N-conversation calls/s.
+
+``--suite records`` runs `bench/records_per_txn.py` ``--part worker`` instead (the throughput case on a private broker,
+issue 24 item 3; the ref must have that script) and compares its figures: turns/s, steps/s, transactions/s, records
+per transaction, worker and broker CPU per turn, the loop's share of time in Kafka calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -92,6 +98,8 @@ def main() -> int:
         "--engine-args", default="--calls 5 --rounds 3 --conversations 10 --bare 50 --bare-paced 10", help="engine.py"
     )
     ap.add_argument("--bootstrap", default=os.environ.get("SETTLED_KAFKA_BOOTSTRAP"))
+    ap.add_argument("--suite", choices=("rebuild-engine", "records"), default="rebuild-engine")
+    ap.add_argument("--records-args", default="", help="records_per_txn.py's arguments (its broker is private)")
     args = ap.parse_args()
     boot = ["--bootstrap", args.bootstrap] if args.bootstrap else []
     runs: dict[str, list[dict[str, float]]] = defaultdict(list)
@@ -102,6 +110,14 @@ def main() -> int:
             for side in order:
                 tree = trees[side]
                 logs = Path(tmp)
+                if args.suite == "records":
+                    out = logs / f"rpt-{side}-{i}.json"
+                    argv = ["bench/records_per_txn.py", "--part", "worker", "--json", str(out)]
+                    _run(tree, [*argv, *shlex.split(args.records_args)], logs / f"rpt-{side}-{i}.log")
+                    figures = json.loads(out.read_text())
+                    runs[side].append({k: float(v) for k, v in figures.items() if isinstance(v, int | float)})
+                    print(f"pair {i + 1}/{args.pairs} {side}: {runs[side][-1]}", flush=True)
+                    continue
                 rebuild = _run(
                     tree, ["bench/rebuild.py", "--events", args.events, "--no-lag", *boot], logs / f"r-{side}-{i}.log"
                 )
@@ -117,7 +133,7 @@ def main() -> int:
     for name in names:
         b = [r[name] for r in runs["before"]]
         a = [r[name] for r in runs["after"]]
-        ratios = [x / y for x, y in zip(a, b, strict=True) if y]
+        ratios = [x / y for x, y in zip(a, b, strict=True) if y] or [float("nan")]  # nan: every before was 0
         spread = max(b) / min(b) if min(b) else float("nan")
         print(
             f"| {name} | {statistics.median(b):,.2f} ({min(b):,.2f}-{max(b):,.2f}) "

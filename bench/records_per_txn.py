@@ -17,7 +17,7 @@ Both parts run against a **private broker** this script starts on free ports (th
   broker's CPU per transaction and per record. It tells what merging transactions would gain before anything is
   built: 12 one-record transactions on 12 partitions cost 12 rows of "1 record, 1 partition"; merged, one row of
   "12 records, 12 partitions" (interpolate 5 and 20).
-* ``worker``: settled's throughput case of ``bench/side_by_side.py`` (12 partitions, one worker process,
+* ``worker``: settled's throughput case of ``bench/side_by_side.py`` (12 partitions or ``--partitions``, one worker,
   ``bench.side_by_side_app:app``, a closed loop of ``--in-flight`` turns of K ``ctx.step`` calls, fresh conversation per
   turn, one shared settlements reader), with the worker's Prometheus endpoint on (``SETTLED_METRICS_PORT``): over the
   window, turns/s and steps/s, transactions/s and records per transaction (mean; p50 and p99 from the histogram
@@ -224,6 +224,7 @@ def worker(
     window_s: float,
     in_flight: int,
     k: int,
+    partitions: int = PARTITIONS,
 ) -> tuple[str, dict[str, Any]]:
     """The throughput case with the worker's metrics on; returns the Markdown table and the figures.
 
@@ -232,7 +233,10 @@ def worker(
     Raises:
         BenchmarkError: A load thread failed or a turn did not settle as expected.
     """
+    import side_by_side
     from side_by_side import SettledCase
+
+    side_by_side.PARTITIONS = partitions  # the case's namespace and its warm-up turns
 
     from settled.services._devstack import free_port
 
@@ -249,7 +253,7 @@ def worker(
                 worker_id=f"bench-{uuid.uuid4().hex[:6]}",
                 log_level=log_level,
                 instance_id=f"bench-{self.label}-{slot}",
-                env={"SETTLED_PARTITIONS": str(PARTITIONS), "SETTLED_METRICS_PORT": str(port)},
+                env={"SETTLED_PARTITIONS": str(partitions), "SETTLED_METRICS_PORT": str(port)},
                 cwd=ROOT,
             )
 
@@ -349,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--in-flight", type=int, default=50)
     ap.add_argument("--k", type=int, default=5, help="worker: ctx.step calls per turn")
+    ap.add_argument("--partitions", type=int, default=PARTITIONS, help="worker: partitions of the namespace")
     ap.add_argument("--bootstrap", default=None, help="a running broker (default: a private one)")
     ap.add_argument("--json", type=Path, default=None, help="also write the worker figures here")
     ap.add_argument("--keep", action="store_true", help="keep the private broker's folder")
@@ -384,9 +389,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(cost(bootstrap, broker_pid, idle_ms_per_s, args.transactions, _ints(args.sizes), _ints(args.spreads)))
             print(f"\nafter cost: {load_average()}\n", flush=True)
         if "worker" in parts:
-            print(f"## one worker, 12 partitions, {args.in_flight} turns in flight, K={args.k}\n")
+            print(f"## one worker, {args.partitions} partitions, {args.in_flight} turns in flight, K={args.k}\n")
             text, figures = worker(
-                bootstrap, broker_pid, idle_ms_per_s, tmp, args.warmup_s, args.window_s, args.in_flight, args.k
+                bootstrap,
+                broker_pid,
+                idle_ms_per_s,
+                tmp,
+                args.warmup_s,
+                args.window_s,
+                args.in_flight,
+                args.k,
+                args.partitions,
             )
             print(text)
             print(f"\nafter worker: {load_average()}", flush=True)
