@@ -65,7 +65,9 @@ SUITES = [
     # broker stopped and started again, two workers waiting on it; ~63 s here).
     # +55 s for steering and retries over HTTP and through AsyncClient (tests/integration/api/test_api_steer_retry.py,
     # the steer/retry test of tests/integration/test_async_client.py; ~50 s here).
-    Suite("integration", 1375, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
+    # +10 s for issue 24 item 3's checkpoints side by side (tests/integration/test_worker_parallel_checkpoints.py,
+    # ~6.5 s here).
+    Suite("integration", 1385, (_pytest("tests/integration", "--ignore=tests/integration/engine"),), junit=True),
     # The execution engine's kill tests (issue 6): real worker processes killed at the crash-matrix boundaries.
     # +50 s for issue 16's signal and deadline tests (tests/integration/engine/test_engine_signals.py, ~42 s here);
     # +15 s for its approval tests (tests/integration/engine/test_engine_approvals.py, ~11 s here);
