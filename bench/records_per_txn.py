@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     BenchmarkError,
     client_versions,
+    delete_namespace,
     fresh_namespace,
     load_average,
     percentile,
@@ -297,6 +298,7 @@ def worker(
             raise BenchmarkError(f"a load thread failed: {errors[0]!r}") from errors[0]
     finally:
         case.close()
+        delete_namespace(case.settings)  # its topics; on a given broker they would stay behind
 
     def delta(name: str, labels: tuple[tuple[str, str], ...] = ()) -> float:
         return m1.get((name, labels), 0.0) - m0.get((name, labels), 0.0)
