@@ -7,13 +7,16 @@ with the same client settings.
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,11 +31,13 @@ from settled.producers import admin_config, provision_topics
 from settled.schemas import Codec
 
 if TYPE_CHECKING:
+    from settled.client import Client
     from settled.testing import WorkerProcess
 
 __all__ = [
     "BenchmarkError",
     "BrokerInfo",
+    "ThreeWay",
     "WorkerBench",
     "client_versions",
     "delete_namespace",
@@ -42,6 +47,7 @@ __all__ = [
     "percentile",
     "resolve_bootstrap",
     "table",
+    "three_way_main",
     "use_dev_timeouts",
     "worker_bench",
 ]
@@ -390,3 +396,164 @@ def worker_bench(prefix: str, app: str, bootstrap: str | None, *, keep: bool) ->
         worker.stop()
         if not keep:
             delete_namespace(settings, [f"{settings.namespace}.{settings.app_id}.workers"])
+
+
+@dataclass(frozen=True)
+class ThreeWay:
+    """A durable path measured beside a plain turn and the same code in-process (`three_way_main`).
+
+    ``bench/workflows.py`` and ``bench/flows.py`` are two of these: each names its rows and its JSON keys here and
+    gives the three paths; the loop, the tables and the JSON line are `three_way_main`'s.
+
+    Attributes:
+        script: The benchmark's path, for its error line, e.g. ``"bench/workflows.py"``.
+        prefix: The namespace's prefix (`worker_bench`).
+        app: The worker's app, ``module:attribute``.
+        key: The durable path's JSON key stem and ratio name, e.g. ``"workflow"``.
+        label: The durable path's name in the ratio rows, e.g. ``"workflow"``, ``"flow turn"``.
+        in_process_row: The in-process row's name.
+        plain_row: The plain turn's row name.
+        durable_row: The durable path's row name.
+        durable_class: The durable path's durability class.
+        difference_row: The row of the durable minus the plain p50, in ms.
+        difference_units: What the difference is divided by (the steps per run; 1 for the whole turn).
+        run_in_process: The code called in-process with a value (no durability).
+        durable: One durable run of a value: ``(client, value, timeout_s) -> seconds``; it checks the reply.
+        warm_value: The warm-up value of round ``i``.
+        value: The measured value of round ``i``.
+    """
+
+    script: str
+    prefix: str
+    app: str
+    key: str
+    label: str
+    in_process_row: str
+    plain_row: str
+    durable_row: str
+    durable_class: str
+    difference_row: str
+    difference_units: int
+    run_in_process: Callable[[Any], Any]
+    durable: Callable[[Client, Any, float], float]
+    warm_value: Callable[[int], Any]
+    value: Callable[[int], Any]
+
+
+def plain_turn(client: Client, value: Any, timeout_s: float) -> float:
+    """A plain turn with ``value`` as its input: submit → settlement, in seconds.
+
+    Raises:
+        BenchmarkError: It did not complete.
+    """
+    from settled.schemas import SettlementOutcome
+
+    t0 = time.perf_counter()
+    receipt = client.submit(f"plain-{uuid.uuid4().hex[:12]}", value)
+    settlement = client.wait(receipt, timeout_s)
+    took_s = time.perf_counter() - t0
+    if settlement.outcome is not SettlementOutcome.COMPLETED:
+        raise BenchmarkError(f"a plain turn settled {settlement.outcome.value}: {settlement.error_reason}")
+    return took_s
+
+
+def three_way_main(spec: ThreeWay, doc: str | None, argv: list[str] | None = None) -> int:
+    """Run a three-way benchmark (`ThreeWay`) from its command line; return the exit status.
+
+    One fresh namespace and worker (`worker_bench`); 3 warm-up rounds, then ``--rounds`` rounds (5 with ``--smoke``)
+    of the three paths interleaved; the figures table, the ratios table and the JSON line (``json: {...}``).
+
+    Args:
+        spec: The benchmark.
+        doc: Its module docstring (the first paragraph is the ``--help`` description).
+        argv: The arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        0, or 1 when the measurement broke (a run not completed, the worker exiting).
+    """
+    from settled.client import Client
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else None)
+    parser.add_argument("--rounds", type=int, default=40, help="measured runs of each path (after 3 warm-ups)")
+    parser.add_argument("--smoke", action="store_true", help="a short run for CI: 5 rounds")
+    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: SETTLED_KAFKA_BOOTSTRAP)")
+    parser.add_argument("--keep", action="store_true", help="keep the namespace's topics afterwards")
+    args = parser.parse_args(argv)
+    rounds = 5 if args.smoke else args.rounds
+    with worker_bench(spec.prefix, spec.app, args.bootstrap, keep=args.keep) as bench:
+        client = Client(bench.settings, default_timeout_s=60)
+        try:
+            _three_way(spec, bench, client, rounds)
+        except BenchmarkError as exc:
+            print(f"{spec.script}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            client.close()
+    return 0
+
+
+def _three_way(spec: ThreeWay, bench: WorkerBench, client: Client, rounds: int) -> None:
+    """Warm up, measure ``rounds`` of each path interleaved, print the tables and the JSON line."""
+    timeout_s = 120.0
+
+    def in_process(value: Any) -> float:
+        t0 = time.perf_counter()
+        spec.run_in_process(value)
+        return time.perf_counter() - t0
+
+    for i in range(3):  # warm-up: the worker holds its partition, every path ran once
+        in_process(spec.warm_value(i))
+        plain_turn(client, spec.warm_value(i), timeout_s)
+        spec.durable(client, spec.warm_value(i), timeout_s)
+    runs: dict[str, list[float]] = {"local": [], "plain": [], "durable": []}
+    for i in range(rounds):
+        bench.check()
+        value = spec.value(i)
+        runs["local"].append(in_process(value))
+        runs["plain"].append(plain_turn(client, value, timeout_s))
+        runs["durable"].append(spec.durable(client, value, timeout_s))
+    bench.check()
+    committed = bench.print_header(f"the plain turn and {spec.label} figures")
+    p50 = {name: percentile(v, 50) for name, v in runs.items()}
+    p99 = {name: percentile(v, 99) for name, v in runs.items()}
+    n = {name: str(len(v)) for name, v in runs.items()}
+    print(
+        table(
+            ["figure", "p50 ms", "p99 ms", "n", "class"],
+            [
+                [spec.in_process_row, f"{p50['local'] * 1e3:.3f}", f"{p99['local'] * 1e3:.3f}", n["local"],
+                 "none (process memory)"],
+                [spec.plain_row, f"{p50['plain'] * 1e3:.1f}", f"{p99['plain'] * 1e3:.1f}", n["plain"],
+                 "committed (above)"],
+                [spec.durable_row, f"{p50['durable'] * 1e3:.1f}", f"{p99['durable'] * 1e3:.1f}", n["durable"],
+                 spec.durable_class],
+            ],
+        )
+    )  # fmt: skip
+    print(
+        table(
+            ["ratio", "value", "class"],
+            [
+                [f"{spec.label} p50 / plain turn p50", f"{p50['durable'] / p50['plain']:.2f}",
+                 "committed (above), both sides"],
+                [f"{spec.label} p50 / in-process p50", f"{p50['durable'] / p50['local']:,.0f}",
+                 "committed vs none: the cost of durability"],
+                [spec.difference_row,
+                 f"{(p50['durable'] - p50['plain']) * 1e3 / spec.difference_units:.1f}", "committed (above)"],
+            ],
+        )
+    )  # fmt: skip
+    print(f"wall time {time.monotonic() - bench.started_s:.0f} s")
+    figures: dict[str, Any] = {
+        "durability_class": committed,
+        "rounds": len(runs["durable"]),
+        "in_process_p50_ms": p50["local"] * 1e3,
+        "in_process_p99_ms": p99["local"] * 1e3,
+        "plain_p50_ms": p50["plain"] * 1e3,
+        "plain_p99_ms": p99["plain"] * 1e3,
+        f"{spec.key}_p50_ms": p50["durable"] * 1e3,
+        f"{spec.key}_p99_ms": p99["durable"] * 1e3,
+        f"ratio_{spec.key}_plain_p50": p50["durable"] / p50["plain"],
+        f"ratio_{spec.key}_in_process_p50": p50["durable"] / p50["local"],
+    }
+    print("json: " + json.dumps(figures, sort_keys=True))

@@ -19,8 +19,6 @@ are figures, not gates.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 import uuid
@@ -30,32 +28,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/flows.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BenchmarkError, WorkerBench, percentile, table, worker_bench
+from _common import BenchmarkError, ThreeWay, three_way_main
 from flows_app import run_in_process
 
 from settled.client import Client
 from settled.protocol import flow_input
 from settled.schemas import SettlementOutcome, canonical_json
-
-APP = "bench.flows_app:app"
-
-
-def in_process(value: Any) -> float:
-    """The three nodes' bodies in-process, in seconds."""
-    t0 = time.perf_counter()
-    run_in_process(value)
-    return time.perf_counter() - t0
-
-
-def plain_turn(client: Client, value: Any, timeout_s: float) -> float:
-    """A plain turn calling the same bodies: submit → settlement, in seconds."""
-    t0 = time.perf_counter()
-    receipt = client.submit(f"plain-{uuid.uuid4().hex[:12]}", value)
-    settlement = client.wait(receipt, timeout_s)
-    took_s = time.perf_counter() - t0
-    if settlement.outcome is not SettlementOutcome.COMPLETED:
-        raise BenchmarkError(f"a plain turn settled {settlement.outcome.value}: {settlement.error_reason}")
-    return took_s
 
 
 def flow_turn(client: Client, value: Any, timeout_s: float) -> float:
@@ -72,94 +50,24 @@ def flow_turn(client: Client, value: Any, timeout_s: float) -> float:
     return took_s
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=40, help="measured runs of each path (after 3 warm-ups)")
-    parser.add_argument("--smoke", action="store_true", help="a short run for CI: 5 rounds")
-    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: SETTLED_KAFKA_BOOTSTRAP)")
-    parser.add_argument("--keep", action="store_true", help="keep the namespace's topics afterwards")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print its tables; return the exit status."""
-    args = _parse(argv)
-    if args.smoke:
-        args.rounds = 5
-    with worker_bench("bench-flows", APP, args.bootstrap, keep=args.keep) as bench:
-        client = Client(bench.settings, default_timeout_s=60)
-        try:
-            _measure(bench, client, args.rounds)
-        except BenchmarkError as exc:
-            print(f"bench/flows.py: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            client.close()
-    return 0
-
-
-def _measure(bench: WorkerBench, client: Client, rounds: int) -> None:
-    """Warm up, measure ``rounds`` of each path interleaved, print the tables and the JSON line."""
-    timeout_s = 120.0
-    for i in range(3):  # warm-up: the worker holds its partition, every path ran once
-        in_process({"order": i, "amount": 1.5})
-        plain_turn(client, {"order": i, "amount": 1.5}, timeout_s)
-        flow_turn(client, {"order": i, "amount": 1.5}, timeout_s)
-    local: list[float] = []
-    plain: list[float] = []
-    durable: list[float] = []
-    for i in range(rounds):
-        bench.check()
-        value = {"order": i, "amount": 12.5}
-        local.append(in_process(value))
-        plain.append(plain_turn(client, value, timeout_s))
-        durable.append(flow_turn(client, value, timeout_s))
-    bench.check()
-    committed = bench.print_header("the plain turn and flow turn figures")
-    p50 = {name: percentile(v, 50) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
-    p99 = {name: percentile(v, 99) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
-    print(
-        table(
-            ["figure", "p50 ms", "p99 ms", "n", "class"],
-            [
-                ["3 nodes in-process", f"{p50['local'] * 1e3:.3f}", f"{p99['local'] * 1e3:.3f}",
-                 str(len(local)), "none (process memory)"],
-                ["plain turn calling their bodies: submit -> settlement (baseline)", f"{p50['plain'] * 1e3:.1f}",
-                 f"{p99['plain'] * 1e3:.1f}", str(len(plain)), "committed (above)"],
-                ["3-node flow turn: submit -> settlement", f"{p50['durable'] * 1e3:.1f}",
-                 f"{p99['durable'] * 1e3:.1f}", str(len(durable)),
-                 "committed (above), the step and model response"],
-            ],
-        )
-    )  # fmt: skip
-    print(
-        table(
-            ["ratio", "value", "class"],
-            [
-                ["flow turn p50 / plain turn p50", f"{p50['durable'] / p50['plain']:.2f}",
-                 "committed (above), both sides"],
-                ["flow turn p50 / in-process p50", f"{p50['durable'] / p50['local']:,.0f}",
-                 "committed vs none: the cost of durability"],
-                ["flow turn - plain turn (p50 ms)",
-                 f"{(p50['durable'] - p50['plain']) * 1e3:.1f}", "committed (above)"],
-            ],
-        )
-    )  # fmt: skip
-    print(f"wall time {time.monotonic() - bench.started_s:.0f} s")
-    figures: dict[str, Any] = {
-        "durability_class": committed,
-        "rounds": len(durable),
-        "in_process_p50_ms": p50["local"] * 1e3,
-        "in_process_p99_ms": p99["local"] * 1e3,
-        "plain_p50_ms": p50["plain"] * 1e3,
-        "plain_p99_ms": p99["plain"] * 1e3,
-        "flow_p50_ms": p50["durable"] * 1e3,
-        "flow_p99_ms": p99["durable"] * 1e3,
-        "ratio_flow_plain_p50": p50["durable"] / p50["plain"],
-        "ratio_flow_in_process_p50": p50["durable"] / p50["local"],
-    }
-    print("json: " + json.dumps(figures, sort_keys=True))
+BENCH = ThreeWay(
+    script="bench/flows.py",
+    prefix="bench-flows",
+    app="bench.flows_app:app",
+    key="flow",
+    label="flow turn",
+    in_process_row="3 nodes in-process",
+    plain_row="plain turn calling their bodies: submit -> settlement (baseline)",
+    durable_row="3-node flow turn: submit -> settlement",
+    durable_class="committed (above), the step and model response",
+    difference_row="flow turn - plain turn (p50 ms)",
+    difference_units=1,
+    run_in_process=run_in_process,
+    durable=flow_turn,
+    warm_value=lambda i: {"order": i, "amount": 1.5},
+    value=lambda i: {"order": i, "amount": 12.5},
+)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(three_way_main(BENCH, __doc__))

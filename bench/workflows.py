@@ -19,8 +19,6 @@ are figures, not gates.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 import uuid
@@ -30,31 +28,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: python bench/workflows.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import BenchmarkError, WorkerBench, percentile, table, worker_bench
+from _common import BenchmarkError, ThreeWay, three_way_main
 from workflows_app import run_in_process
 
 from settled.client import Client
 from settled.schemas import SettlementOutcome, canonical_json
-
-APP = "bench.workflows_app:app"
-
-
-def in_process(value: Any) -> float:
-    """The five functions in-process, in seconds."""
-    t0 = time.perf_counter()
-    run_in_process(value)
-    return time.perf_counter() - t0
-
-
-def plain_turn(client: Client, value: Any, timeout_s: float) -> float:
-    """A plain turn calling the five functions: submit → settlement, in seconds."""
-    t0 = time.perf_counter()
-    receipt = client.submit(f"plain-{uuid.uuid4().hex[:12]}", value)
-    settlement = client.wait(receipt, timeout_s)
-    took_s = time.perf_counter() - t0
-    if settlement.outcome is not SettlementOutcome.COMPLETED:
-        raise BenchmarkError(f"a plain turn settled {settlement.outcome.value}: {settlement.error_reason}")
-    return took_s
 
 
 def workflow_run(client: Client, value: Any, timeout_s: float) -> float:
@@ -70,93 +48,24 @@ def workflow_run(client: Client, value: Any, timeout_s: float) -> float:
     return took_s
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=40, help="measured runs of each path (after 3 warm-ups)")
-    parser.add_argument("--smoke", action="store_true", help="a short run for CI: 5 rounds")
-    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: SETTLED_KAFKA_BOOTSTRAP)")
-    parser.add_argument("--keep", action="store_true", help="keep the namespace's topics afterwards")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print its tables; return the exit status."""
-    args = _parse(argv)
-    if args.smoke:
-        args.rounds = 5
-    with worker_bench("bench-workflows", APP, args.bootstrap, keep=args.keep) as bench:
-        client = Client(bench.settings, default_timeout_s=60)
-        try:
-            _measure(bench, client, args.rounds)
-        except BenchmarkError as exc:
-            print(f"bench/workflows.py: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            client.close()
-    return 0
-
-
-def _measure(bench: WorkerBench, client: Client, rounds: int) -> None:
-    """Warm up, measure ``rounds`` of each path interleaved, print the tables and the JSON line."""
-    timeout_s = 120.0
-    for i in range(3):  # warm-up: the worker holds its partition, every path ran once
-        in_process({"i": i})
-        plain_turn(client, {"i": i}, timeout_s)
-        workflow_run(client, {"i": i}, timeout_s)
-    local: list[float] = []
-    plain: list[float] = []
-    durable: list[float] = []
-    for i in range(rounds):
-        bench.check()
-        value = {"invoice": i}
-        local.append(in_process(value))
-        plain.append(plain_turn(client, value, timeout_s))
-        durable.append(workflow_run(client, value, timeout_s))
-    bench.check()
-    committed = bench.print_header("the plain turn and workflow figures")
-    p50 = {name: percentile(v, 50) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
-    p99 = {name: percentile(v, 99) for name, v in (("local", local), ("plain", plain), ("durable", durable))}
-    print(
-        table(
-            ["figure", "p50 ms", "p99 ms", "n", "class"],
-            [
-                ["5 functions in-process", f"{p50['local'] * 1e3:.3f}", f"{p99['local'] * 1e3:.3f}",
-                 str(len(local)), "none (process memory)"],
-                ["plain turn calling them: submit -> settlement (baseline)", f"{p50['plain'] * 1e3:.1f}",
-                 f"{p99['plain'] * 1e3:.1f}", str(len(plain)), "committed (above)"],
-                ["5-step workflow: run_workflow -> settlement", f"{p50['durable'] * 1e3:.1f}",
-                 f"{p99['durable'] * 1e3:.1f}", str(len(durable)), "committed (above), each step's result"],
-            ],
-        )
-    )  # fmt: skip
-    print(
-        table(
-            ["ratio", "value", "class"],
-            [
-                ["workflow p50 / plain turn p50", f"{p50['durable'] / p50['plain']:.2f}",
-                 "committed (above), both sides"],
-                ["workflow p50 / in-process p50", f"{p50['durable'] / p50['local']:,.0f}",
-                 "committed vs none: the cost of durability"],
-                ["per step, workflow - plain turn (p50 ms)",
-                 f"{(p50['durable'] - p50['plain']) * 1e3 / 5:.1f}", "committed (above)"],
-            ],
-        )
-    )  # fmt: skip
-    print(f"wall time {time.monotonic() - bench.started_s:.0f} s")
-    figures: dict[str, Any] = {
-        "durability_class": committed,
-        "rounds": len(durable),
-        "in_process_p50_ms": p50["local"] * 1e3,
-        "in_process_p99_ms": p99["local"] * 1e3,
-        "plain_p50_ms": p50["plain"] * 1e3,
-        "plain_p99_ms": p99["plain"] * 1e3,
-        "workflow_p50_ms": p50["durable"] * 1e3,
-        "workflow_p99_ms": p99["durable"] * 1e3,
-        "ratio_workflow_plain_p50": p50["durable"] / p50["plain"],
-        "ratio_workflow_in_process_p50": p50["durable"] / p50["local"],
-    }
-    print("json: " + json.dumps(figures, sort_keys=True))
+BENCH = ThreeWay(
+    script="bench/workflows.py",
+    prefix="bench-workflows",
+    app="bench.workflows_app:app",
+    key="workflow",
+    label="workflow",
+    in_process_row="5 functions in-process",
+    plain_row="plain turn calling them: submit -> settlement (baseline)",
+    durable_row="5-step workflow: run_workflow -> settlement",
+    durable_class="committed (above), each step's result",
+    difference_row="per step, workflow - plain turn (p50 ms)",
+    difference_units=5,
+    run_in_process=run_in_process,
+    durable=workflow_run,
+    warm_value=lambda i: {"i": i},
+    value=lambda i: {"invoice": i},
+)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(three_way_main(BENCH, __doc__))
