@@ -24,9 +24,10 @@ by the worker loop, one call per phase of a turn:
 
 The journal (recorded tool calls, steps, ``now``/``uuid`` values, recovery decisions, resolutions, model records)
 is kept per nonterminal submission from committed batches only (the owner's restore and checkpoints) and dropped
-when the submission settles (docs/design.md §3 "Memory"). Runs execute on a thread pool whose size is the worker's
-concurrency permit count; a run suspended on a wait (`WAITING_STATES`: Unknown calls, signals, approvals) holds no
-pool slot.
+when the submission settles (docs/design.md §3 "Memory"). A run body that can launch itself (`RunLauncher`, the
+runtime's: straight onto the worker's run loop, under its concurrency permits) is launched from the worker loop's
+thread; any other runs on the worker's thread pool, whose size is then the permit count. A run suspended on a wait
+(`WAITING_STATES`: Unknown calls, signals, approvals) holds no permit.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from settled import protocol
 from settled._errors import ErrorCategory, SettledError
@@ -108,6 +109,7 @@ __all__ = [
     "HistoryTurn",
     "ResumeGate",
     "RunFailedError",
+    "RunLauncher",
     "ToolPolicy",
 ]
 
@@ -348,6 +350,23 @@ class AgentRun:
 Agent = Callable[[AgentRun], str]
 
 
+@runtime_checkable
+class RunLauncher(Protocol):
+    """A run body that starts itself without a pool thread (`settled.runtime.RunLauncher`).
+
+    The conductor calls `launch` from the worker loop's thread, after the attempt's ``AttemptStarted`` committed;
+    it must return at once (the run goes on elsewhere, e.g. on an event loop) and bound its runs itself.
+    """
+
+    def __call__(self, run: AgentRun) -> str:
+        """Run the attempt and wait for it (the `Agent` shape)."""
+        ...
+
+    def launch(self, run: AgentRun) -> Future[str]:
+        """Start the attempt; return at once with the future of its reply (canonical JSON) or of what it raised."""
+        ...
+
+
 class ToolPolicy(Protocol):
     """What the conductor needs to know about tools to classify recovery (docs/design.md §5; see `settled.runtime`)."""
 
@@ -487,8 +506,9 @@ class Conductor:
 
     Attributes:
         owner: The partition's owner (its committed state and pending overlay).
-        agent: The run body.
-        pool: The worker's thread pool (its size is the worker's concurrency permit count).
+        agent: The run body; a `RunLauncher` is launched from the worker loop's thread, any other runs on ``pool``.
+        pool: The worker's thread pool (reconciliations; and runs of an agent that is no `RunLauncher`, its size then
+            the worker's concurrency permit count).
         clock: Returns "now".
         max_attempts: Attempts per submission before it settles failed (docs/design.md §5; default 3).
         attempt_backoff_base_ms: The backoff before a submission's first retry, in milliseconds, doubled for each
@@ -503,7 +523,7 @@ class Conductor:
     """
 
     owner: PartitionOwner[PartitionState]
-    agent: Agent
+    agent: Agent | RunLauncher
     pool: ThreadPoolExecutor
     clock: Callable[[], datetime]
     max_attempts: int = 3
@@ -1286,7 +1306,9 @@ class Conductor:
             joinable=self._joinable(conversation_id, submission_id),
             join=self._join(conversation_id, submission_id, attempt_id),
         )
-        future = self.pool.submit(self.agent, run)
+        # A launcher starts the run on the run loop from this thread: no pool thread hop before its body or after its
+        # end (docs/architecture.md "K=0 turn latency"). Either way it begins after its start committed (above).
+        future = self.agent.launch(run) if isinstance(self.agent, RunLauncher) else self.pool.submit(self.agent, run)
         future.add_done_callback(lambda _: self._wake())  # its end is staged at once, not at the next poll
         running = _Running(run, future)
         self._running[attempt_id] = running

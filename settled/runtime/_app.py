@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from settled._errors import ErrorCategory, SettledError
-from settled.processors import Agent, RunFailedError
+from settled.processors import RunFailedError
 from settled.protocol import DEFAULT_LANE, LanePolicy, flow_invocation, workflow_invocation
 from settled.runtime._context import RunContext
 from settled.runtime._errors import UnsafeToolsError
 from settled.runtime._flow import Flow
 from settled.runtime._flow_run import run_flow
 from settled.runtime._options import RunOptions
-from settled.runtime._runloop import AgentFunction, execute
+from settled.runtime._runloop import AgentFunction, RunLoopLauncher, RunPermits
 from settled.runtime._tools import ApprovalPolicy, Reconciler, ToolFunction, ToolRegistry, ToolSpec
 from settled.runtime._workflow import Workflow
 from settled.runtime._workflow_run import run_workflow
@@ -301,9 +301,18 @@ class App:
         # A flow run's later turn replays its earlier turns from the history (issue 18).
         return bool(self.flows) or bool(getattr(self.agent, "needs_history", False))
 
-    def runner(self) -> Agent:
-        """The run body the conductor calls on a pool thread: one attempt of `agent` on its own event loop."""
-        return functools.partial(execute, self._dispatch, self.tools, self.options)
+    @functools.cached_property
+    def _permits(self) -> RunPermits:
+        """This app's concurrency permits, shared by every conductor of the worker built with it."""
+        return RunPermits(self.concurrency)
+
+    def runner(self) -> RunLoopLauncher:
+        """The run body the conductor launches on the worker's run loop, under the app's `concurrency` permits.
+
+        Returns:
+            The launcher; called, it runs one attempt and waits for it.
+        """
+        return RunLoopLauncher(self._dispatch, self.tools, self.options, self._permits)
 
 
 def load_app(reference: str) -> App:

@@ -1,8 +1,11 @@
-"""The run loop: one event loop per worker process runs every run's coroutine (issue 6), and `execute`.
+"""The run loop: one event loop per worker process runs every run's coroutine (issue 6); `RunLoopLauncher`, `execute`.
 
-`execute` runs one attempt of an agent on that loop from a conductor's pool thread and waits for it; agent code
-must not block the loop (blocking work belongs in a tool or a ``ctx.step``, which run on threads). A run's leftover
-tasks are cancelled when it ends.
+`RunLoopLauncher.launch` (a `settled.processors.RunLauncher`: what the worker's conductors call, from
+`settled.runtime.App.runner`) starts one attempt of an agent on that loop straight from the worker loop's thread and
+returns its future at once; the run holds one of the worker's concurrency permits (`RunPermits`, ``App.concurrency``)
+while it runs. `execute` runs one attempt on the loop from a thread of the caller's and waits for it. Agent code must
+not block the loop (blocking work belongs in a tool or a ``ctx.step``, which run on threads). A run's leftover tasks
+are cancelled when it ends.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from settled._failpoints import failpoint
@@ -28,7 +32,7 @@ from settled.schemas import (
     canonical_json,
 )
 
-__all__ = ["AgentFunction", "execute"]
+__all__ = ["AgentFunction", "RunLoopLauncher", "RunPermits", "execute"]
 
 AgentFunction = Callable[[RunContext], Awaitable[Any]]
 
@@ -44,10 +48,10 @@ class _RunLoop:
 
     A loop per run (``asyncio.run`` on each pool thread) made every wake-up — a record committed, a tool returned —
     a thread of its own contending for the GIL: with 50 runs in flight the worker loop waited behind them after each
-    commit (``bench/engine.py``). One loop serves every run's coroutine; the pool threads that call `execute` only
-    wait for their run, so the pool size is still the worker's concurrency permit count. Agent code must not block
-    the loop (blocking work belongs in a tool or a ``ctx.step``, which run on threads). A run's leftover tasks are
-    cancelled when it ends, and a ``SystemExit`` or ``KeyboardInterrupt`` raised by agent code ends only its run.
+    commit (``bench/engine.py``). One loop serves every run's coroutine; a run is started on it straight from the
+    worker loop's thread (`RunLoopLauncher.launch`) and holds one of `RunPermits` while it runs. Agent code must not
+    block the loop (blocking work belongs in a tool or a ``ctx.step``, which run on threads). A run's leftover tasks
+    are cancelled when it ends, and a ``SystemExit`` or ``KeyboardInterrupt`` raised by agent code ends only its run.
     """
 
     def __init__(self) -> None:
@@ -79,6 +83,53 @@ def _track_run_task(
 
 
 _RUN_LOOP = _RunLoop()
+
+
+class RunPermits:
+    """A worker's concurrency permits (``App.concurrency``): how many runs execute at once on the run loop.
+
+    A run launched while every permit is held waits on the loop for one (its ``AttemptStarted`` is committed; its
+    body has not begun), as it waited in the run pool's queue when runs took a pool thread each.
+
+    Attributes:
+        count: The number of permits.
+    """
+
+    def __init__(self, count: int) -> None:
+        """Build the permits.
+
+        Args:
+            count: How many runs may execute at once (>= 1).
+
+        Raises:
+            ValueError: ``count`` is below 1.
+        """
+        if count < 1:
+            raise ValueError(f"RunPermits count must be >= 1, got {count}")
+        self.count = count
+        self._lock = threading.Lock()
+        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    def _semaphore(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
+        """The semaphore of ``loop`` (a new run loop, after the old one's thread died, gets fresh permits)."""
+        with self._lock:
+            sem = self._semaphores.get(loop)
+            if sem is None:
+                self._semaphores = {loop: asyncio.Semaphore(self.count)}  # a dead loop's semaphore is dropped
+                sem = self._semaphores[loop]
+            return sem
+
+    async def run(self, coro: Coroutine[Any, Any, str]) -> str:
+        """Run ``coro`` holding one permit (on the run loop), waiting for one first when all are held.
+
+        Args:
+            coro: The run's coroutine.
+
+        Returns:
+            What it returned.
+        """
+        async with self._semaphore(asyncio.get_running_loop()):
+            return await coro
 
 
 async def _guarded(coro: Coroutine[Any, Any, str]) -> tuple[str | None, BaseException | None]:
@@ -142,8 +193,81 @@ async def _attempt(agent: AgentFunction, run: AgentRun, tools: ToolRegistry, opt
     return reply
 
 
+def _start(
+    agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run: AgentRun, permits: RunPermits | None
+) -> Future[str]:
+    """Schedule one attempt on the process's run loop; return its future (the reply, or what the run raised).
+
+    A ``SystemExit`` or ``KeyboardInterrupt`` the agent raised ends only its run: it is the future's exception, never
+    raised on the shared loop.
+    """
+    main = _main(agent, run, tools, options)
+    inner = asyncio.run_coroutine_threadsafe(_guarded(main if permits is None else permits.run(main)), _RUN_LOOP.get())
+    out: Future[str] = Future()
+    out.set_running_or_notify_cancel()
+
+    def done(f: Future[tuple[str | None, BaseException | None]]) -> None:  # on the run loop's thread
+        try:
+            reply, stop = f.result()
+        except BaseException as exc:  # noqa: BLE001 - the run's outcome, handed to whoever reads the future
+            out.set_exception(exc)
+            return
+        if stop is not None:
+            out.set_exception(stop)
+        else:
+            assert reply is not None  # _guarded returns a reply or what stopped the run
+            out.set_result(reply)
+
+    inner.add_done_callback(done)
+    return out
+
+
+@dataclass(frozen=True)
+class RunLoopLauncher:
+    """An app's run body as the conductor starts it (`settled.processors.Conductor`; `settled.runtime.App.runner`).
+
+    `launch` starts an attempt on the run loop from the caller's thread (the worker loop's) and returns at once: no
+    pool thread sits between the commit of the attempt's start and its body, nor between its end and the worker
+    loop's wake-up (docs/architecture.md "K=0 turn latency"). Called, it runs the attempt and waits for it, like
+    `execute`.
+
+    Attributes:
+        agent: The agent (the app's dispatcher between its agent, workflows and flows).
+        tools: The app's tools.
+        options: How effects execute.
+        permits: The worker's concurrency permits, shared by every conductor of the worker.
+    """
+
+    agent: AgentFunction
+    tools: ToolRegistry
+    options: RunOptions
+    permits: RunPermits
+
+    def launch(self, run: AgentRun) -> Future[str]:
+        """Start one attempt on the run loop (it waits there for a permit) and return its future at once.
+
+        Args:
+            run: The attempt; its ``AttemptStarted`` is committed (the conductor's rule).
+
+        Returns:
+            The future of the reply (canonical JSON), or of what the run raised (see `execute`).
+        """
+        return _start(self.agent, self.tools, self.options, run, self.permits)
+
+    def __call__(self, run: AgentRun) -> str:
+        """Run one attempt and wait for it (see `execute`; no permit is taken: the caller's threads bound it).
+
+        Args:
+            run: The attempt.
+
+        Returns:
+            The reply, canonical JSON.
+        """
+        return execute(self.agent, self.tools, self.options, run)
+
+
 def execute(agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run: AgentRun) -> str:
-    """Run one attempt of an async agent on the process's run loop and wait for it (on a conductor's pool thread).
+    """Run one attempt of an async agent on the process's run loop and wait for it (on a thread of the caller's).
 
     The run's coroutine runs on the loop `_RunLoop` keeps; this thread only waits for it.
 
@@ -161,10 +285,4 @@ def execute(agent: AgentFunction, tools: ToolRegistry, options: RunOptions, run:
         ReplayDivergenceError: The code diverged from the record.
         Exception: Whatever the agent raised (the conductor retries within ``max_attempts``).
     """
-    reply, stop = asyncio.run_coroutine_threadsafe(
-        _guarded(_main(agent, run, tools, options)), _RUN_LOOP.get()
-    ).result()
-    if stop is not None:
-        raise stop
-    assert reply is not None  # _guarded returns a reply or what stopped the run
-    return reply
+    return _start(agent, tools, options, run, None).result()

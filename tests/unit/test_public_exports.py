@@ -102,6 +102,7 @@ EXPECTED: dict[str, list[str]] = {
         "PartitionConductor",
         "PartitionOwner",
         "RunFailedError",
+        "RunLauncher",
         "ToolPolicy",
         "WATCHDOG_EXIT_CODE",
         "Worker",
