@@ -2,6 +2,7 @@
 
     python bench/before_after.py [--ref main] [--pairs 3] [--events 20k,50k] [--engine-args "..."]
     python bench/before_after.py --suite records [--ref REF] [--pairs 3] [--records-args "..."]
+    python bench/before_after.py --suite k0 [--ref REF] [--pairs 3] [--k0-args "--turns 500"]
 
 A refactor that must not slow settled down (issue 15) is measured here: the ref is exported with ``git archive`` into
 a temporary folder, and each pair runs the ref's benchmarks and this checkout's back to back, the order swapped every
@@ -13,6 +14,10 @@ ratios with their range; the noise to compare a ratio with is the before side's 
 rebuild's consume, consume + decode and rebuild events/s per size (``--no-lag``) and its replay CPU per batch and
 CPU-bound events/s (CPU time, which other processes on a shared machine do not stretch), and the engine's bare
 commit p50 and, per model, the settled p50 per call and the 1- and N-conversation calls/s.
+
+``--suite k0`` runs `bench/k0_tail.py` (sequential K=0 turns on the session's broker, hop by hop; issue 24) and
+compares the turn's p50/p90/p99 and each hop's median. The script and its app are this checkout's on both sides
+(copied over the ref's tree), so only the product code differs.
 
 ``--suite records`` runs `bench/records_per_txn.py` ``--part worker`` instead (the throughput case on a private broker,
 issue 24 item 3; the ref must have that script) and compares its figures: turns/s, steps/s, transactions/s, records
@@ -26,6 +31,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,18 +104,29 @@ def main() -> int:
         "--engine-args", default="--calls 5 --rounds 3 --conversations 10 --bare 50 --bare-paced 10", help="engine.py"
     )
     ap.add_argument("--bootstrap", default=os.environ.get("SETTLED_KAFKA_BOOTSTRAP"))
-    ap.add_argument("--suite", choices=("rebuild-engine", "records"), default="rebuild-engine")
+    ap.add_argument("--suite", choices=("rebuild-engine", "records", "k0"), default="rebuild-engine")
     ap.add_argument("--records-args", default="", help="records_per_txn.py's arguments (its broker is private)")
+    ap.add_argument("--k0-args", default="", help="k0_tail.py's arguments")
     args = ap.parse_args()
     boot = ["--bootstrap", args.bootstrap] if args.bootstrap else []
     runs: dict[str, list[dict[str, float]]] = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="settled-before-after-") as tmp:
         trees = {"before": _export(args.ref, Path(tmp)), "after": HERE}
+        if args.suite == "k0":  # the same measuring script on both sides: only the product code differs
+            for name in ("k0_tail.py", "k0_tail_app.py"):
+                shutil.copy(HERE / "bench" / name, trees["before"] / "bench" / name)
         for i in range(args.pairs):
             order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
             for side in order:
                 tree = trees[side]
                 logs = Path(tmp)
+                if args.suite == "k0":
+                    out = logs / f"k0-{side}-{i}.json"
+                    argv = ["bench/k0_tail.py", "--json", str(out), *boot]
+                    _run(tree, [*argv, *shlex.split(args.k0_args)], logs / f"k0-{side}-{i}.log")
+                    runs[side].append(json.loads(out.read_text()))
+                    print(f"pair {i + 1}/{args.pairs} {side}: {runs[side][-1]}", flush=True)
+                    continue
                 if args.suite == "records":
                     out = logs / f"rpt-{side}-{i}.json"
                     argv = ["bench/records_per_txn.py", "--part", "worker", "--json", str(out)]
