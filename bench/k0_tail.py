@@ -7,9 +7,10 @@ The latency case of ``bench/side_by_side.py`` for settled alone, at K=0, on the 
 partitions, one worker process, settlements read by one shared reader), its worker's app with hop stamps
 (``bench/k0_tail_app.py``), sequential turns each on a fresh conversation. The client and the worker stamp
 ``time.monotonic_ns()`` (one clock for the host's processes): per turn, the call to ``Client.submit``, the worker's
-first transaction (admission with the attempt's start) from its ``begin_transaction`` to its commit, the run body, the
-second transaction (the settlement), the receipt read (``submit`` returned) and the settlement read by the shared
-reader. Each cyclic garbage collection of either process (``gc.callbacks``) is stamped too.
+poll that got its record, the worker's first transaction (admission with the attempt's start) from its
+``begin_transaction`` to its commit, the conductor's launch of the run, the run body, the conductor's staging of the
+run's end, the second transaction (the settlement), the receipt read (``submit`` returned) and the settlement read by
+the shared reader. Each cyclic garbage collection of either process (``gc.callbacks``) is stamped too.
 
 It prints the turn's p50/p90/p99/max, each hop's median over all turns and over the slowest ``--slowest-pct`` %, the
 slowest turns one by one, and the GC pauses inside turns. ``--json`` writes the percentiles and each hop's median
@@ -40,12 +41,15 @@ from settled.testing import WorkerProcess
 APP = "bench.k0_tail_app:app"
 #: The hops of one turn, in order (ms); ``total`` is the turn.
 HOPS = (
-    "submit -> txn1 begin",
+    "submit -> worker's poll returned",
+    "poll -> txn1 begin (decide, stage)",
     "txn1 (admission + start)",
-    "txn1 commit -> run begins",
+    "txn1 commit -> launch",
+    "launch -> run begins",
     "txn1 commit -> receipt read",
     "run body",
-    "run end -> txn2 begin",
+    "run end -> finish (staging begins)",
+    "finish -> txn2 begin",
     "txn2 (settlement)",
     "txn2 commit -> settlement read",
     "settlement read -> turn returns",
@@ -56,8 +60,9 @@ HOPS = (
 class StampedCase(SettledCase):
     """`SettledCase` whose worker runs the stamped app and writes its stamps to ``stamps``."""
 
-    def __init__(self, bootstrap: str, log_dir: Path, stamps: Path) -> None:
+    def __init__(self, bootstrap: str, log_dir: Path, stamps: Path, eos_debug: bool = False) -> None:
         self.stamps = stamps
+        self.eos_debug = eos_debug
         super().__init__(bootstrap, log_dir, "k0tail")
 
     def start_worker(self, slot: int = 0, log_level: str = "WARNING") -> None:
@@ -73,6 +78,7 @@ class StampedCase(SettledCase):
                 "SETTLED_PARTITIONS": str(PARTITIONS),
                 "SETTLED_BENCH_STAMPS": str(self.stamps),
                 "SETTLED_METRICS_PORT": "0",  # the transaction stamps come from the metrics' observer
+                "SETTLED_BENCH_EOS_DEBUG": "1" if self.eos_debug else "0",
             },
             cwd=ROOT,
         )
@@ -83,6 +89,7 @@ class Turn:
     """One turn's client stamps (ns) and, once matched, its worker stamps (ns)."""
 
     tag: str
+    sid: str
     submit_ns: int
     receipt_ns: int
     read_ns: int
@@ -90,19 +97,27 @@ class Turn:
     run: tuple[int, int] | None = None
     txn1: Txn | None = None
     txn2: Txn | None = None
+    poll_ns: int = 0
+    launch_ns: int = 0
+    finish_ns: int = 0
 
     def hops_ms(self) -> dict[str, float] | None:
         """The turn's hops in ms (None when a worker stamp is missing)."""
         if self.run is None or self.txn1 is None or self.txn2 is None:
             return None
+        if not (self.poll_ns and self.launch_ns and self.finish_ns):
+            return None
         ms = 1e-6
         return {
-            "submit -> txn1 begin": (self.txn1[0] - self.submit_ns) * ms,
+            "submit -> worker's poll returned": (self.poll_ns - self.submit_ns) * ms,
+            "poll -> txn1 begin (decide, stage)": (self.txn1[0] - self.poll_ns) * ms,
             "txn1 (admission + start)": (self.txn1[1] - self.txn1[0]) * ms,
-            "txn1 commit -> run begins": (self.run[0] - self.txn1[1]) * ms,
+            "txn1 commit -> launch": (self.launch_ns - self.txn1[1]) * ms,
+            "launch -> run begins": (self.run[0] - self.launch_ns) * ms,
             "txn1 commit -> receipt read": (self.receipt_ns - self.txn1[1]) * ms,
             "run body": (self.run[1] - self.run[0]) * ms,
-            "run end -> txn2 begin": (self.txn2[0] - self.run[1]) * ms,
+            "run end -> finish (staging begins)": (self.finish_ns - self.run[1]) * ms,
+            "finish -> txn2 begin": (self.txn2[0] - self.finish_ns) * ms,
             "txn2 (settlement)": (self.txn2[1] - self.txn2[0]) * ms,
             "txn2 commit -> settlement read": (self.read_ns - self.txn2[1]) * ms,
             "settlement read -> turn returns": (self.done_ns - self.read_ns) * ms,
@@ -115,14 +130,35 @@ Txn = tuple[int, int, tuple[float, ...]]  # (begin ns, commit returned ns, secon
 CALLS = ("begin", "produce", "flush", "offsets", "commit")
 
 
-def _worker_stamps(path: Path) -> tuple[dict[str, tuple[int, int]], list[Txn], list[tuple[int, int]]]:
-    """Parse the worker's stamps: runs by tag, transactions, GC pauses (begin, end)."""
+@dataclass
+class WorkerStamps:
+    """The worker's stamps (``bench/k0_tail_app.py``), in ns."""
+
+    runs: dict[str, tuple[int, int]]  # tag -> (begin, end)
+    txns: list[Txn]
+    gcs: list[tuple[int, int]]  # (begin, end)
+    polls: list[int]  # the loop got inbox records
+    launches: dict[str, int]  # submission id -> the conductor began to launch its run
+    finishes: dict[str, int]  # submission id -> the conductor began to stage its end
+
+
+def _worker_stamps(path: Path) -> WorkerStamps:
+    """Parse the worker's stamps."""
     runs: dict[str, tuple[int, int]] = {}
     txns: list[Txn] = []
     gcs: list[tuple[int, int]] = []
+    polls: list[int] = []
+    launches: dict[str, int] = {}
+    finishes: dict[str, int] = {}
     for line in path.read_text().splitlines():
         kind, *rest = line.split()
-        if kind == "run":
+        if kind == "poll":
+            polls.append(int(rest[0]))
+        elif kind == "launch":
+            launches.setdefault(rest[0], int(rest[1]))
+        elif kind == "finish":
+            finishes.setdefault(rest[0], int(rest[1]))
+        elif kind == "run":
             runs[rest[0]] = (int(rest[1]), int(rest[2]))
         elif kind == "txn":
             end = int(rest[0])
@@ -131,13 +167,18 @@ def _worker_stamps(path: Path) -> tuple[dict[str, tuple[int, int]], list[Txn], l
         elif kind == "gc":
             gcs.append((int(rest[0]), int(rest[1])))
     txns.sort(key=lambda t: t[1])
-    return runs, txns, gcs
+    return WorkerStamps(runs, txns, gcs, sorted(polls), launches, finishes)
 
 
-def _match(turns: list[Turn], runs: dict[str, tuple[int, int]], txns: list[Txn]) -> None:
-    """Give each turn its run and its two transactions: the last commit before the run, the first after it."""
+def _match(turns: list[Turn], stamps: WorkerStamps) -> None:
+    """Give each turn its worker stamps: its run, its two transactions (the last commit before the run, the first
+    after it), the first poll after its submit, its launch and its finish."""
+    txns = stamps.txns
     for t in turns:
-        t.run = runs.get(t.tag)
+        t.run = stamps.runs.get(t.tag)
+        t.launch_ns = stamps.launches.get(t.sid, 0)
+        t.finish_ns = stamps.finishes.get(t.sid, 0)
+        t.poll_ns = next((p for p in stamps.polls if p >= t.submit_ns), 0)
         if t.run is None:
             continue
         before = [x for x in txns if t.submit_ns <= x[1] <= t.run[0]]
@@ -158,6 +199,9 @@ def main() -> int:
     ap.add_argument("--slowest-pct", type=float, default=2.0, help="the tail examined, in percent of the turns")
     ap.add_argument("--json", type=Path, default=None, help="write the percentiles here")
     ap.add_argument("--bootstrap", default=None)
+    ap.add_argument(
+        "--eos-debug", action="store_true", help="count the AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS"
+    )
     ap.add_argument("--bare", type=int, default=0, help="also time this many bare transactional commits (baseline)")
     args = ap.parse_args()
     timeouts = use_dev_timeouts()
@@ -173,7 +217,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="settled-k0-tail-") as tmp:
         stamps = Path(tmp) / "stamps.txt"
-        case = StampedCase(bootstrap, Path(tmp), stamps)
+        case = StampedCase(bootstrap, Path(tmp), stamps, args.eos_debug)
         turns: list[Turn] = []
         try:
             case.warm_partitions()
@@ -189,12 +233,18 @@ def main() -> int:
                 case.settle([sid])
                 t2 = time.monotonic_ns()
                 read_ns = int(case.tracker.read_at[sid] * 1e9)  # perf_counter: CLOCK_MONOTONIC, as monotonic_ns
-                turns.append(Turn(tag, t0, t1, read_ns, t2))
+                turns.append(Turn(tag, sid, t0, t1, read_ns, t2))
             gc.callbacks.remove(on_gc)
         finally:
             case.close()
-        runs, txns, worker_gc = _worker_stamps(stamps)
-    _match(turns, runs, txns)
+        worker = _worker_stamps(stamps)
+        log = (Path(tmp) / f"worker-{case.label}.log").read_text(errors="replace")
+        concurrent = sum(1 for line in log.splitlines() if "ADDPARTS" in line and "concurrent operation" in line)
+    _match(turns, worker)
+    worker_gc = worker.gcs
+    if args.eos_debug:
+        slow = sum(1 for t in turns for x in (t.txn1, t.txn2) if x is not None and x[2][2] > 0.015)
+        print(f"AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS: {concurrent}; flushes over 15 ms: {slow}")
     bare = bare_commits(bootstrap, args.bare, 10) if args.bare else []
     print(f"K=0 turns: {args.turns} after {args.warmup} warm-up; broker {bootstrap} ({where}); {timeouts}")
     print(f"{load_before} before, {load_average()} after")

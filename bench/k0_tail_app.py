@@ -4,13 +4,23 @@
 one line per event to it, each stamped with ``time.monotonic_ns()`` (one clock for every process of the host, so the
 client's stamps line up with these):
 
-* ``run <tag> <begin ns> <end ns>``: the run body (the agent) began and returned (``tag``: the input's);
+* ``run <tag> <begin ns> <end ns> <submission id>``: the run body (the agent) began and returned (``tag``: the
+  input's);
 * ``txn <end ns> <records> <begin_transaction s> <produce s> <flush s> <send_offsets s> <commit s>``: a transaction
   committed (the worker's `settled._metrics.WorkerMetrics` observer; the worker serves metrics for it, so
   ``SETTLED_METRICS_PORT`` must be set);
-* ``gc <begin ns> <end ns> <generation> <collected>``: one cyclic garbage collection (``gc.callbacks``).
+* ``gc <begin ns> <end ns> <generation> <collected>``: one cyclic garbage collection (``gc.callbacks``);
+* ``poll <ns> <records>``: the worker loop got inbox records from its poll (`settled.processors.Worker`'s
+  ``_decide`` began);
+* ``launch <submission id> <ns>`` and ``finish <submission id> <ns>``: the conductor began to launch the attempt's
+  run, and began to stage its end (`settled.processors.Conductor`'s ``_launch`` and ``_finish``).
 
-Nothing here changes what the worker does; each stamp is one ``os.write`` on an ``O_APPEND`` file (a few µs).
+With ``SETTLED_BENCH_EOS_DEBUG=1`` the partition owners' transactional producers also log librdkafka's ``eos``
+debug lines to the worker's stderr (e.g. an ``AddPartitionsToTxn`` answered ``CONCURRENT_TRANSACTIONS``, which
+librdkafka retries after a fixed 20 ms).
+
+Otherwise nothing here changes what the worker does: the stamped methods are wrapped, each stamp is one ``os.write``
+on an ``O_APPEND`` file (a few µs).
 """
 
 from __future__ import annotations
@@ -22,9 +32,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import settled.producers._appender as _appender
 from bench.side_by_side_app import agent as _turn_agent
 from bench.side_by_side_app import app as _app
 from settled._metrics import WorkerMetrics
+from settled.processors import Conductor, Worker
 from settled.runtime import RunContext
 
 _PATH = os.environ.get("SETTLED_BENCH_STAMPS")
@@ -61,12 +73,45 @@ def _transaction_committed(self: WorkerMetrics, records: int, call_s: Mapping[st
 
 WorkerMetrics.transaction_committed = _transaction_committed  # type: ignore[method-assign]
 
+_decide = Worker._decide
+_launch = Conductor._launch
+_finish = Conductor._finish
+
+
+def _stamped_decide(self: Worker[Any], msgs: list[Any]) -> None:
+    if msgs:
+        _stamp(f"poll {time.monotonic_ns()} {len(msgs)}")
+    _decide(self, msgs)
+
+
+def _stamped_launch(self: Conductor, conversation_id: str, submission_id: str, *args: Any) -> Any:
+    _stamp(f"launch {submission_id} {time.monotonic_ns()}")
+    return _launch(self, conversation_id, submission_id, *args)
+
+
+def _stamped_finish(self: Conductor, running: Any, now: Any) -> None:
+    _stamp(f"finish {running.run.submission_id} {time.monotonic_ns()}")
+    _finish(self, running, now)
+
+
+if os.environ.get("SETTLED_BENCH_EOS_DEBUG") == "1":
+    _config = _appender.producer_config
+
+    def _debug_config(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**_config(*args, **kwargs), "debug": "eos"}
+
+    _appender.producer_config = _debug_config  # type: ignore[assignment]
+
+Worker._decide = _stamped_decide  # type: ignore[method-assign]
+Conductor._launch = _stamped_launch  # type: ignore[method-assign]
+Conductor._finish = _stamped_finish  # type: ignore[method-assign]
+
 
 async def agent(ctx: RunContext) -> dict[str, Any]:
     """The side-by-side's turn, stamped: when the run body began and returned."""
     begin_ns = time.monotonic_ns()
     out = await _turn_agent(ctx)
-    _stamp(f"run {ctx.input.get('tag', '-')} {begin_ns} {time.monotonic_ns()}")
+    _stamp(f"run {ctx.input.get('tag', '-')} {begin_ns} {time.monotonic_ns()} {ctx.submission_id}")
     return out
 
 
