@@ -60,9 +60,12 @@ HOPS = (
 class StampedCase(SettledCase):
     """`SettledCase` whose worker runs the stamped app and writes its stamps to ``stamps``."""
 
-    def __init__(self, bootstrap: str, log_dir: Path, stamps: Path, eos_debug: bool = False) -> None:
+    def __init__(
+        self, bootstrap: str, log_dir: Path, stamps: Path, eos_debug: bool = False, min_gap_ms: float = 0.0
+    ) -> None:
         self.stamps = stamps
         self.eos_debug = eos_debug
+        self.min_gap_ms = min_gap_ms
         super().__init__(bootstrap, log_dir, "k0tail")
 
     def start_worker(self, slot: int = 0, log_level: str = "WARNING") -> None:
@@ -79,6 +82,7 @@ class StampedCase(SettledCase):
                 "SETTLED_BENCH_STAMPS": str(self.stamps),
                 "SETTLED_METRICS_PORT": "0",  # the transaction stamps come from the metrics' observer
                 "SETTLED_BENCH_EOS_DEBUG": "1" if self.eos_debug else "0",
+                "SETTLED_BENCH_MIN_GAP_MS": str(self.min_gap_ms),
             },
             cwd=ROOT,
         )
@@ -202,6 +206,12 @@ def main() -> int:
     ap.add_argument(
         "--eos-debug", action="store_true", help="count the AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS"
     )
+    ap.add_argument(
+        "--min-gap-ms",
+        type=float,
+        default=0.0,
+        help="experiment: an owner's transaction begins no sooner than this after its previous commit",
+    )
     ap.add_argument("--bare", type=int, default=0, help="also time this many bare transactional commits (baseline)")
     args = ap.parse_args()
     timeouts = use_dev_timeouts()
@@ -217,7 +227,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="settled-k0-tail-") as tmp:
         stamps = Path(tmp) / "stamps.txt"
-        case = StampedCase(bootstrap, Path(tmp), stamps, args.eos_debug)
+        case = StampedCase(bootstrap, Path(tmp), stamps, args.eos_debug, args.min_gap_ms)
         turns: list[Turn] = []
         try:
             case.warm_partitions()

@@ -19,6 +19,10 @@ With ``SETTLED_BENCH_EOS_DEBUG=1`` the partition owners' transactional producers
 debug lines to the worker's stderr (e.g. an ``AddPartitionsToTxn`` answered ``CONCURRENT_TRANSACTIONS``, which
 librdkafka retries after a fixed 20 ms).
 
+With ``SETTLED_BENCH_MIN_GAP_MS=N`` (an experiment, not settled's behaviour) a partition owner's transaction begins no
+sooner than N ms after the same owner's previous commit returned (a sleep for the rest), to see what not racing the
+coordinator's completion of the previous transaction would cost the p50 and save the p99.
+
 Otherwise nothing here changes what the worker does: the stamped methods are wrapped, each stamp is one ``os.write``
 on an ``O_APPEND`` file (a few µs).
 """
@@ -101,6 +105,22 @@ if os.environ.get("SETTLED_BENCH_EOS_DEBUG") == "1":
         return {**_config(*args, **kwargs), "debug": "eos"}
 
     _appender.producer_config = _debug_config  # type: ignore[assignment]
+
+_MIN_GAP_S = float(os.environ.get("SETTLED_BENCH_MIN_GAP_MS", "0")) / 1000
+if _MIN_GAP_S > 0:
+    _transaction = _appender.TransactionalAppender._transaction
+    _last_commit_s: dict[int, float] = {}
+
+    def _spaced_transaction(self: _appender.TransactionalAppender, *args: Any) -> Any:
+        wait_s = _last_commit_s.get(id(self), 0.0) + _MIN_GAP_S - time.monotonic()
+        if wait_s > 0:
+            time.sleep(wait_s)  # the experiment's spacing, by definition a duration
+        try:
+            return _transaction(self, *args)
+        finally:
+            _last_commit_s[id(self)] = time.monotonic()
+
+    _appender.TransactionalAppender._transaction = _spaced_transaction  # type: ignore[method-assign]
 
 Worker._decide = _stamped_decide  # type: ignore[method-assign]
 Conductor._launch = _stamped_launch  # type: ignore[method-assign]
