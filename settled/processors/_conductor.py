@@ -439,7 +439,7 @@ class ResumeGate:
 
     def __init__(self) -> None:
         self._members: list[Conductor] = []
-        self._suspects: dict[int, list[str]] = {}  # id(conductor) -> its suspects at its latest turn
+        self._suspects: dict[int, list[str]] = {}  # id(conductor) -> its suspects at its latest turn (none: absent)
 
     def join(self, member: Conductor) -> None:
         """Add a conductor of the process.
@@ -470,7 +470,12 @@ class ResumeGate:
             `_ANY` (no suspect anywhere in the process: start freely), ``None`` (start nothing), or the one
             submission whose attempt ``member`` may start (alone).
         """
-        self._suspects[id(member)] = suspects
+        if suspects:
+            self._suspects[id(member)] = suspects
+        else:
+            self._suspects.pop(id(member), None)  # only members with suspects are kept
+        if not self._suspects:
+            return _ANY  # the common case, once per conductor and loop turn: no scan of the members
         waiting = sorted(
             (m.owner.partition, self._suspects[id(m)][0]) for m in self._members if self._suspects.get(id(m))
         )
