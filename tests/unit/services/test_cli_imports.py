@@ -10,6 +10,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+import typer.main
+from typer.core import TyperGroup
+from typer.testing import CliRunner
+
+from settled.services.cli import build_app
+
 #: Modules of other commands, or their dependencies, that a worker never uses.
 NOT_FOR_THE_WORKER = (
     "fastapi",
@@ -46,3 +53,23 @@ def test_the_worker_command_imports_no_other_commands_modules() -> None:
     assert "settled.services._worker_service" in result["modules"]
     imported = [name for name in NOT_FOR_THE_WORKER if name in result["modules"]]
     assert imported == []
+
+
+def test_a_command_alone_reads_as_in_the_whole_command_line() -> None:
+    """`main` builds the command line with the named command alone: its help and its errors must not change."""
+    runner = CliRunner()
+    whole = build_app()
+    group = typer.main.get_command(whole)
+    assert isinstance(group, TyperGroup)
+    names = list(group.commands)
+    assert len(names) == 25 and names[0] == "worker"
+    for name in names:
+        for args in ([name, "--help"], [name, "--no-such-option"]):
+            alone = runner.invoke(build_app({name}), args, prog_name="settled")
+            expected = runner.invoke(whole, args, prog_name="settled")
+            assert (alone.exit_code, alone.output) == (expected.exit_code, expected.output), args
+
+
+def test_build_app_names_an_unknown_command() -> None:
+    with pytest.raises(ValueError, match=r"names: not settled commands: \['wrker'\]"):
+        build_app({"wrker"})
