@@ -143,3 +143,15 @@ def test_the_static_check_finds_a_hand_built_configuration(tmp_path: Path) -> No
         'from confluent_kafka import Consumer\nc = Consumer({"bootstrap.servers": "x"})\n'
     )
     assert _bootstrap_literals(tmp_path) == {"rogue.py": [2]}
+
+
+def test_every_producer_connects_to_every_broker(sasl_settings: Settings) -> None:
+    """A producer id request must not wait on librdkafka's 500 ms timer (docs/architecture.md "Restart in place").
+
+    With sparse connections a new producer drops its bootstrap connection before it has one to a learned broker, and
+    about half the producers of a restarted worker then waited 500 ms in ``init_transactions`` (bench/restart.py).
+    """
+    producers = {role: conf for role, conf in _worker_configs(sasl_settings).items() if "producer" in role}
+    assert len(producers) == 3
+    for role, conf in producers.items():
+        assert conf.get("enable.sparse.connections") is False, role
