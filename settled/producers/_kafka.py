@@ -4,8 +4,9 @@ Every Kafka client settled builds is configured by one of four builders here —
 (a group member), `reader_config` (an assign-only reader) and `admin_config` — and each starts from the settings'
 `settled._connection.KafkaConnection`, so the broker addresses and the SASL/TLS settings reach every client.
 Every settled producer uses the Java client's murmur2 partitioner (``murmur2_random`` in librdkafka, docs/design.md §2);
-transactional producers get the low ``retry.backoff.ms`` and ``linger.ms`` that docs/design.md §3 measured, and every
-consumer reads ``read_committed`` with auto commit off.
+transactional producers get the low ``retry.backoff.ms`` and ``linger.ms`` that docs/design.md §3 measured, every
+producer keeps a connection to each broker (`PRODUCER_SPARSE_CONNECTIONS`), and every consumer reads
+``read_committed`` with auto commit off.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from settled._settings import Settings
 
 __all__ = [
+    "PRODUCER_SPARSE_CONNECTIONS",
     "EndOffsets",
     "admin_config",
     "consume_promptly",
@@ -31,6 +33,17 @@ __all__ = [
     "reader_config",
     "transactional_id",
 ]
+
+
+#: librdkafka's ``enable.sparse.connections`` for settled's producers: off, so a producer connects to every broker the
+#: first metadata response names at once (docs/architecture.md "Restart in place", 2026-12-05). With sparse
+#: connections (librdkafka's default) librdkafka drops its bootstrap connection on that response, before it has a
+#: connection to a broker it learned; a producer asking for its producer id (``init_transactions``, an idempotent
+#: producer's first send) just then finds no broker up and asks again only on a fixed 500 ms timer, which no
+#: configuration property shortens: about half the claims of a restarted worker waited those 500 ms. With every
+#: broker connected, the learned broker's connection comes up within milliseconds and its first metadata response
+#: re-runs the request. The cost: each producer holds a connection to each broker of the cluster.
+PRODUCER_SPARSE_CONNECTIONS: Final = False
 
 
 def transactional_id(settings: Settings, partition: int) -> str:
@@ -74,6 +87,7 @@ def producer_config(settings: Settings, *, transactional_id: str | None = None, 
             "linger.ms": settings.linger_ms,
             "retry.backoff.ms": settings.retry_backoff_ms,
             "retry.backoff.max.ms": settings.retry_backoff_max_ms,
+            "enable.sparse.connections": PRODUCER_SPARSE_CONNECTIONS,
         }
     )
     if transactional_id is not None:
