@@ -46,8 +46,10 @@ def _query(consumer: Any, timeout_s: float = 10.0) -> int:
     return _end_offset(consumer, TopicPartition("ns.log", 3), timeout_s, time.monotonic() + timeout_s)
 
 
-def test_a_first_query_that_times_out_is_asked_again_at_once_with_the_full_timeout() -> None:
-    consumer = LosesFirstAnswer(high_watermark=42)
+@pytest.mark.parametrize("ran_out", [KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN])
+def test_a_first_query_that_times_out_is_asked_again_at_once_with_the_full_timeout(ran_out: int) -> None:
+    """librdkafka answers a query that ran out ``_ALL_BROKERS_DOWN`` when no connection was up at that moment."""
+    consumer = LosesFirstAnswer(high_watermark=42, first_error=ran_out)
     assert _query(consumer) == 42
     first_s, second_s = consumer.timeouts_s
     assert first_s < 1.0  # not the whole call's 10 s: a lost answer must not cost the call's timeout
