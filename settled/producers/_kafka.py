@@ -183,11 +183,17 @@ _NO_LEADER_YET = frozenset(
 #: place"). A first query slower than this for another reason (load) costs one more query, nothing else.
 FIRST_QUERY_S: Final = 0.15
 
+#: What librdkafka answers when a query ran out of time: ``_ALL_BROKERS_DOWN`` when no broker connection was up at
+#: that moment (as in the window between the dropped bootstrap connection and the learned broker's), else
+#: ``_TIMED_OUT``.
+_FIRST_QUERY_RAN_OUT = frozenset({KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN})
+
 
 def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float, deadline: float) -> int:
     """The partition's end offset for ``consumer``'s isolation level, from the broker (not the cache).
 
-    ``consumer`` is a new client: its first query gets `FIRST_QUERY_S`, then is asked once more with ``timeout_s``.
+    ``consumer`` is a new client: its first query gets `FIRST_QUERY_S`; if it runs out (``_TIMED_OUT``, or
+    ``_ALL_BROKERS_DOWN`` when no connection was up then), it is asked once more, with ``timeout_s``.
     A new topic has no leader for a moment, and a fresh client may not know the partition yet
     (``_UNKNOWN_PARTITION`` under load): both are waited out until ``deadline`` (``time.monotonic()`` seconds).
 
@@ -200,7 +206,7 @@ def _end_offset(consumer: Consumer, tp: TopicPartition, timeout_s: float, deadli
             return int(consumer.get_watermark_offsets(tp, timeout=query_s, cached=False)[1])
         except KafkaException as exc:
             code = exc.args[0].code()
-            if code == KafkaError._TIMED_OUT and query_s < timeout_s:
+            if code in _FIRST_QUERY_RAN_OUT and query_s < timeout_s:
                 query_s = timeout_s  # the first query's answer may be lost: ask again at once, once
                 continue
             if code not in _NO_LEADER_YET or time.monotonic() > deadline:
