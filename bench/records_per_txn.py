@@ -22,8 +22,14 @@ Both parts run against a **private broker** this script starts on free ports (th
   turn, one shared settlements reader), with the worker's Prometheus endpoint on (``SETTLED_METRICS_PORT``): over the
   window, turns/s and steps/s, transactions/s and records per transaction (mean; p50 and p99 from the histogram
   ``settled_transaction_records``, whose buckets are one record wide up to 10), the worker's and the broker's CPU
-  per turn, and the share of the window the worker's loop thread spent in the transactions' Kafka calls
+  per turn (the broker's also without its JIT compiler threads), and the share of the window the worker's loop thread
+  spent in the transactions' Kafka calls
   (``settled_transaction_call_seconds_total`` by call) and in checkpoints (``settled_commit_duration_seconds``).
+
+**A fresh broker's JIT.** The private broker starts cold: its JIT compiler threads use 300-400 ms of CPU per second
+during the first minute of load and about 15 ms per second after 90 s (2026-12-05), so over the default 20 s window
+about half the broker's CPU is compiling. Both parts give the broker's CPU also without the compiler threads; for a
+warm broker (its interpreted and C1-compiled code also costs more before C2 is done) use ``--warmup-s 90``.
 
 Prints Markdown tables; exit 0 unless the measurement broke. Results and their reading: docs/architecture.md,
 "Records per transaction (issue 24 item 3)".
@@ -76,6 +82,28 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _jit_cpu_s(pid: int | None) -> float:
+    """CPU seconds the JIT compiler threads (``C1``/``C2 CompilerThread<n>``) of a JVM used so far; 0 without a pid.
+
+    A fresh broker compiles its hot paths during the first minute or two of load (measured on this machine: 300-400
+    ms of CPU per second at first, about 15 ms per second after 90 s): a one-time cost of the broker process, not of
+    the turns it serves, so the broker's CPU per turn is also given without it.
+    """
+    if not pid:
+        return 0.0
+    total_ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if "CompilerThre" not in (task / "comm").read_text():
+                continue
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total_ticks += int(fields[11]) + int(fields[12])
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _self_cpu_s() -> float:
     """This process's CPU seconds, every thread (librdkafka's native threads included)."""
     return time.process_time()
@@ -125,6 +153,7 @@ def cost(
     latency: dict[tuple[int, int], list[float]] = {c: [] for c in cells}
     client_cpu: dict[tuple[int, int], float] = dict.fromkeys(cells, 0.0)
     broker_cpu: dict[tuple[int, int], float] = dict.fromkeys(cells, 0.0)
+    broker_jit: dict[tuple[int, int], float] = dict.fromkeys(cells, 0.0)
     elapsed: dict[tuple[int, int], float] = dict.fromkeys(cells, 0.0)
     next_offset = [0] * PARTITIONS
 
@@ -152,10 +181,12 @@ def cost(
         for cell in order:
             c0, t0 = _self_cpu_s(), time.monotonic()
             b0 = _proc_cpu_s(broker_pid) if broker_pid else 0.0
+            j0 = _jit_cpu_s(broker_pid)
             latency[cell].extend(one(*cell) for _ in range(BLOCK))
             client_cpu[cell] += _self_cpu_s() - c0
             elapsed[cell] += time.monotonic() - t0
             broker_cpu[cell] += (_proc_cpu_s(broker_pid) - b0) if broker_pid else 0.0
+            broker_jit[cell] += _jit_cpu_s(broker_pid) - j0
     consumer.close()
     admin.delete_topics([topic_in, topic_out])
     rows = []
@@ -164,6 +195,7 @@ def cost(
         count = len(lat)
         c_ms = client_cpu[(n, spread)] * 1000 / count
         b_ms = (broker_cpu[(n, spread)] * 1000 - idle_ms_per_s * elapsed[(n, spread)]) / count
+        jit_ms = broker_jit[(n, spread)] * 1000 / count
         rows.append(
             [
                 str(n),
@@ -173,7 +205,8 @@ def cost(
                 f"{count * 1000 / sum(lat):,.0f}",
                 f"{c_ms:.2f}",
                 f"{b_ms:.2f}" if broker_pid else "-",
-                f"{(c_ms + b_ms) / n:.3f}" if broker_pid else "-",
+                f"{b_ms - jit_ms:.2f}" if broker_pid else "-",
+                f"{(c_ms + b_ms - jit_ms) / n:.3f}" if broker_pid else "-",
             ]
         )
     return table(
@@ -185,7 +218,8 @@ def cost(
             "txn/s back to back",
             "client CPU ms/txn",
             "broker CPU ms/txn less idle",
-            "client+broker CPU ms/record",
+            "of it without JIT",
+            "client+broker CPU ms/record without JIT",
         ],
         rows,
     )
@@ -283,6 +317,7 @@ def worker(
         time.sleep(warmup_s)  # the workload's warm-up, by definition a duration
         wpid = case.worker.pid
         m0, w0, b0 = _scrape(port), _proc_cpu_s(wpid), _proc_cpu_s(broker_pid) if broker_pid else 0.0
+        j0 = _jit_cpu_s(broker_pid)
         t0 = time.monotonic()
         with lock:
             state["counting"] = True
@@ -291,6 +326,7 @@ def worker(
             state["stop"] = True
             turns = state["turns"]
         m1, w1, b1 = _scrape(port), _proc_cpu_s(wpid), _proc_cpu_s(broker_pid) if broker_pid else 0.0
+        j1 = _jit_cpu_s(broker_pid)
         elapsed_s = time.monotonic() - t0
         for t in threads:
             t.join(120)
@@ -326,6 +362,11 @@ def worker(
         "transactions/turn": txns / turns if turns else float("nan"),
         "worker CPU ms/turn": (w1 - w0) * 1000 / max(turns, 1),
         "broker CPU ms/turn less idle": ((b1 - b0) * 1000 - idle_ms_per_s * elapsed_s) / max(turns, 1)
+        if broker_pid
+        else float("nan"),
+        "broker JIT CPU ms/turn": (j1 - j0) * 1000 / max(turns, 1) if broker_pid else float("nan"),
+        "broker CPU ms/turn less idle and JIT": ((b1 - b0 - (j1 - j0)) * 1000 - idle_ms_per_s * elapsed_s)
+        / max(turns, 1)
         if broker_pid
         else float("nan"),
         "Kafka calls share of window": sum(calls.values()) / elapsed_s,
