@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
@@ -137,6 +138,78 @@ _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 
 def _empty() -> Mapping[Any, Any]:
     return _EMPTY
+
+
+class _Layered(Mapping[str, "ConversationState"]):
+    """A partition's conversation map after a fold: a shared read-only base and the conversations changed since.
+
+    ``base`` is shared with earlier states; ``top`` holds the conversations changed since that base (a newer state of a
+    base conversation, or a new one). Folding a batch used to copy the whole map to replace the one conversation it
+    changed: O(conversations) per batch (measured: 7 µs at 2,000 conversations, 76 µs at 20,000, 1.4 ms at 100,000;
+    a partition keeps every conversation it ever held, so a long-lived worker's CPU per turn grew with its history;
+    docs/architecture.md "Records per transaction"). `_with_changed` copies only ``top`` and merges it into a new base
+    once it holds more than `_top_limit` conversations: O(√conversations) per batch. Reads see exactly what the merged
+    dict would hold, in its order (the base's keys, then the new ones); nothing is ever removed from a partition's
+    map. Never mutated.
+    """
+
+    __slots__ = ("_base", "_len", "_top")
+
+    def __init__(self, base: Mapping[str, ConversationState], top: dict[str, ConversationState]) -> None:
+        self._base = base
+        self._top = top
+        self._len = len(base) + sum(1 for cid in top if cid not in base)
+
+    def __getitem__(self, conversation_id: str) -> ConversationState:
+        found = self._top.get(conversation_id)
+        return self._base[conversation_id] if found is None else found
+
+    def get(self, conversation_id: str, default: Any = None) -> Any:
+        found = self._top.get(conversation_id)
+        return self._base.get(conversation_id, default) if found is None else found
+
+    def __contains__(self, conversation_id: object) -> bool:
+        return conversation_id in self._top or conversation_id in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._base
+        base = self._base
+        yield from (cid for cid in self._top if cid not in base)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return f"_Layered({dict(self)!r})"
+
+
+def _top_limit(base_len: int) -> int:
+    """How many changed conversations `_Layered` holds over its base before they are merged into a new one."""
+    return max(32, math.isqrt(base_len))
+
+
+def _with_changed(
+    conversations: Mapping[str, ConversationState], changed: dict[str, ConversationState]
+) -> Mapping[str, ConversationState]:
+    """The conversation map with ``changed`` put in (a new map; ``conversations`` is not modified).
+
+    Args:
+        conversations: The map before (a state's, never mutated).
+        changed: The conversations to put in: their new states by id.
+
+    Returns:
+        A `_Layered` over the same base, or, once the changed ones outgrow `_top_limit`, a merged read-only dict.
+    """
+    if isinstance(conversations, _Layered):
+        base: Mapping[str, ConversationState] = conversations._base
+        top = {**conversations._top, **changed}
+    else:
+        base, top = conversations, changed
+    if len(top) <= _top_limit(len(base)):
+        return _Layered(base, top)
+    merged = _copy(base)
+    merged.update(top)
+    return MappingProxyType(merged)
 
 
 def input_key(ref: InputRef) -> InputKey:
@@ -1677,10 +1750,7 @@ class _PartitionBuilder:
     def freeze(self) -> PartitionState:
         conversations: Mapping[str, ConversationState] = self.base.conversations
         if self.convs:
-            merged = _copy(self.base.conversations)
-            for cid, builder in self.convs.items():
-                merged[cid] = builder.freeze()
-            conversations = MappingProxyType(merged)
+            conversations = _with_changed(conversations, {cid: b.freeze() for cid, b in self.convs.items()})
         return PartitionState(
             partition=self.base.partition,
             conversations=conversations,

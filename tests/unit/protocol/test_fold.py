@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator, Mapping
+
 import pytest
 
 from settled.protocol import (
     EDGES,
+    ConversationState,
     IllegalTransitionError,
     LogInconsistencyError,
     PartitionState,
@@ -308,3 +312,49 @@ def test_restore_by_fold_equals_the_state_built_batch_by_batch(log: Log) -> None
     assert restored.conversation("c1").submission("s1") is not None
     assert restored.conversation("c1").state_of("s1") is S.COMPLETED
     assert restored.conversation("c1").submissions["s1"].attempt_count == 2
+
+
+# -------------------------------------------------------------------------------------------- the conversation map
+
+
+class _CountingMap(Mapping[str, ConversationState]):
+    """A partition's conversation map that counts how often it is iterated (a copy iterates it)."""
+
+    def __init__(self, items: dict[str, ConversationState]) -> None:
+        self._items = items
+        self.iterations = 0
+
+    def __getitem__(self, key: str) -> ConversationState:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        self.iterations += 1
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def test_folding_a_batch_does_not_copy_the_partitions_other_conversations(log: Log) -> None:
+    # Each batch used to copy the whole conversation map (O(conversations) of CPU per batch, for ever more
+    # conversations over a worker's life): the others must be neither iterated nor copied.
+    for i in range(3):
+        admitted(log, f"s{i}", f"k{i}", f"c{i}")
+    for i in range(3, 10):
+        others = _CountingMap(dict(log.state.conversations))
+        log.state = dataclasses.replace(log.state, conversations=others)
+        admitted(log, f"s{i}", f"k{i}", f"c{i}")
+        assert others.iterations == 0, f"fold {i}: the map was iterated {others.iterations} times"
+        assert log.state.conversation(f"c{i}").state_of(f"s{i}") is S.READY
+        assert [log.state.conversation(f"c{j}").state_of(f"s{j}") for j in range(i)] == [S.READY] * i
+
+
+def test_the_conversation_map_after_many_folds_is_the_map_built_batch_by_batch(log: Log) -> None:
+    for i in range(200):  # new conversations, and repeats of earlier ones, across several merges
+        cid = f"c{i % 150}"
+        admitted(log, f"s{i}", f"k{i}", cid)
+        expected = fold(PartitionState(partition=0), log.batches).conversations
+        got = log.state.conversations
+        assert len(got) == len(expected) and list(got) == list(expected) and dict(got.items()) == dict(expected)
+        assert cid in got and "nope" not in got and got.get("nope") is None and got[cid] == expected[cid]
+    assert log.state == fold(PartitionState(partition=0), log.batches)
