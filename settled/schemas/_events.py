@@ -360,7 +360,12 @@ class AvroRecord(BaseModel):
         Returns:
             A dict in Avro field order.
         """
-        return {name: _to_avro_value(getattr(self, name)) for name in type(self).model_fields}
+        values = self.__dict__  # a frozen model's field values (what getattr would return, without its lookup)
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = values[name]
+            out[name] = value if type(value) in _AS_IS else _to_avro_value(value)
+        return out
 
     @classmethod
     def from_avro(cls, datum: dict[str, Any]) -> Self:
@@ -376,6 +381,10 @@ class AvroRecord(BaseModel):
             pydantic.ValidationError: If the dict does not satisfy the model's checks.
         """
         return cls.model_validate(datum)
+
+
+_AS_IS: frozenset[type] = frozenset({str, int, bool, float, bytes, datetime, type(None)})
+"""Value types `AvroRecord.to_avro` hands to fastavro unchanged without asking `_to_avro_value` (the common case)."""
 
 
 def _to_avro_value(value: Any) -> Any:
