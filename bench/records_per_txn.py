@@ -59,6 +59,7 @@ from _common import (
     client_versions,
     delete_namespace,
     fresh_namespace,
+    jit_cpu_s,
     load_average,
     percentile,
     table,
@@ -80,28 +81,6 @@ def _proc_cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _jit_cpu_s(pid: int | None) -> float:
-    """CPU seconds the JIT compiler threads (``C1``/``C2 CompilerThread<n>``) of a JVM used so far; 0 without a pid.
-
-    A fresh broker compiles its hot paths during the first minute or two of load (measured on this machine: 300-400
-    ms of CPU per second at first, about 15 ms per second after 90 s): a one-time cost of the broker process, not of
-    the turns it serves, so the broker's CPU per turn is also given without it.
-    """
-    if not pid:
-        return 0.0
-    total_ticks = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if "CompilerThre" not in (task / "comm").read_text():
-                continue
-            stat = (task / "stat").read_text()
-        except OSError:  # the thread ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total_ticks += int(fields[11]) + int(fields[12])
-    return total_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _self_cpu_s() -> float:
@@ -181,12 +160,12 @@ def cost(
         for cell in order:
             c0, t0 = _self_cpu_s(), time.monotonic()
             b0 = _proc_cpu_s(broker_pid) if broker_pid else 0.0
-            j0 = _jit_cpu_s(broker_pid)
+            j0 = jit_cpu_s(broker_pid)
             latency[cell].extend(one(*cell) for _ in range(BLOCK))
             client_cpu[cell] += _self_cpu_s() - c0
             elapsed[cell] += time.monotonic() - t0
             broker_cpu[cell] += (_proc_cpu_s(broker_pid) - b0) if broker_pid else 0.0
-            broker_jit[cell] += _jit_cpu_s(broker_pid) - j0
+            broker_jit[cell] += jit_cpu_s(broker_pid) - j0
     consumer.close()
     admin.delete_topics([topic_in, topic_out])
     rows = []
@@ -317,7 +296,7 @@ def worker(
         time.sleep(warmup_s)  # the workload's warm-up, by definition a duration
         wpid = case.worker.pid
         m0, w0, b0 = _scrape(port), _proc_cpu_s(wpid), _proc_cpu_s(broker_pid) if broker_pid else 0.0
-        j0 = _jit_cpu_s(broker_pid)
+        j0 = jit_cpu_s(broker_pid)
         t0 = time.monotonic()
         with lock:
             state["counting"] = True
@@ -326,7 +305,7 @@ def worker(
             state["stop"] = True
             turns = state["turns"]
         m1, w1, b1 = _scrape(port), _proc_cpu_s(wpid), _proc_cpu_s(broker_pid) if broker_pid else 0.0
-        j1 = _jit_cpu_s(broker_pid)
+        j1 = jit_cpu_s(broker_pid)
         elapsed_s = time.monotonic() - t0
         for t in threads:
             t.join(120)

@@ -71,6 +71,7 @@ from _common import (
     client_versions,
     describe_broker,
     fresh_namespace,
+    jit_cpu_s,
     load_average,
     percentile,
     use_dev_timeouts,
@@ -86,6 +87,8 @@ PEERS_DIR = Path(__file__).resolve().parent / "peers"
 SPLITS = "settled p50 split, ms (submit until the receipt was read + then until the settlement was read)"
 #: The detail line splitting the CPU per turn by process name.
 CPU_SPLIT = "CPU per turn by process, ms"
+#: settled's CPU per turn at 50 in flight without the broker's JIT compiler threads (a detail row).
+CPU_LESS_JIT = "CPU per turn at 50 in flight, less the broker's JIT compiler (ms)"
 #: Set in the re-executed child: it already runs inside its own network namespace.
 NETNS_ENV = "SETTLED_BENCH_NETNS"
 PARTITIONS = 12
@@ -799,6 +802,7 @@ def settled_throughput(
         worker_pid = case.worker.pid
         groups = {"load generator": _pids(os.getpid()), "worker": _pids(worker_pid), "broker": _pids(broker_pid)}
         cpu0 = {name: sum(cpu_seconds(select).values()) for name, select in groups.items()}
+        jit0_s = jit_cpu_s(broker_pid)
         with lock:
             state["counting"] = True
         time.sleep(window_s)  # the workload's window, by definition a duration
@@ -806,12 +810,17 @@ def settled_throughput(
             state["stop"] = True
             counted = state["turns"]
         cpu1 = {name: sum(cpu_seconds(select).values()) for name, select in groups.items()}
+        jit_s = jit_cpu_s(broker_pid) - jit0_s
         for t in threads:
             t.join(120)
         if errors:
             raise BenchmarkError(f"settled throughput: a load thread failed: {errors[0]!r}") from errors[0]
         measured.add("steps/s, 50 in flight, K=5", system, counted * THROUGHPUT_K / window_s)
         cpu_per_turn(measured, system, cpu0, cpu1, counted)
+        # A fresh JVM broker compiles its hot paths during its first minutes of load (bench/records_per_txn.py):
+        # a one-time cost of the broker process, so the figure is also given without its JIT compiler threads.
+        total_s = sum(cpu1.values()) - sum(cpu0.values())
+        measured.add(CPU_LESS_JIT, system, (total_s - jit_s) * 1000 / max(counted, 1))
         # No acknowledged turn lost: admitted while the window ran, the worker killed and restarted at once.
         case.worker.kill_and_wait()
         case.start_worker()
