@@ -923,7 +923,9 @@ class _Chaos:
     ended waiting for an approval is not charged). A kill then ends at most one attempt of each submission: one a
     previous kill interrupted is resumed as charged attempt 2, and once that attempt is seen the gate stays shut
     until it settles, so no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls
-    behind goes as soon as the gate opens. The tool-server restart ends no attempt and skips the gate.
+    behind goes as soon as the gate opens, and while it waits the driver submits no new turn (`waiting`), so a fast
+    run cannot end before its scheduled faults went: the faults' count does not depend on the machine's speed. The
+    tool-server restart ends no attempt and skips the gate.
     """
 
     _ARMED_FOR_S = 10.0  # an armed kill that has not fired by then is disarmed and tried again on another worker
@@ -961,6 +963,18 @@ class _Chaos:
     @property
     def busy(self) -> bool:
         return any(slot.armed is not None for slot in self._slots)
+
+    def waiting(self, settled: int) -> bool:
+        """Whether a kill or the broker restart is due at ``settled`` submissions and still waits for its gate.
+
+        Args:
+            settled: The submissions settled so far.
+
+        Returns:
+            True while such a fault waits: the driver then holds new turns back (turns in flight go on, and their
+            settling opens the gate).
+        """
+        return any(due <= settled and action != "toolserver" for due, _, action in self._actions)
 
     def disarm_all(self) -> None:
         for slot in self._slots:
@@ -1036,6 +1050,8 @@ class _Driver:
         self._client = client
         self._deadline = deadline
         self._stop = stop
+        self._open = threading.Event()  # cleared while a due chaos fault waits for its gate (`_Chaos.waiting`)
+        self._open.set()
         self._lock = threading.Lock()
         self.settled = 0
         self.outcomes: Counter[str] = Counter()
@@ -1044,6 +1060,20 @@ class _Driver:
 
     def _left_s(self) -> float:
         return self._deadline - time.monotonic()
+
+    def hold(self, held: bool) -> None:
+        """Hold new turns back (``True``) or let them go (``False``); a turn already submitted goes on either way."""
+        if held:
+            self._open.clear()
+        else:
+            self._open.set()
+
+    def _released(self) -> bool:
+        """Wait until new turns may go; False when the run stopped or ran out of time meanwhile."""
+        while not self._open.wait(0.1):
+            if self._stop.is_set() or self._left_s() <= 0:
+                return False
+        return True
 
     def _submit(self, entry: Entry, turn_index: int) -> Receipt | None:
         turn = entry.turns[turn_index]
@@ -1076,6 +1106,8 @@ class _Driver:
     def run(self, entry: Entry) -> None:
         """Run one conversation's turns in order; stop at the first turn that does not complete."""
         for turn_index in range(len(entry.turns)):
+            if not self._released():
+                return
             published = time.monotonic()
             receipt = self._submit(entry, turn_index)
             if receipt is None:
@@ -1387,6 +1419,7 @@ def run_demo(
                         raise DemoError(f"the approver failed: {approver.error!r}") from approver.error
                     if chaos is not None:
                         chaos.step(driver.settled)
+                        driver.hold(chaos.waiting(driver.settled))
                     resolved = sum(1 for k in operator.kinds if k in tail.resolved)
                     status = f"kills {kills}/{len(schedule)} Unknowns {resolved}/{len(tail.unknowns)}"
                     if approver is not None:
