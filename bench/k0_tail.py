@@ -34,9 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import load_average, percentile, resolve_bootstrap, use_dev_timeouts
-from side_by_side import PARTITIONS, ROOT, SettledCase, bare_commits
-
-from settled.testing import WorkerProcess
+from side_by_side import SettledCase, bare_commits
 
 APP = "bench.k0_tail_app:app"
 #: The hops of one turn, in order (ms); ``total`` is the turn.
@@ -60,6 +58,8 @@ HOPS = (
 class StampedCase(SettledCase):
     """`SettledCase` whose worker runs the stamped app and writes its stamps to ``stamps``."""
 
+    app = APP
+
     def __init__(
         self, bootstrap: str, log_dir: Path, stamps: Path, eos_debug: bool = False, min_gap_ms: float = 0.0
     ) -> None:
@@ -68,24 +68,15 @@ class StampedCase(SettledCase):
         self.min_gap_ms = min_gap_ms
         super().__init__(bootstrap, log_dir, "k0tail")
 
-    def start_worker(self, slot: int = 0, log_level: str = "WARNING") -> None:
-        """Start the worker process with the stamped app (see `SettledCase.start_worker`)."""
-        self.worker = WorkerProcess.start(
-            settings=self.settings,
-            app=APP,
-            log_path=self.log_dir / f"worker-{self.label}.log",
-            worker_id=f"bench-{uuid.uuid4().hex[:6]}",
-            log_level=log_level,
-            instance_id=f"bench-{self.label}-{slot}",
-            env={
-                "SETTLED_PARTITIONS": str(PARTITIONS),
-                "SETTLED_BENCH_STAMPS": str(self.stamps),
-                "SETTLED_METRICS_PORT": "0",  # the transaction stamps come from the metrics' observer
-                "SETTLED_BENCH_EOS_DEBUG": "1" if self.eos_debug else "0",
-                "SETTLED_BENCH_MIN_GAP_MS": str(self.min_gap_ms),
-            },
-            cwd=ROOT,
-        )
+    def worker_env(self) -> dict[str, str]:
+        """`SettledCase.worker_env` plus the stamps' file, the metrics' observer and the experiments' switches."""
+        return {
+            **super().worker_env(),
+            "SETTLED_BENCH_STAMPS": str(self.stamps),
+            "SETTLED_METRICS_PORT": "0",  # the transaction stamps come from the metrics' observer
+            "SETTLED_BENCH_EOS_DEBUG": "1" if self.eos_debug else "0",
+            "SETTLED_BENCH_MIN_GAP_MS": str(self.min_gap_ms),
+        }
 
 
 @dataclass

@@ -608,6 +608,9 @@ class SettledCase:
     Settlements are read by one shared reader (`SettlementTracker` of ``bench/worker.py``).
     """
 
+    #: The worker's app, ``module:attribute``.
+    app = SETTLED_APP
+
     def __init__(self, bootstrap: str, log_dir: Path, label: str) -> None:
         from worker import SettlementTracker
 
@@ -638,14 +641,18 @@ class SettledCase:
         """
         self.worker = WorkerProcess.start(
             settings=self.settings,
-            app=SETTLED_APP,
+            app=self.app,
             log_path=self.log_dir / f"worker-{self.label}.log",
             worker_id=f"bench-{uuid.uuid4().hex[:6]}",
             log_level=log_level,
             instance_id=f"bench-{self.label}-{slot}",
-            env={"SETTLED_PARTITIONS": str(PARTITIONS)},
+            env=self.worker_env(),
             cwd=ROOT,
         )
+
+    def worker_env(self) -> dict[str, str]:
+        """The worker process's environment beyond the settings' (a subclass adds its own)."""
+        return {"SETTLED_PARTITIONS": str(PARTITIONS)}
 
     def submit(self, body: dict[str, Any], conversation_id: str | None = None) -> str:
         """Submit one turn (under a fresh conversation unless one is given); return its id once admitted."""
