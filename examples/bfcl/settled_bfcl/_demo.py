@@ -186,6 +186,10 @@ class DemoOptions:
         toolserver_restart: Restart the tool server once under chaos.
         in_flight: Conversations driven at once; None: 32, or 12 under chaos (a longer run leaves room for the
             kills, each of which waits for the previous one's recovery).
+        hold_for_faults: Under chaos, hold new turns back while a due kill or broker restart waits for its gate and
+            no kill is armed (`_Chaos.waiting`), so a run that is short against the gates' waits (a second after
+            each fault, 3 s after a worker's start) still sees every scheduled fault: its count no longer depends on
+            the machine's speed. Off by default: the held turns slow the run, and the full run has faults enough.
         timeout_s: Bound on the whole run, in seconds.
         work_dir: Folder for the tool server's file and the processes' logs; None: under the state folder.
         warm_start: Before the first submission, wait until the workers have claimed every log partition and each
@@ -211,6 +215,7 @@ class DemoOptions:
     broker_restart: bool = True
     toolserver_restart: bool = True
     in_flight: int | None = None
+    hold_for_faults: bool = False
     timeout_s: float = 1800.0
     work_dir: Path | None = None
     warm_start: bool = False
@@ -923,9 +928,8 @@ class _Chaos:
     ended waiting for an approval is not charged). A kill then ends at most one attempt of each submission: one a
     previous kill interrupted is resumed as charged attempt 2, and once that attempt is seen the gate stays shut
     until it settles, so no submission's attempts are killed ``max_attempts`` (3) times (issue 8). A fault that falls
-    behind goes as soon as the gate opens, and while it waits the driver submits no new turn (`waiting`), so a fast
-    run cannot end before its scheduled faults went: the faults' count does not depend on the machine's speed. The
-    tool-server restart ends no attempt and skips the gate.
+    behind goes as soon as the gate opens; with ``DemoOptions.hold_for_faults`` the driver submits no new turn while
+    it waits (`waiting`). The tool-server restart ends no attempt and skips the gate.
     """
 
     _ARMED_FOR_S = 10.0  # an armed kill that has not fired by then is disarmed and tried again on another worker
@@ -971,9 +975,12 @@ class _Chaos:
             settled: The submissions settled so far.
 
         Returns:
-            True while such a fault waits: the driver then holds new turns back (turns in flight go on, and their
-            settling opens the gate).
+            True while such a fault waits and no kill is armed: the driver may then hold new turns back (turns in
+            flight go on, and their settling opens the gate). An armed kill needs turns to reach its failpoint, so
+            nothing is held while one is armed, even when the next fault is due as well.
         """
+        if self.busy:
+            return False
         return any(due <= settled and action != "toolserver" for due, _, action in self._actions)
 
     def disarm_all(self) -> None:
@@ -1419,7 +1426,7 @@ def run_demo(
                         raise DemoError(f"the approver failed: {approver.error!r}") from approver.error
                     if chaos is not None:
                         chaos.step(driver.settled)
-                        driver.hold(chaos.waiting(driver.settled))
+                        driver.hold(options.hold_for_faults and chaos.waiting(driver.settled))
                     resolved = sum(1 for k in operator.kinds if k in tail.resolved)
                     status = f"kills {kills}/{len(schedule)} Unknowns {resolved}/{len(tail.unknowns)}"
                     if approver is not None:

@@ -113,6 +113,7 @@ def test_thirty_base_conversations_pass_under_seeded_kills_and_a_tool_server_res
         seed=SEED,
         kills=4,
         in_flight=4,  # a longer run: each kill waits for the previous one's recovery (DemoOptions.chaos)
+        hold_for_faults=True,  # every scheduled kill goes before the run ends, however fast the machine
         broker_restart=False,  # the session's shared broker; the full --chaos run restarts the dev stack's
         work_dir=tmp_path / "demo",
         timeout_s=170.0,
