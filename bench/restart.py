@@ -66,20 +66,16 @@ def _breakdown(lines: list[dict[str, object]], t_start_s: float, t_done_s: float
     Returns:
         The phases' durations in milliseconds (a phase whose line is missing is left out).
     """
-
-    def at_s(line: dict[str, object]) -> float:
-        return datetime.fromisoformat(str(line["ts"])).timestamp()
-
-    first = next((at_s(line) for line in lines if line.get("message") == "worker started"), None)
-    assigned = next((at_s(line) for line in lines if line.get("message") == "assigned"), None)
+    first = next((_written_at_s(line) for line in lines if line.get("message") == "worker started"), None)
+    assigned = next((_written_at_s(line) for line in lines if line.get("message") == "assigned"), None)
     claims = [line for line in lines if line.get("message") == "partition claimed"]
     out: dict[str, float] = {}
     if first is None or assigned is None or not claims:
         return out
-    crash = next((at_s(line) for line in claims if line.get("partition") == partition), None)
+    crash = next((_written_at_s(line) for line in claims if line.get("partition") == partition), None)
     out["start"] = (first - t_start_s) * 1000
     out["join"] = (assigned - first) * 1000
-    out["claims"] = (max(at_s(line) for line in claims) - assigned) * 1000
+    out["claims"] = (max(_written_at_s(line) for line in claims) - assigned) * 1000
     out["max fence"] = max(float(str(line.get("fence_ms", 0))) for line in claims)
     if crash is not None:
         out["crash partition"] = (crash - assigned) * 1000
@@ -138,9 +134,14 @@ def crash_case(
         case.close()
 
 
+def _written_at_s(line: dict[str, object]) -> float:
+    """The wall-clock time a worker's log line was written at (its ``ts``), in seconds."""
+    return datetime.fromisoformat(str(line["ts"])).timestamp()
+
+
 def _after(line: dict[str, object], t_s: float) -> bool:
     """Whether a log line was written at or after the wall-clock time ``t_s`` (seconds)."""
-    return "ts" in line and datetime.fromisoformat(str(line["ts"])).timestamp() >= t_s
+    return "ts" in line and _written_at_s(line) >= t_s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
