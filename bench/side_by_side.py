@@ -308,12 +308,18 @@ def cpu_seconds(select: Callable[[int, str], bool]) -> dict[str, float]:
 
 def cpu_per_turn(
     measured: Measured, system: str, before: dict[str, float], after: dict[str, float], turns: int
-) -> None:
-    """Record the CPU per turn over a window (all the system's processes) and its split per process name."""
+) -> float:
+    """Record the CPU per turn over a window (all the system's processes) and its split per process name.
+
+    Returns:
+        The CPU seconds the system's processes used over the window.
+    """
     used = {comm: after.get(comm, 0.0) - before.get(comm, 0.0) for comm in after}
-    measured.add("CPU per turn at 50 in flight (ms)", system, sum(used.values()) * 1000 / max(turns, 1))
+    total_s = sum(used.values())
+    measured.add("CPU per turn at 50 in flight (ms)", system, total_s * 1000 / max(turns, 1))
     split = {comm: round(sec * 1000 / max(turns, 1), 2) for comm, sec in sorted(used.items())}
     measured.detail.setdefault(CPU_SPLIT, {}).setdefault(system, []).append(split)
+    return total_s
 
 
 def process_with_arg(arg: str) -> int:
@@ -823,10 +829,9 @@ def settled_throughput(
         if errors:
             raise BenchmarkError(f"settled throughput: a load thread failed: {errors[0]!r}") from errors[0]
         measured.add("steps/s, 50 in flight, K=5", system, counted * THROUGHPUT_K / window_s)
-        cpu_per_turn(measured, system, cpu0, cpu1, counted)
+        total_s = cpu_per_turn(measured, system, cpu0, cpu1, counted)
         # A fresh JVM broker compiles its hot paths during its first minutes of load (bench/records_per_txn.py):
         # a one-time cost of the broker process, so the figure is also given without its JIT compiler threads.
-        total_s = sum(cpu1.values()) - sum(cpu0.values())
         measured.add(CPU_LESS_JIT, system, (total_s - jit_s) * 1000 / max(counted, 1))
         # No acknowledged turn lost: admitted while the window ran, the worker killed and restarted at once.
         case.worker.kill_and_wait()
