@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     client_versions,
+    delete_namespace,
     describe_broker,
     fresh_namespace,
     jit_cpu_s,
@@ -602,6 +603,7 @@ def bare_commits(bootstrap: str, turns: int, warmup: int) -> list[float]:
         if i >= warmup:
             out.append((time.perf_counter() - t0) * 1000)
     consumer.close()
+    delete_namespace(settings)
     return out
 
 
@@ -713,11 +715,14 @@ class SettledCase:
             self.turn({"k": 1}, conversation)
 
     def close(self) -> None:
-        """Stop the reader, the client and the worker."""
+        """Stop the reader, the client and the worker, then delete the namespace's topics (a broker left holding
+        every run's topics loads each of them at its next start). The worker group stays: a static member does not
+        leave it on close, so the broker refuses its deletion until the session timeout."""
         self.tracker.close()
         self.client.close()
         if self.worker is not None and self.worker.poll() is None:
             self.worker.stop(30)
+        delete_namespace(self.settings)
 
 
 def settled_latency(

@@ -9,12 +9,14 @@ from rich.console import Console
 
 from settled._settings import DEV_TIMEOUTS, Settings
 from settled.services._cli_root import stack_from_settings
-from settled.services._devstack import StackError
+from settled.services._devstack import StackError, broker_ready_timeout_s
 
 __all__ = ["dev_app", "stack_from_settings"]
 
 dev_app = typer.Typer(no_args_is_help=True, help="Run a real Kafka broker and PostgreSQL locally, without Docker.")
 _console = Console(stderr=True)
+#: From how many partition folders ``up`` says that the broker's start-up will take a while.
+_MANY_PARTITION_FOLDERS = 2000
 
 
 @dev_app.command("up")
@@ -26,6 +28,12 @@ def up() -> None:
     """
     stack = stack_from_settings(Settings())
     before = stack.status()
+    folders = stack.broker().partition_folders()
+    if folders >= _MANY_PARTITION_FOLDERS:
+        _console.print(
+            f"the broker holds {folders} partition folders and loads each before it answers: start-up may take up "
+            f"to {broker_ready_timeout_s(folders):.0f} s (`settled dev down --wipe` empties the stack)"
+        )
     started = time.monotonic()
     try:
         bootstrap, dsn = stack.up()
@@ -43,15 +51,22 @@ def up() -> None:
 
 
 @dev_app.command("down")
-def down() -> None:
-    """Stop the broker and PostgreSQL; their data stays for the next ``up``."""
+def down(
+    wipe: bool = typer.Option(
+        False, "--wipe", help="Also delete the broker's and PostgreSQL's data: the next `up` starts empty."
+    ),
+) -> None:
+    """Stop the broker and PostgreSQL; their data stays for the next ``up`` unless ``--wipe`` is given."""
     stack = stack_from_settings(Settings())
     try:
-        stack.down()
+        if wipe:
+            stack.wipe()
+        else:
+            stack.down()
     except StackError as exc:
         _console.print(f"[red]settled dev down failed:[/red] {exc}")
         raise typer.Exit(1) from exc
-    _console.print("stopped")
+    _console.print(f"stopped; data deleted from {stack.state_dir}" if wipe else "stopped")
 
 
 @dev_app.command("status")

@@ -5,9 +5,9 @@ shipped files in dependency order, and from each standalone schema alone); recor
 ``BinaryMessageEncoder`` writes (from their Avro JSON encoding) decode in settled to the same record, byte for byte
 equal to settled's encoding; and records settled writes decode in Java's ``BinaryMessageDecoder`` to the same datum.
 
-The Java library is resolved from Maven Central by Maven (tests/java/pom.xml) into
-``~/.cache/settled/jars/avro-<version>`` once; the oracle program is compiled with ``javac`` per run. Skipped, with the
-reason, only when ``javac``, ``java`` or ``mvn`` is missing.
+The Java library is resolved from Maven Central by Maven (tests/java/pom.xml) into the jar cache
+(``SETTLED_JAR_CACHE_DIR``, default ``~/.cache/settled/jars``) as ``avro-<version>`` once; the oracle program is
+compiled with ``javac`` per run. Skipped, with the reason, only when ``javac``, ``java`` or ``mvn`` is missing.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ pytestmark = pytest.mark.skipif(bool(_missing), reason=f"the Java oracle needs {
 
 def _avro_jars() -> Path:
     """Resolve org.apache.avro:avro and its dependencies once into the settled jar cache."""
-    lib = Settings().state_dir / "jars" / f"avro-{AVRO_VERSION}"
+    lib = Settings().jar_cache_dir / f"avro-{AVRO_VERSION}"
     if (lib / ".complete").exists():
         return lib
     partial = lib.with_name(lib.name + f".partial-{os.getpid()}")

@@ -68,4 +68,8 @@ def test_up_twice_is_a_noop_and_down_leaves_no_process(tmp_path: Path, kafka_lib
     assert _settled(env, "dev", "status").returncode == 1
     assert _processes_mentioning(str(state)) == []
     assert _processes_mentioning(f"-p {env['SETTLED_POSTGRES_PORT']}") == []
-    PostgresServer(state / "postgres", int(env["SETTLED_POSTGRES_PORT"])).destroy()
+    pg = PostgresServer(state / "postgres", int(env["SETTLED_POSTGRES_PORT"]))
+    assert (state / "kafka" / "data" / "meta.properties").exists() and pg.data_dir.exists()  # down keeps the data
+    wipe = _settled(env, "dev", "down", "--wipe")
+    assert wipe.returncode == 0, wipe.stderr
+    assert not (state / "kafka" / "data").exists() and not pg.data_dir.exists()
