@@ -19,8 +19,10 @@ from settled.processors._partition import Decider, Decision, InboxInput, Partiti
 from settled.processors._watchdog import WATCHDOG_EXIT_CODE, default_turn_watchdog_s
 from settled.processors._worker import (
     INSTANCE_FENCED_EXIT_CODE,
+    MEMBERSHIP_LOST_EXIT_CODE,
     InstanceFencedError,
     PartitionConductor,
+    StaticMembershipLostError,
     Worker,
     WorkerConfig,
 )
@@ -29,6 +31,7 @@ from settled.producers import murmur2, partition_for_key
 __all__ = [
     "INSTANCE_FENCED_EXIT_CODE",
     "JOURNAL_EVENT_TYPES",
+    "MEMBERSHIP_LOST_EXIT_CODE",
     "WATCHDOG_EXIT_CODE",
     "Agent",
     "AgentRun",
@@ -45,6 +48,7 @@ __all__ = [
     "PartitionOwner",
     "RunFailedError",
     "RunLauncher",
+    "StaticMembershipLostError",
     "ToolPolicy",
     "Worker",
     "WorkerConfig",

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from settled._errors import ErrorCategory, SettledError
 from settled._failpoints import failpoint
@@ -45,6 +46,7 @@ from settled.producers import (
     ProducerIdExpiredError,
     TopicInfo,
     TransactionalAppender,
+    admin_config,
     consume_promptly,
     consumer_config,
     describe_topics,
@@ -52,7 +54,16 @@ from settled.producers import (
 )
 from settled.schemas import Codec, LogBatch, QuarantineReason
 
-__all__ = ["INSTANCE_FENCED_EXIT_CODE", "InstanceFencedError", "Worker", "WorkerConfig"]
+__all__ = [
+    "INSTANCE_FENCED_EXIT_CODE",
+    "MEMBERSHIP_LOST_EXIT_CODE",
+    "InstanceFencedError",
+    "InstanceHolder",
+    "StaticMembershipLostError",
+    "Worker",
+    "WorkerConfig",
+    "instance_fence_error",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -170,6 +181,80 @@ class InstanceFencedError(SettledError):
 
     category = ErrorCategory.CONFLICT
 
+
+#: ``settled worker``'s exit code when the broker fenced its static membership but no live member holds its instance
+#: id (a broker restart can lose a member's join): ``EX_TEMPFAIL``, as the turn watchdog's; restart it.
+MEMBERSHIP_LOST_EXIT_CODE = 75
+
+
+class StaticMembershipLostError(SettledError):
+    """The broker fenced this worker's ``group.instance.id`` but no live member holds it (``FENCED_INSTANCE_ID``).
+
+    A broker restart can leave the group coordinator holding a join of this worker's that the worker never heard
+    answered: the worker's next request carries a member id the coordinator replaced, and librdkafka reports the fence
+    as fatal. The join the coordinator kept is nobody's, so it expires after the session timeout, and a restarted
+    worker rejoins with the id at once: the worker stops (appending nothing more) and ``settled worker`` exits with
+    `MEMBERSHIP_LOST_EXIT_CODE`.
+    """
+
+    category = ErrorCategory.UNAVAILABLE
+
+
+class _FenceSeen(Exception):
+    """The loop's consumer reported a static member's fence; `Worker.run` judges it once the loop has ended."""
+
+
+@dataclass(frozen=True)
+class InstanceHolder:
+    """A group member holding a ``group.instance.id``, as the group coordinator describes it.
+
+    The coordinator keeps a static member's ``client.id`` and host from its first join when a later join with the
+    same instance id replaces it (seen on Kafka 4.1), so only the member id tells one join from another.
+
+    Attributes:
+        member_id: The member id the coordinator gave the join holding the instance id.
+        host: The address that member's first join came from.
+    """
+
+    member_id: str
+    host: str
+
+
+def instance_fence_error(
+    group_id: str, instance_id: str, reason: str, holders: list[InstanceHolder] | None
+) -> InstanceFencedError | StaticMembershipLostError:
+    """Tell a fence by a twin (another live worker with this instance id) from a lost membership.
+
+    Args:
+        group_id: The workers' consumer group.
+        instance_id: This worker's ``group.instance.id``.
+        reason: librdkafka's error text.
+        holders: The group's members holding ``instance_id`` once a session timeout has passed since the fence
+            (a live twin heartbeats and stays; this worker's own lost join expires); None when the group could
+            not be described.
+
+    Returns:
+        `InstanceFencedError` naming the holder when one is still there, else `StaticMembershipLostError` (none is;
+        or, with ``holders`` None, none could be confirmed: the restarted worker then fences a twin, if there is
+        one, and the twin finds this one live in its turn, so the two never loop).
+    """
+    if holders:
+        named = ", ".join(f"member {h.member_id} (first joined from {h.host})" for h in holders)
+        return InstanceFencedError(
+            f"another worker joined group {group_id} with this worker's instance id "
+            f"SETTLED_WORKER_INSTANCE_ID={instance_id!r} and fenced it ({reason}); it still holds the id a session "
+            f"timeout later: {named}. Each running worker needs its own instance id; this one stops"
+        )
+    found = "could not be described" if holders is None else "has no member with it a session timeout later"
+    return StaticMembershipLostError(
+        f"group {group_id} fenced this worker's instance id SETTLED_WORKER_INSTANCE_ID={instance_id!r} ({reason}), "
+        f"but the group {found}: the broker lost this worker's membership (a broker restart can); this one stops "
+        "to be restarted"
+    )
+
+
+#: How often the fenced worker describes its group while it waits for a lost join to expire, in seconds.
+_FENCE_POLL_S = 0.5
 
 #: Most claims run side by side (`Worker._claim`): each holds a producer and, in turn, two offset readers and a log
 #: reader.
@@ -405,17 +490,24 @@ class Worker(Generic[S]):
 
         Raises:
             ValueError: The configured watchdog bound is negative or not finite.
+            InstanceFencedError: Another live worker holds this worker's ``group.instance.id``.
+            StaticMembershipLostError: The broker fenced that id and no live member holds it.
         """
         self._turn_bound_s = turn_watchdog_s(self.config.turn_watchdog_s, self.settings)
         watchdog: TurnWatchdog | None = None
         if self._turn_bound_s > 0:
             watchdog = TurnWatchdog(self._stamp, TurnWatchdog.interval_for(self._turn_bound_s))
             watchdog.start()
+        fence: _FenceSeen | None = None
         try:
             self._run(until)
+        except _FenceSeen as exc:
+            fence = exc
         finally:
             if watchdog is not None:
                 watchdog.stop()
+        if fence is not None:  # every partition is dropped and the consumer closed: judge who fenced it
+            raise self._judge_fence(str(fence)) from fence
 
     @contextmanager
     def _phase(self, name: str, extra_s: float = 0.0) -> Iterator[None]:
@@ -629,19 +721,49 @@ class Worker(Generic[S]):
     def _fatal_consumer_error(self, err: KafkaError) -> Exception:
         """The error ending the loop for a fatal consumer error: the consumer is unusable, the worker must stop.
 
-        librdkafka's only fatal consumer error is a static member fenced by another with its ``group.instance.id``
-        (``FENCED_INSTANCE_ID``, reported as ``_FATAL``; confluent-kafka-python#869); it becomes
-        `InstanceFencedError` naming the id. Anything else fatal is raised as librdkafka reports it
-        (``KafkaException``).
+        librdkafka's only fatal consumer error is a static member's fence (``FENCED_INSTANCE_ID``, reported as
+        ``_FATAL``; confluent-kafka-python#869): `run` judges it once the loop has dropped every partition
+        (`_judge_fence`). Anything else fatal is raised as librdkafka reports it (``KafkaException``).
+        """
+        if self.settings.worker_instance_id is not None and "group.instance.id" in err.str():
+            return _FenceSeen(err.str())
+        return KafkaException(err)
+
+    def _judge_fence(self, reason: str) -> InstanceFencedError | StaticMembershipLostError:
+        """Wait until a session timeout has passed since the fence, then ask the group who holds the instance id.
+
+        A twin heartbeats and keeps the id; a join of this worker's that the coordinator kept but the worker never
+        heard answered (a broker restart can leave one) expires after the session timeout. Ends early when no member
+        holds the id. Waits at most 1.5 session timeouts plus 1 s.
         """
         instance_id = self.settings.worker_instance_id
-        if instance_id is not None and "group.instance.id" in err.str():
-            return InstanceFencedError(
-                f"another worker joined group {self.group_id} with this worker's instance id "
-                f"SETTLED_WORKER_INSTANCE_ID={instance_id!r} and fenced it ({err.str()}): each running worker needs "
-                "its own instance id; this one stops"
-            )
-        return KafkaException(err)
+        assert instance_id is not None  # only a static member is fenced
+        wait_s = 1.5 * self.settings.session_timeout_ms / 1000 + 1.0
+        _log.warning(
+            "fenced as a static member: waiting for the join that holds the instance id to expire, unless a live "
+            "worker holds it",
+            extra={"instance_id": instance_id, "group": self.group_id, "wait_s": wait_s, "error": reason},
+        )
+        deadline = time.monotonic() + wait_s
+        last: list[InstanceHolder] | None = None
+        while True:
+            holders = self._instance_holders(instance_id)
+            if holders is not None:
+                last = holders
+            if last == [] or time.monotonic() >= deadline:
+                return instance_fence_error(self.group_id, instance_id, reason, last)
+            time.sleep(_FENCE_POLL_S)  # the coordinator expires a silent member by its session deadline, not on a call
+
+    def _instance_holders(self, instance_id: str) -> list[InstanceHolder] | None:
+        """The group's members holding ``instance_id``, from the coordinator; None (logged) when it does not answer."""
+        admin = AdminClient(admin_config(self.settings))
+        timeout_s = self.settings.kafka_call_timeout_s
+        try:
+            group = admin.describe_consumer_groups([self.group_id], request_timeout=timeout_s)[self.group_id].result()
+        except KafkaException as exc:
+            _log.warning("the fenced worker's group could not be described", extra={"error": str(exc)})
+            return None
+        return [InstanceHolder(m.member_id, m.host) for m in group.members if m.group_instance_id == instance_id]
 
     def _claim_extra_s(self) -> float:
         """What a claim may take beyond the turn bound: its restore and its wait for a foreign open transaction."""

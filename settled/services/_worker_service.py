@@ -19,10 +19,12 @@ from settled._metrics import WorkerMetrics, serve_metrics
 from settled._settings import Settings
 from settled.processors import (
     INSTANCE_FENCED_EXIT_CODE,
+    MEMBERSHIP_LOST_EXIT_CODE,
     Conductor,
     InstanceFencedError,
     LedgerDecider,
     PartitionOwner,
+    StaticMembershipLostError,
     Worker,
     WorkerConfig,
     load_public_key,
@@ -140,8 +142,9 @@ def worker_command(
     Exit codes: 0 after a graceful stop, 1 on an unhandled error, 2 when ``--app`` is missing or the app does not
     load, 75 when the turn watchdog ended a stalled worker (``SETTLED_WORKER_TURN_WATCHDOG_S``; restart it: README
     "Operating"), 78 when another worker with its ``SETTLED_WORKER_INSTANCE_ID`` fenced it (do not restart it as
-    is: give each worker its own instance id). There is no default app: the echo app (``settled.testing.echo:app``)
-    is a test app.
+    is: give each worker its own instance id), and also 75 when the broker fenced that instance id with no other
+    worker holding it (a broker restart can; restart it). There is no default app: the echo app
+    (``settled.testing.echo:app``) is a test app.
     """
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # diagnosing a stuck worker
     configure_logging(log_level)
@@ -167,6 +170,15 @@ def worker_command(
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(INSTANCE_FENCED_EXIT_CODE)
+    except StaticMembershipLostError as exc:
+        # No twin holds the instance id: the broker lost this member's join. A restart rejoins with the same id.
+        _log.error(
+            "worker's static membership lost, no other worker holds its instance id: exiting to be restarted",
+            extra={"instance_id": settings.worker_instance_id, "error": str(exc)},
+        )
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(MEMBERSHIP_LOST_EXIT_CODE)
     except Exception:  # noqa: BLE001 - logged with its traceback, then the process exits 1
         # Exit 1 now, never a hang: run threads still inside a tool or a model call would keep the interpreter
         # from exiting (it joins the run pool's threads). The loop dropped every partition, appending nothing;
