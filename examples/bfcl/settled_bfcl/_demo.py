@@ -70,7 +70,7 @@ from settled.client import (
     SettlementTimeoutError,
     SubmissionOutcomeUnknownError,
 )
-from settled.processors import WATCHDOG_EXIT_CODE
+from settled.processors import MEMBERSHIP_LOST_EXIT_CODE, WATCHDOG_EXIT_CODE
 from settled.producers import provision_topics, read_partition, reader_config
 from settled.projections import ProjectionNames, ProjectionReader, default_schema
 from settled.protocol import is_retry_wait
@@ -296,6 +296,9 @@ class DemoResult:
             (``examples/bfcl/bench/bfcl.py`` times the run from them).
         watchdog_exits: Workers that ended themselves with ``WATCHDOG_EXIT_CODE`` (a turn stalled past its bound,
             e.g. librdkafka#5456 after the broker restart) and were restarted.
+        membership_lost_exits: Workers that ended themselves with ``MEMBERSHIP_LOST_EXIT_CODE`` because the broker
+            fenced their static membership with no other worker holding their instance id (a broker restart can)
+            and were restarted.
     """
 
     summary: VerdictSummary
@@ -314,6 +317,7 @@ class DemoResult:
     projection_mismatches: tuple[str, ...]
     turn_times: tuple[tuple[float, float], ...] = ()
     watchdog_exits: int = 0
+    membership_lost_exits: int = 0
 
     @property
     def passed(self) -> bool:
@@ -324,6 +328,13 @@ class DemoResult:
             and self.dead_letters == 0
             and not self.projection_mismatches
         )
+
+
+def _lost_membership_logged(log_path: Path) -> bool:
+    """Whether a worker's log ends with its lost static membership (exit 75 is also the turn watchdog's)."""
+    with log_path.open("rb") as log:
+        log.seek(max(0, log_path.stat().st_size - 4096))
+        return b"static membership lost" in log.read()
 
 
 def chaos_schedule(seed: int, kills: int, points: Sequence[str] = KILL_POINTS) -> tuple[ScheduledKill, ...]:
@@ -1327,7 +1338,7 @@ def run_demo(
     operator: _Operator | None = None
     approver: _Approver | None = None
     stop = threading.Event()
-    kills = unexpected = watchdog_exits = 0
+    kills = unexpected = watchdog_exits = membership_lost_exits = 0
     chaos: _Chaos | None = None
     schedule: tuple[ScheduledKill, ...] = ()
     local_models = contextlib.ExitStack()
@@ -1407,6 +1418,11 @@ def run_demo(
                             kills += 1
                             where = slot.armed.spec if slot.armed is not None else "a kill being disarmed"
                             say(f"chaos: worker {slot.index} killed at {where} (kill {kills})")
+                        elif code == MEMBERSHIP_LOST_EXIT_CODE and _lost_membership_logged(slot.log_path):
+                            # The broker fenced the worker's static membership with no twin (after its restart):
+                            # the worker ended itself so this supervisor restarts it (docs/architecture.md).
+                            membership_lost_exits += 1
+                            say(f"worker {slot.index} lost its static membership (exit {code}); restarting it")
                         elif code == WATCHDOG_EXIT_CODE:
                             # A turn stalled past its bound (librdkafka#5456 after a broker restart): the worker ended
                             # itself so this supervisor restarts it (docs/architecture.md).
@@ -1490,6 +1506,7 @@ def run_demo(
             "tool-server restarts": str(chaos.toolserver_restarts if chaos is not None else 0),
             "unexpected worker exits": str(unexpected),
             "turn-watchdog restarts": str(watchdog_exits),
+            "lost static memberships (restarted)": str(membership_lost_exits),
             "approval requests / decisions sent": (
                 f"{len(tail.approval_requests)} / {len(approver.decisions)} ({len(approver.rejections)} resent after a "
                 "rejection or no broker)"
@@ -1517,6 +1534,7 @@ def run_demo(
         toolserver_restarts=chaos.toolserver_restarts if chaos is not None else 0,
         unexpected_exits=unexpected,
         watchdog_exits=watchdog_exits,
+        membership_lost_exits=membership_lost_exits,
         unknowns=unknowns,
         projection_mismatches=tuple(mismatches),
         turn_times=tuple(driver.turn_times),
