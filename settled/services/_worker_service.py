@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -132,6 +132,16 @@ def offset_clock(offset_s: float) -> Callable[[], datetime]:
     return now
 
 
+def _exit_now(code: int) -> NoReturn:
+    """Flush stdout and stderr, then end the process with ``code`` at once.
+
+    ``os._exit``: no interpreter shutdown, which would join run threads still inside a tool or a model call.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 def worker_command(
     app: str = typer.Option(..., "--app", help="The app object, 'package.module:attribute' (required)."),
     worker_id: str = typer.Option("", help="This worker's id (default: random)."),
@@ -167,23 +177,17 @@ def worker_command(
             "worker fenced by another with its instance id: exiting",
             extra={"instance_id": settings.worker_instance_id, "error": str(exc)},
         )
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(INSTANCE_FENCED_EXIT_CODE)
+        _exit_now(INSTANCE_FENCED_EXIT_CODE)
     except StaticMembershipLostError as exc:
         # No twin holds the instance id: the broker lost this member's join. A restart rejoins with the same id.
         _log.error(
             "worker's static membership lost, no other worker holds its instance id: exiting to be restarted",
             extra={"instance_id": settings.worker_instance_id, "error": str(exc)},
         )
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(MEMBERSHIP_LOST_EXIT_CODE)
+        _exit_now(MEMBERSHIP_LOST_EXIT_CODE)
     except Exception:  # noqa: BLE001 - logged with its traceback, then the process exits 1
         # Exit 1 now, never a hang: run threads still inside a tool or a model call would keep the interpreter
         # from exiting (it joins the run pool's threads). The loop dropped every partition, appending nothing;
         # the next owner's claim recovers what was in flight, and a supervisor restarts this process.
         _log.exception("worker failed: exiting with 1")
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(1)
+        _exit_now(1)
