@@ -27,6 +27,7 @@ NOT_NAMED_ERROR = {
     **NOT_ERRORS,
     "settled.projections._rebuild._Behind": "a private signal inside rebuild's switch: roll back and try again",
     "settled.projections._rebuild._GapTooLarge": "a private signal inside rebuild's switch: catch up outside the lock",
+    "settled.processors._worker._FenceSeen": "a private signal out of the worker's loop: `run` judges the fence",
 }
 
 
