@@ -745,18 +745,18 @@ class Worker(Generic[S]):
             extra={"instance_id": instance_id, "group": self.group_id, "wait_s": wait_s, "error": reason},
         )
         deadline = time.monotonic() + wait_s
+        admin = AdminClient(admin_config(self.settings))
         last: list[InstanceHolder] | None = None
         while True:
-            holders = self._instance_holders(instance_id)
+            holders = self._instance_holders(admin, instance_id)
             if holders is not None:
                 last = holders
             if last == [] or time.monotonic() >= deadline:
                 return instance_fence_error(self.group_id, instance_id, reason, last)
             time.sleep(_FENCE_POLL_S)  # the coordinator expires a silent member by its session deadline, not on a call
 
-    def _instance_holders(self, instance_id: str) -> list[InstanceHolder] | None:
+    def _instance_holders(self, admin: AdminClient, instance_id: str) -> list[InstanceHolder] | None:
         """The group's members holding ``instance_id``, from the coordinator; None (logged) when it does not answer."""
-        admin = AdminClient(admin_config(self.settings))
         timeout_s = self.settings.kafka_call_timeout_s
         try:
             group = admin.describe_consumer_groups([self.group_id], request_timeout=timeout_s)[self.group_id].result()

@@ -17,10 +17,11 @@ from contextlib import contextmanager
 
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
 
 from settled._settings import Settings
 from settled.processors import InstanceFencedError, StaticMembershipLostError, Worker
-from settled.producers import consumer_config
+from settled.producers import admin_config, consumer_config
 from tests.conftest import TopicFactory
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ def test_a_live_holder_of_the_instance_id_is_a_twin_and_an_expired_one_a_lost_me
     session_s = s.session_timeout_ms / 1000
 
     with _member(s, worker.group_id, topic, "slot-7") as twin:
-        holders = worker._instance_holders("slot-7")
+        holders = worker._instance_holders(AdminClient(admin_config(s)), "slot-7")
         assert holders is not None and len(holders) == 1, holders
         t0 = time.monotonic()
         judged = worker._judge_fence(FENCED)
