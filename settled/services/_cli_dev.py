@@ -29,14 +29,15 @@ def up() -> None:
     stack = stack_from_settings(Settings())
     before = stack.status()
     folders = stack.broker().partition_folders()
+    ready_timeout_s = broker_ready_timeout_s(folders)
     if folders >= _MANY_PARTITION_FOLDERS:
         _console.print(
             f"the broker holds {folders} partition folders and loads each before it answers: start-up may take up "
-            f"to {broker_ready_timeout_s(folders):.0f} s (`settled dev down --wipe` empties the stack)"
+            f"to {ready_timeout_s:.0f} s (`settled dev down --wipe` empties the stack)"
         )
     started = time.monotonic()
     try:
-        bootstrap, dsn = stack.up()
+        bootstrap, dsn = stack.up(ready_timeout_s)
     except StackError as exc:
         _console.print(f"[red]settled dev up failed:[/red] {exc}")
         raise typer.Exit(1) from exc

@@ -623,8 +623,11 @@ class DevStack:
         """The stack's PostgreSQL server (not started)."""
         return PostgresServer(self.state_dir / "postgres", self.postgres_port)
 
-    def up(self) -> tuple[str, str]:
+    def up(self, broker_ready_timeout_s: float | None = None) -> tuple[str, str]:
         """Start whatever is not running; idempotent.
+
+        Args:
+            broker_ready_timeout_s: Bound on the broker's readiness, in seconds (unset: `KafkaBroker.start`'s).
 
         Returns:
             ``(bootstrap servers, postgres DSN)``.
@@ -634,7 +637,7 @@ class DevStack:
         """
         resolve_kafka_jars(self.jar_cache_dir, self.kafka_version, self.log4j2_version)
         broker = self.broker()
-        broker.start()
+        broker.start(broker_ready_timeout_s)
         pg = self.postgres()
         pg.start()
         return broker.bootstrap, pg.dsn
